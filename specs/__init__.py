@@ -1,0 +1,7 @@
+"""Job specs: the YAML schema, loading with file:line errors, and the examples users start from."""
+
+from .errors import SpecError
+from .loader import LoadedSpec, load_spec, load_spec_text, spec_hash
+from .schema import JobSpec
+
+__all__ = ["JobSpec", "LoadedSpec", "SpecError", "load_spec", "load_spec_text", "spec_hash"]

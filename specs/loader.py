@@ -1,0 +1,63 @@
+"""Load a job spec from YAML: parse, validate fields, validate pipeline params, apply rules."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import SpecError
+from .pipelines import PARAMS_BY_BUILTIN
+from .rules import check_rules
+from .schema import JobSpec
+from .validate import validate
+from .yamlsource import YamlSource, parse_yaml, read_yaml
+
+
+@dataclass
+class LoadedSpec:
+    """A validated spec plus where it came from (for errors found later, e.g. by the runtime)."""
+
+    spec: JobSpec
+    source: YamlSource
+
+    @property
+    def base_dir(self) -> Path:
+        """Directory user entrypoints are imported from (the spec's own folder)."""
+        return Path(self.source.path).resolve().parent
+
+    def error(self, loc: tuple, message: str) -> SpecError:
+        return self.source.error(loc, message)
+
+
+def spec_hash(spec: JobSpec) -> str:
+    """Stable hash of what a spec means (defaults filled in), not of its formatting."""
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def from_source(src: YamlSource) -> LoadedSpec:
+    if src.data is None:
+        raise SpecError("the file is empty; a job spec needs at least 'name', 'trainer' and 'pipeline'.", where=src.path)
+    if not isinstance(src.data, dict):
+        raise SpecError(
+            f"a job spec is a mapping of keys (name, service, trainer, pipeline, ...), got a {type(src.data).__name__}.",
+            where=src.where(()),
+        )
+    spec = validate(JobSpec, src)
+    if spec.pipeline.builtin is not None:
+        params_model = PARAMS_BY_BUILTIN[spec.pipeline.builtin]
+        params = validate(params_model, src, spec.pipeline.params, prefix=("pipeline", "params"))
+        spec.pipeline.params = params.model_dump(mode="json")
+    check_rules(spec, src)
+    return LoadedSpec(spec=spec, source=src)
+
+
+def load_spec(path: str | Path) -> LoadedSpec:
+    """Read, validate and return a job spec; every problem is a SpecError naming file:line."""
+    return from_source(read_yaml(path))
+
+
+def load_spec_text(text: str, source: str = "<spec>") -> LoadedSpec:
+    return from_source(parse_yaml(text, source))

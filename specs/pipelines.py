@@ -1,0 +1,76 @@
+"""Parameters of the builtin pipelines, validated like the rest of the spec.
+
+They live in specs/ (not runtime/) so a spec can be checked without importing
+TensorFlow; runtime/pipelines/ builds the datasets from them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field, model_validator
+
+from .schema import Strict
+
+
+class SyntheticParams(Strict):
+    """Elements {id, x}; CPU cost and CPU-free latency per element are tunable."""
+
+    elements: int = Field(4096, ge=1, description="elements per epoch")
+    shards: int = Field(16, ge=1, description="units the dispatcher hands out under distributed_epoch")
+    epochs: Optional[int] = Field(1, ge=1, description="null repeats forever")
+    feature_size: int = Field(64, ge=1)
+    batch_size: int = Field(32, ge=1)
+    cpu_work: int = Field(0, ge=0, description="CPU work per element, in 64x64 matmuls")
+    latency_ms: float = Field(0.0, ge=0, description="per-element delay that uses no CPU (remote storage)")
+
+    @model_validator(mode="after")
+    def _shards_fit(self) -> "SyntheticParams":
+        if self.shards > self.elements:
+            raise ValueError(f"shards ({self.shards}) cannot exceed elements ({self.elements})")
+        return self
+
+
+class ImagesParams(Strict):
+    """ResNet-style: JPEG TFRecords, decode, random crop, flip, batch."""
+
+    num_files: int = Field(8, ge=1)
+    images_per_file: int = Field(64, ge=1)
+    image_size: int = Field(80, ge=8, description="stored JPEG side, pixels")
+    crop_size: int = Field(64, ge=4, description="random crop side, pixels")
+    batch_size: int = Field(32, ge=1)
+    epochs: Optional[int] = Field(1, ge=1, description="null repeats forever")
+    shuffle_buffer: int = Field(256, ge=0)
+    seed: int = 0
+    cache_dir: Optional[str] = Field(None, description="where the TFRecords are generated; default under DSCTL_HOME")
+
+    @model_validator(mode="after")
+    def _crop_fits(self) -> "ImagesParams":
+        if self.crop_size > self.image_size:
+            raise ValueError(f"crop_size ({self.crop_size}) cannot exceed image_size ({self.image_size})")
+        return self
+
+
+class TextParams(Strict):
+    """Variable-length token sequences from TFRecords, padded per batch or bucketed by length."""
+
+    num_files: int = Field(8, ge=1)
+    sequences_per_file: int = Field(256, ge=1)
+    min_length: int = Field(8, ge=1)
+    max_length: int = Field(512, ge=1)
+    length_distribution: Literal["lognormal", "uniform"] = "lognormal"
+    vocab_size: int = Field(32000, ge=2)
+    batch_size: int = Field(16, ge=1)
+    epochs: Optional[int] = Field(1, ge=1, description="null repeats forever")
+    shuffle_buffer: int = Field(256, ge=0)
+    seed: int = 0
+    cache_dir: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _lengths(self) -> "TextParams":
+        if self.min_length > self.max_length:
+            raise ValueError(f"min_length ({self.min_length}) cannot exceed max_length ({self.max_length})")
+        return self
+
+
+PARAMS_BY_BUILTIN = {"synthetic": SyntheticParams, "images": ImagesParams, "text": TextParams}

@@ -1,0 +1,82 @@
+"""Rules that relate several spec fields; each error points at the line to change.
+
+These encode what tf.data service in TensorFlow 2.21 requires, so a job fails
+at `dsctl validate` rather than hanging on a cluster (see README, "Spec rules").
+"""
+
+from __future__ import annotations
+
+from .schema import JobSpec
+from .yamlsource import YamlSource
+
+
+def _infinite(spec: JobSpec) -> bool | None:
+    """True/False for builtin pipelines; None when only the runtime can tell (entrypoints)."""
+    if spec.pipeline.builtin is None:
+        return None
+    return spec.pipeline.params.get("epochs") is None
+
+
+def check_rules(spec: JobSpec, src: YamlSource) -> None:
+    svc, trainer, pipe = spec.service, spec.trainer, spec.pipeline
+
+    if (trainer.steps is None) == (trainer.duration_s is None):
+        raise src.error(
+            ("trainer",),
+            "give exactly one of 'steps' (a number of training steps) or 'duration_s' (seconds to train); "
+            + ("both were given." if trainer.steps is not None else "neither was given."),
+        )
+    if (pipe.builtin is None) == (pipe.entrypoint is None):
+        raise src.error(
+            ("pipeline",),
+            "give exactly one of 'builtin' (synthetic, images or text) or 'entrypoint' "
+            "('package.module:function' returning a tf.data.Dataset); "
+            + ("both were given." if pipe.builtin else "neither was given."),
+        )
+    if trainer.model.kind == "python" and not trainer.model.entrypoint:
+        raise src.error(("trainer", "model", "kind"), "model kind 'python' needs 'entrypoint: package.module:function', the step function called with each batch.")
+    if trainer.model.kind == "synthetic" and trainer.model.entrypoint:
+        raise src.error(("trainer", "model", "entrypoint"), "an entrypoint is only used with 'kind: python'; remove it or set kind: python.")
+
+    coord = svc.coordinated_reads
+    if coord is not None:
+        where = ("service", "coordinated_reads")
+        if not svc.job_name:
+            raise src.error(where, "coordinated reads need a shared 'service.job_name' so that all consumers read the same job.")
+        if coord.num_consumers != trainer.count:
+            raise src.error(
+                where + ("num_consumers",),
+                f"num_consumers is {coord.num_consumers} but trainer.count is {trainer.count}; they must be equal, "
+                "because tf.data service blocks every consumer until all of them have read each round.",
+            )
+        if svc.processing_mode not in ("parallel_epochs", "off"):
+            raise src.error(("service", "processing_mode"), "coordinated reads work only with processing_mode: parallel_epochs.")
+        if _infinite(spec) is False:
+            raise src.error(
+                ("pipeline", "params", "epochs"),
+                "coordinated reads need an infinite dataset; set 'epochs: null' and bound the job with trainer.steps or trainer.duration_s.",
+            )
+        if pipe.builtin not in (None, "text"):
+            raise src.error(("pipeline", "builtin"), "coordinated reads bucket sequences by length; use the 'text' builtin or your own entrypoint.")
+        max_len = pipe.params.get("max_length")
+        if max_len is not None and coord.bucket_boundaries[-1] >= max_len:
+            raise src.error(
+                where + ("bucket_boundaries",),
+                f"the last bucket boundary ({coord.bucket_boundaries[-1]}) must be below pipeline.params.max_length ({max_len}).",
+            )
+        if svc.cross_trainer_cache:
+            raise src.error(("service", "cross_trainer_cache"), "cross-trainer cache and coordinated reads cannot be combined; choose one.")
+
+    if svc.cross_trainer_cache:
+        if not svc.job_name:
+            raise src.error(("service", "cross_trainer_cache"), "the cross-trainer cache needs a shared 'service.job_name' naming the job the trainers share.")
+        if svc.processing_mode not in ("parallel_epochs", "off"):
+            raise src.error(("service", "processing_mode"), "the cross-trainer cache works only with processing_mode: parallel_epochs.")
+        if _infinite(spec) is False:
+            raise src.error(
+                ("pipeline", "params", "epochs"),
+                "the cross-trainer cache needs an infinite dataset; set 'epochs: null' and bound the job with trainer.steps or trainer.duration_s.",
+            )
+
+    if svc.processing_mode not in ("parallel_epochs", "off") and _infinite(spec) and trainer.steps is None and trainer.duration_s is None:
+        raise src.error(("trainer",), "an infinite dataset needs trainer.steps or trainer.duration_s to end the job.")

@@ -1,0 +1,117 @@
+"""The job spec: one YAML file describing one training job's input-processing deployment.
+
+Field-level checks live here (types, ranges, allowed values). Rules that relate
+several fields to each other live in rules.py so that each can point at the
+line that has to change.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+PROCESSING_MODES = (
+    "parallel_epochs",  # = ShardingPolicy.OFF: every worker produces the whole dataset
+    "distributed_epoch",  # = ShardingPolicy.DYNAMIC: each element once, split by the dispatcher
+    "off", "dynamic", "file", "data", "file_or_data", "hint",
+)
+BUILTIN_PIPELINES = ("synthetic", "images", "text")
+ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")
+
+
+class Strict(BaseModel):
+    """Unknown keys are errors: a typo must never silently fall back to a default."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class CoordinatedReads(Strict):
+    """Paper §3.6: every consumer reads round r from the same worker, so batches in a step have similar lengths."""
+
+    num_consumers: int = Field(ge=1, description="trainers reading in lockstep; must equal trainer.count")
+    bucket_boundaries: list[int] = Field(min_length=1, description="sequence-length bucket edges, increasing")
+
+    @field_validator("bucket_boundaries")
+    @classmethod
+    def _increasing(cls, v: list[int]) -> list[int]:
+        if any(b <= 0 for b in v):
+            raise ValueError(f"bucket boundaries must be positive lengths, got {v}")
+        if any(b >= a for a, b in zip(v[1:], v)):
+            raise ValueError(f"bucket boundaries must be strictly increasing, got {v}")
+        return v
+
+
+class ServiceSpec(Strict):
+    workers: int = Field(1, ge=1, description="tf.data service workers")
+    worker_machine: str = "n2-standard-8"
+    dispatcher_machine: str = "n2-standard-8"
+    processing_mode: Literal[PROCESSING_MODES] = "parallel_epochs"  # type: ignore[valid-type]
+    job_name: Optional[str] = Field(None, min_length=1, description="shared job name: trainers share one job")
+    cross_trainer_cache: bool = False
+    cross_trainer_cache_mb: int = Field(256, ge=1, description="per-worker cache for ephemeral sharing")
+    coordinated_reads: Optional[CoordinatedReads] = None
+    compression: Optional[Literal["AUTO", "SNAPPY"]] = None
+    fault_tolerant: bool = True
+    max_outstanding_requests: Optional[int] = Field(None, ge=1)
+
+
+class ModelSpec(Strict):
+    """What one training step costs. `synthetic` sleeps like an accelerator busy on the step."""
+
+    kind: Literal["synthetic", "python"] = "synthetic"
+    step_time_ms: float = Field(0.0, ge=0, description="fixed time per step")
+    padded_token_time_us: float = Field(0.0, ge=0, description="extra time per padded token in the batch")
+    entrypoint: Optional[str] = Field(None, description="'module:function' called with each batch (kind: python)")
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_form(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not ENTRYPOINT_RE.match(v):
+            raise ValueError(f"entrypoint must look like 'package.module:function', got {v!r}")
+        return v
+
+
+class TrainerSpec(Strict):
+    machine: str = "n2-standard-8"
+    count: int = Field(1, ge=1, description="trainer hosts (tf.data service clients)")
+    accelerators_per_trainer: Optional[int] = Field(None, ge=0, description="default: the machine type's")
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    steps: Optional[int] = Field(None, ge=1)
+    duration_s: Optional[float] = Field(None, gt=0)
+    warmup_batches: int = Field(5, ge=0, description="batches excluded from throughput")
+    window_s: float = Field(1.0, gt=0, description="metrics window length")
+
+
+class PipelineSpec(Strict):
+    builtin: Optional[Literal[BUILTIN_PIPELINES]] = None  # type: ignore[valid-type]
+    entrypoint: Optional[str] = Field(None, description="'module:function' returning a tf.data.Dataset")
+    params: dict = Field(default_factory=dict)
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_form(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not ENTRYPOINT_RE.match(v):
+            raise ValueError(f"entrypoint must look like 'package.module:function', got {v!r}")
+        return v
+
+
+class JobSpec(Strict):
+    name: str = Field(description="lower-case letters, digits and dashes; names the run and its resources")
+    provider: Literal["local", "gcp"] = "local"
+    service: ServiceSpec = Field(default_factory=ServiceSpec)
+    trainer: TrainerSpec
+    pipeline: PipelineSpec
+    pricing: str = "paper-2023-06"
+    cost_basis: Literal["utilization", "vm-hours"] = "utilization"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(
+                f"name must be 1-40 lower-case letters, digits or dashes, starting with a letter, got {v!r}"
+            )
+        return v
