@@ -1,0 +1,205 @@
+"""The `dsctl` command line: parse arguments, call one orchestrator function, render the result."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dsctl.specs import load_spec
+
+from .errors import EXIT_BAD_INPUT, fail, handle_errors
+from .live import LiveView
+from .render import console, print_json, runs_table, summary_table
+
+app = typer.Typer(
+    name="dsctl",
+    help="Run TensorFlow's tf.data service for training jobs from YAML specs: provision, measure, price, tear down.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+runs_app = typer.Typer(help="Recorded runs.", no_args_is_help=False, invoke_without_command=True)
+app.add_typer(runs_app, name="runs")
+
+MODES = ("service", "colocated", "ideal")
+
+
+def _sigterm_as_interrupt() -> None:
+    """SIGTERM (e.g. from a job scheduler) tears down like Ctrl-C does."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, handler)
+
+
+@app.command()
+@handle_errors
+def validate(spec: Path = typer.Argument(..., help="job spec YAML")) -> None:
+    """Check a job spec (schema, cross-field rules, and that user entrypoints import) without running anything."""
+    from dsctl.orchestrator.preflight import check_entrypoints
+
+    loaded = load_spec(spec)
+    check_entrypoints(loaded)
+    s = loaded.spec
+    console.print(f"{spec}: ok — job '{s.name}', {s.service.workers} worker(s), {s.trainer.count} trainer(s), "
+                  f"pipeline {s.pipeline.builtin or s.pipeline.entrypoint}, provider {s.provider}")
+
+
+@app.command()
+@handle_errors
+def up(
+    spec: Path = typer.Argument(..., help="job spec YAML"),
+    workers: Optional[int] = typer.Option(None, "--workers", "-w", min=1, help="override service.workers"),
+    mode: str = typer.Option("service", "--mode", help="service | colocated (pipeline on the trainer) | ideal (input never stalls)"),
+    detach: bool = typer.Option(False, "--detach", "-d", help="leave the deployment running after the job (dsctl down removes it)"),
+    json_out: bool = typer.Option(False, "--json", help="print the run record as JSON"),
+    run_id: Optional[str] = typer.Option(None, "--run-id", hidden=True),
+    detached_child: bool = typer.Option(False, "--detached-child", hidden=True),
+) -> None:
+    """Provision the service, run the trainers, measure, record the run, tear everything down."""
+    from dsctl.orchestrator.preflight import check_entrypoints
+    from dsctl.orchestrator.run import JobRunner
+
+    if mode not in MODES:
+        fail(f"--mode must be one of {', '.join(MODES)}, got '{mode}'.", EXIT_BAD_INPUT)
+    loaded = load_spec(spec)
+    check_entrypoints(loaded)
+    if detach and not detached_child:
+        _detach(spec, workers, mode)
+        return
+    _sigterm_as_interrupt()
+    runner = JobRunner(loaded, mode=mode, workers=workers, run_id=run_id, detached=detached_child)
+    with LiveView(enabled=not json_out) as view:
+        runner.listener = view
+        runner.run(keep_up=detached_child)
+    record = runner.store.get(runner.run_id)
+    if detached_child:
+        runner.supervise_until_stopped()
+        return
+    if json_out:
+        print_json(record.as_dict())
+    else:
+        console.print(summary_table(record))
+
+
+def _detach(spec: Path, workers: Optional[int], mode: str) -> None:
+    """Re-run `dsctl up` in its own session; it keeps supervising the service until `dsctl down`."""
+    from dsctl.orchestrator.run import new_run_id
+    from dsctl.orchestrator.store import dsctl_home
+
+    loaded = load_spec(spec)
+    run_id = new_run_id(loaded.spec.name)
+    log = dsctl_home() / "runs" / run_id / "up.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "dsctl.cli.main", "up", str(spec), "--mode", mode, "--run-id", run_id, "--detached-child"]
+    if workers:
+        args += ["--workers", str(workers)]
+    with open(log, "ab") as out:
+        subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    console.print(f"started run {run_id} in the background; `dsctl status` shows it, `dsctl down {run_id}` removes it. Log: {log}")
+
+
+@app.command()
+@handle_errors
+def status(json_out: bool = typer.Option(False, "--json")) -> None:
+    """Deployments that are up (or were left behind by a killed `dsctl up`)."""
+    from dsctl.orchestrator.deployments import active_deployments, live_nodes
+
+    deps = active_deployments()
+    rows = [{"run": d.run_id, "provider": d.provider, "status": d.status, "dispatcher": d.dispatcher_address,
+             "workers": len(d.by_role("worker")), "trainers": len(d.by_role("trainer")), "live_processes": live_nodes(d)}
+            for d in deps]
+    if json_out:
+        print_json(rows)
+        return
+    if not rows:
+        console.print("nothing is up.")
+        return
+    from rich.table import Table
+
+    t = Table(title="deployments", title_justify="left")
+    for col in rows[0]:
+        t.add_column(col)
+    for r in rows:
+        t.add_row(*(str(v) for v in r.values()))
+    console.print(t)
+
+
+@app.command()
+@handle_errors
+def down(
+    run: Optional[str] = typer.Argument(None, help="run id (or a unique prefix); default: the only deployment up"),
+    all_: bool = typer.Option(False, "--all", help="take down every deployment that is up"),
+) -> None:
+    """Stop and remove everything a run started, even if `dsctl up` was killed."""
+    from dsctl.orchestrator.deployments import active_deployments, find, take_down
+
+    if run:
+        dep = find(run)
+        if dep is None:
+            fail(f"no deployment found for run '{run}'; `dsctl status` lists the ones that are up.", EXIT_BAD_INPUT)
+        targets = [dep]
+    else:
+        targets = active_deployments()
+        if len(targets) > 1 and not all_:
+            names = ", ".join(d.run_id for d in targets)
+            fail(f"{len(targets)} deployments are up ({names}); name one with `dsctl down RUN` or use --all.", EXIT_BAD_INPUT)
+    if not targets:
+        console.print("nothing is up.")
+        return
+    for dep in targets:
+        take_down(dep)
+        console.print(f"{dep.run_id}: down")
+
+
+@runs_app.callback()
+@handle_errors
+def runs(ctx: typer.Context, limit: int = typer.Option(20, "--limit", "-n"), json_out: bool = typer.Option(False, "--json")) -> None:
+    """List recorded runs, newest first."""
+    if ctx.invoked_subcommand:
+        return
+    from dsctl.orchestrator.store import RunStore
+
+    records = RunStore().list(limit=limit)
+    if json_out:
+        print_json([r.as_dict() for r in records])
+    elif not records:
+        console.print("no runs recorded yet; `dsctl up specs/examples/quickstart.yaml` makes one.")
+    else:
+        console.print(runs_table(records))
+
+
+@runs_app.command("show")
+@handle_errors
+def runs_show(run: str = typer.Argument(..., help="run id or unique prefix"), json_out: bool = typer.Option(False, "--json")) -> None:
+    """One run: its summary, events and per-window metrics."""
+    from dsctl.orchestrator.store import RunStore
+
+    store = RunStore()
+    record = store.get(run)
+    if record is None:
+        from dsctl.specs import SpecError
+
+        raise SpecError(f"no run '{run}' is recorded; `dsctl runs` lists the recorded ones.")
+    if json_out:
+        print_json({**record.as_dict(), "windows": store.windows(record.id), "events": store.events(record.id)})
+        return
+    console.print(summary_table(record))
+    for e in store.events(record.id):
+        console.print(f"  {time.strftime('%H:%M:%S', time.localtime(e['t']))} {e['kind']}: {e['message']}")
+
+
+def main() -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Tables and numbers as users read them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console(highlight=False, soft_wrap=True)
+
+
+def fmt(value: Any, unit: str = "", digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def when(ts: float | None) -> str:
+    return "-" if not ts else dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+def summary_table(record) -> Table:
+    s = record.summary
+    t = Table(title=f"run {record.id} ({record.mode}, {record.status})", show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    rows = [
+        ("throughput", f"{fmt(s.get('batches_per_s'))} batches/s per trainer ({record.trainers} trainer(s), {record.workers} worker(s))"),
+        ("batches", fmt(s.get("batches"))),
+        ("input stall", pct(s.get("input_stall_frac"))),
+        ("duration", fmt(s.get("duration_s"), " s", 1)),
+        ("first batch after", fmt(s.get("time_to_first_batch_s"), " s", 1)),
+    ]
+    if "worker_cpu_cores" in s:
+        rows.append(("worker CPU", f"{fmt(s['worker_cpu_cores'])} cores, {fmt(s['worker_mem_gb'])} GB resident (mean per worker)"))
+    if "trainer_cpu_cores" in s:
+        rows.append(("trainer CPU", f"{fmt(s['trainer_cpu_cores'])} cores, {fmt(s['trainer_mem_gb'])} GB resident (mean per trainer)"))
+    if s.get("padded_token_frac") is not None:
+        rows.append(("padded tokens", pct(s["padded_token_frac"])))
+    if "elements_expected" in s:
+        rows.append(("elements", f"{s['elements_received']} received of {s['elements_expected']}: "
+                                  f"{s['elements_lost']} lost, {s['elements_duplicated']} duplicated"))
+    if s.get("cost"):
+        c = s["cost"]
+        rows.append(("cost", f"${c['total']:.4f} ({c['basis']} basis, {c['catalog']} prices; {c['note']})"))
+    if record.error:
+        rows.append(("error", record.error))
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def runs_table(records) -> Table:
+    t = Table(title="runs", title_justify="left")
+    for col in ("run", "status", "mode", "workers", "trainers", "batches/s", "stall", "duration", "started"):
+        t.add_column(col)
+    for r in records:
+        s = r.summary
+        t.add_row(r.id, r.status, r.mode if r.kind != "sweep" else "sweep", str(r.workers), str(r.trainers),
+                  fmt(s.get("batches_per_s")), pct(s.get("input_stall_frac")), fmt(s.get("duration_s"), " s", 1),
+                  when(r.created_at))
+    return t

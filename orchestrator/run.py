@@ -1,0 +1,263 @@
+"""A job's life: provision → launch → measure → record → tear down.
+
+Whatever happens (success, a failing trainer, Ctrl-C, SIGTERM), the deployment
+is torn down and the run is recorded with its outcome; what was measured before
+a failure is already in the store.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from dsctl.provisioners import Deployment, Node, TrainerLaunch, get_provisioner
+from dsctl.specs import LoadedSpec, SpecError, spec_hash
+
+from .store import RunStore, dsctl_home
+from .summary import summarize
+from .tail import JsonlTail
+
+POLL_S = 0.2
+SAMPLE_S = 1.0
+STALL_TIMEOUT_S = 180.0  # a trainer with no new batch this long is stuck (e.g. a worker lost for good)
+
+
+class RunFailed(RuntimeError):
+    """The run failed at runtime (exit 1); it is recorded, and the deployment is gone."""
+
+    def __init__(self, message: str, run_id: str | None = None):
+        super().__init__(message)
+        self.run_id = run_id
+
+
+@dataclass
+class Progress:
+    """What the live view shows; the orchestrator updates it, the CLI draws it."""
+
+    run_id: str = ""
+    phase: str = "starting"
+    workers_ready: int = 0
+    workers_wanted: int = 0
+    batches: int = 0
+    batches_per_s: float | None = None
+    restarts: int = 0
+    last_event: str = ""
+
+
+Listener = Callable[[Progress], None]
+
+
+def new_run_id(name: str) -> str:
+    return f"{name}-{time.strftime('%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+class JobRunner:
+    """Runs one measurement of one spec in one mode and records it."""
+
+    def __init__(self, loaded: LoadedSpec, *, mode: str = "service", workers: int | None = None,
+                 store: RunStore | None = None, listener: Listener | None = None, kind: str = "job",
+                 parent_id: str | None = None, run_id: str | None = None, detached: bool = False):
+        self.loaded = loaded
+        self.spec = loaded.spec
+        self.mode = mode
+        self.workers = (workers if workers is not None else self.spec.service.workers) if mode == "service" else 0
+        self.store = store or RunStore()
+        self.listener = listener or (lambda p: None)
+        self.provisioner = get_provisioner(self.spec.provider)
+        self.run_id = run_id or new_run_id(self.spec.name)
+        self.run_dir = dsctl_home() / "runs" / self.run_id
+        self.progress = Progress(run_id=self.run_id, workers_wanted=self.workers)
+        self.kind, self.parent_id = kind, parent_id
+        self.first_batch_wall: float | None = None
+        self.detached = detached
+
+    # -- events -----------------------------------------------------------------
+    def _event(self, kind: str, message: str) -> None:
+        self.store.add_event(self.run_id, kind, message)
+        if kind == "worker-restarted":
+            self.progress.restarts += 1
+        if kind == "ready" and "worker" in message:
+            self.progress.workers_ready = self.workers
+        self.progress.last_event = message
+        self.listener(self.progress)
+
+    def _phase(self, phase: str) -> None:
+        self.progress.phase = phase
+        self.listener(self.progress)
+
+    # -- the run ------------------------------------------------------------------
+    def prepare(self) -> Deployment:
+        if self.mode == "service":
+            self.provisioner.check(self.spec, self.workers)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        spec_json = self.spec.model_dump_json(indent=1)
+        (self.run_dir / "spec.json").write_text(spec_json)
+        spec_yaml = None
+        src = Path(self.loaded.source.path)
+        if src.is_file():
+            spec_yaml = src.read_text()
+            shutil.copyfile(src, self.run_dir / "spec.yaml")
+        self.store.create_run(
+            id=self.run_id, name=self.spec.name, kind=self.kind, parent_id=self.parent_id, provider=self.spec.provider,
+            mode=self.mode, status="running", spec_path=str(src.resolve()) if src.is_file() else None,
+            spec_yaml=spec_yaml, spec_json=spec_json, spec_hash=spec_hash(self.spec), workers=self.workers,
+            trainers=self.spec.trainer.count, run_dir=str(self.run_dir),
+        )
+        dep = Deployment(run_id=self.run_id, provider=self.spec.provider, run_dir=str(self.run_dir),
+                         labels={"dsctl-run": self.run_id, "dsctl-job": self.spec.name})
+        if self.detached:
+            # The detached `dsctl up` itself: `dsctl down` stops it first, and it tears down on SIGTERM.
+            import os
+
+            import psutil
+
+            dep.nodes.append(Node(role="monitor", index=0, pid=os.getpid(), pgid=os.getpgid(0),
+                                  create_time=psutil.Process().create_time(), log=str(self.run_dir / "up.log")))
+        dep.save()
+        self.deployment = dep
+        return dep
+
+    def supervise_until_stopped(self) -> None:
+        """After a detached job: keep the service up and its workers alive until `dsctl down`."""
+        dep = Deployment.load(self.run_dir)
+        try:
+            while True:
+                self.provisioner.poll(dep, self._event)
+                time.sleep(1.0)
+        except KeyboardInterrupt:
+            self.provisioner.down(dep, self._event)
+
+    def run(self, keep_up: bool = False) -> dict:
+        """Run to the end; returns the summary. Raises RunFailed, SpecError or KeyboardInterrupt."""
+        dep = self.prepare()
+        started = self.store.get(self.run_id).created_at
+        status, error = "failed", None
+        try:
+            if self.mode == "service":
+                self._phase("provisioning")
+                self.provisioner.up(self.spec, dep, self.workers, self._event)
+                dep.status = "up"
+                dep.save()
+            self._phase("training")
+            self._train(dep)
+            status = "succeeded"
+        except KeyboardInterrupt:
+            status, error = "interrupted", "interrupted by the user"
+            raise
+        except SpecError as exc:
+            error = str(exc)
+            raise
+        except Exception as exc:
+            error = str(exc)
+            raise RunFailed(error, self.run_id) from exc
+        finally:
+            self._finish(dep, status, error, started, keep_up)
+        return self.store.get(self.run_id).summary
+
+    def _finish(self, dep: Deployment, status: str, error: str | None, started: float, keep_up: bool) -> None:
+        # Teardown must survive a second Ctrl-C: the record is written first, then processes are stopped.
+        ended = time.time()
+        summary = summarize(self.store.trainer_results(self.run_id), self.store.utilization(self.run_id),
+                            started, ended, self.first_batch_wall)
+        summary.update(self._element_accounting())
+        self.store.update_run(self.run_id, status=status, ended_at=ended, error=error, summary=summary)
+        self._phase("tearing down" if not keep_up else "left running")
+        if keep_up and status == "succeeded":
+            self.provisioner.stop_trainers(dep)
+            dep.nodes = [n for n in dep.nodes if n.role != "trainer"]
+            dep.save()
+            return
+        try:
+            self.provisioner.down(dep, self._event)
+        except KeyboardInterrupt:
+            self.provisioner.down(dep, self._event)
+            raise
+
+    def _train(self, dep: Deployment) -> None:
+        trainer = self.spec.trainer
+        launch = TrainerLaunch(
+            mode=self.mode, spec_json=self.run_dir / "spec.json", metrics_dir=self.run_dir / "metrics",
+            base_dir=self.loaded.base_dir, cache_dir=dsctl_home() / "cache", count=trainer.count,
+            record_ids=self._countable(),
+        )
+        self.provisioner.start_trainers(dep, launch, self._event)
+        tails = {n.index: JsonlTail(n.extra["metrics"]) for n in dep.by_role("trainer")}
+        last_sample = 0.0
+        last_progress = time.monotonic()
+        batches: dict[int, int] = {i: 0 for i in tails}
+        rates: dict[int, float] = {}
+        errors: dict[int, dict] = {}
+        while True:
+            state = self.provisioner.poll(dep, self._event)
+            for index, tail in tails.items():
+                for rec in tail.read():
+                    last_progress = time.monotonic()
+                    self._record(index, rec, batches, rates, errors)
+            now = time.monotonic()
+            if now - last_sample >= SAMPLE_S:
+                last_sample = now
+                self.store.add_utilization(self.run_id, time.time(), self.provisioner.sample(dep))
+                self.progress.batches = sum(batches.values())
+                self.progress.batches_per_s = sum(rates.values()) / len(rates) if rates else None
+                self.listener(self.progress)
+            if not state.running:
+                break
+            if now - last_progress > STALL_TIMEOUT_S:
+                raise RunFailed(f"no trainer made progress for {STALL_TIMEOUT_S:.0f} s; see the logs in {self.run_dir}.")
+            time.sleep(POLL_S)
+        for index, tail in tails.items():
+            for rec in tail.read():
+                self._record(index, rec, batches, rates, errors)
+        self._check_exits(state.exit_codes, errors)
+
+    def _record(self, index: int, rec: dict, batches: dict, rates: dict, errors: dict) -> None:
+        event = rec.get("event")
+        if event == "window":
+            self.store.add_window(self.run_id, rec, self.workers)
+            batches[index] += rec.get("batches", 0)
+            if not rec.get("warmup"):
+                rates[index] = rec.get("batches_per_s") or 0.0
+        elif event == "first_batch":
+            if self.first_batch_wall is None or rec["wall"] < self.first_batch_wall:
+                self.first_batch_wall = rec["wall"]
+        elif event == "end":
+            self.store.set_trainer_result(self.run_id, index, rec)
+        elif event == "error":
+            errors[index] = rec
+
+    def _check_exits(self, codes: dict[int, int], errors: dict[int, dict]) -> None:
+        for index, code in sorted(codes.items()):
+            if code == 0:
+                continue
+            err = errors.get(index, {})
+            message = err.get("message") or f"trainer {index} exited with code {code}; see {self.run_dir}/metrics/trainer-{index}.log"
+            if err.get("kind") == "user" or code == 2:
+                raise SpecError(message, where=self.loaded.source.path)
+            raise RunFailed(f"trainer {index} failed: {message}")
+
+    # -- elements lost ----------------------------------------------------------------
+    def _countable(self) -> bool:
+        """Only a finite synthetic dataset read once (distributed_epoch) has a known element count to check."""
+        p = self.spec.pipeline
+        return (self.mode == "service" and p.builtin == "synthetic" and p.params.get("epochs") is not None
+                and self.spec.service.processing_mode in ("distributed_epoch", "dynamic"))
+
+    def _element_accounting(self) -> dict:
+        if not self._countable():
+            return {}
+        ids: list[int] = []
+        for path in (self.run_dir / "metrics").glob("trainer-*.ids.json"):
+            ids.extend(json.loads(path.read_text()))
+        params = self.spec.pipeline.params
+        epochs = params["epochs"]
+        counts = Counter(ids)
+        lost = sum(max(epochs - counts.get(i, 0), 0) for i in range(params["elements"]))
+        duplicated = sum(max(c - epochs, 0) for c in counts.values())
+        return {"elements_expected": params["elements"] * epochs, "elements_received": len(ids),
+                "elements_lost": lost, "elements_duplicated": duplicated}

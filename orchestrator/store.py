@@ -1,0 +1,182 @@
+"""Run records in one SQLite file under DSCTL_HOME: specs, outcomes, metrics windows, utilization, events.
+
+Rows are written as results arrive (one short transaction each), so a crash or
+`kill -9` loses nothing that was already measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    kind TEXT NOT NULL DEFAULT 'job',          -- job | sweep | point
+    parent_id TEXT,                            -- the sweep a point belongs to
+    provider TEXT NOT NULL,
+    mode TEXT NOT NULL,                        -- service | colocated | ideal
+    status TEXT NOT NULL,                      -- running | succeeded | failed | interrupted
+    spec_path TEXT,
+    spec_yaml TEXT,
+    spec_json TEXT NOT NULL,
+    spec_hash TEXT NOT NULL,
+    workers INTEGER NOT NULL,
+    trainers INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    ended_at REAL,
+    run_dir TEXT,
+    error TEXT,
+    summary_json TEXT
+);
+CREATE TABLE IF NOT EXISTS windows (
+    run_id TEXT NOT NULL, trainer INTEGER NOT NULL, t_start REAL, t_end REAL,
+    batches INTEGER, examples INTEGER, batches_per_s REAL, mean_batch_time_s REAL,
+    input_wait_s REAL, step_s REAL, tokens INTEGER, padded_tokens INTEGER, warmup INTEGER, workers INTEGER
+);
+CREATE TABLE IF NOT EXISTS trainer_results (
+    run_id TEXT NOT NULL, trainer INTEGER NOT NULL, result_json TEXT NOT NULL,
+    PRIMARY KEY (run_id, trainer)
+);
+CREATE TABLE IF NOT EXISTS utilization (
+    run_id TEXT NOT NULL, t REAL NOT NULL, role TEXT NOT NULL, idx INTEGER NOT NULL,
+    cpu_cores REAL, rss_bytes INTEGER, cpu_seconds REAL
+);
+CREATE TABLE IF NOT EXISTS events (
+    run_id TEXT NOT NULL, t REAL NOT NULL, kind TEXT NOT NULL, message TEXT
+);
+CREATE INDEX IF NOT EXISTS windows_run ON windows(run_id);
+CREATE INDEX IF NOT EXISTS utilization_run ON utilization(run_id);
+CREATE INDEX IF NOT EXISTS events_run ON events(run_id);
+"""
+
+WINDOW_FIELDS = ("trainer", "t_start", "t_end", "batches", "examples", "batches_per_s", "mean_batch_time_s",
+                 "input_wait_s", "step_s", "tokens", "padded_tokens", "warmup")
+
+
+def dsctl_home() -> Path:
+    return Path(os.environ.get("DSCTL_HOME") or Path.home() / ".dsctl")
+
+
+@dataclass
+class RunRecord:
+    id: str
+    name: str
+    kind: str
+    parent_id: str | None
+    provider: str
+    mode: str
+    status: str
+    spec_path: str | None
+    spec_yaml: str | None
+    spec_json: str
+    spec_hash: str
+    workers: int
+    trainers: int
+    created_at: float
+    ended_at: float | None
+    run_dir: str | None
+    error: str | None
+    summary: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if k not in ("spec_yaml", "spec_json")}
+        d["spec"] = json.loads(self.spec_json)
+        return d
+
+
+class RunStore:
+    def __init__(self, path: str | Path | None = None):
+        self.path = Path(path) if path else dsctl_home() / "runs.db"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- writing ---------------------------------------------------------------
+    def create_run(self, **cols) -> None:
+        cols.setdefault("created_at", time.time())
+        names = ", ".join(cols)
+        self._db.execute(f"INSERT INTO runs ({names}) VALUES ({', '.join('?' * len(cols))})", tuple(cols.values()))
+
+    def update_run(self, run_id: str, **cols) -> None:
+        if "summary" in cols:
+            cols["summary_json"] = json.dumps(cols.pop("summary"))
+        sets = ", ".join(f"{k} = ?" for k in cols)
+        self._db.execute(f"UPDATE runs SET {sets} WHERE id = ?", (*cols.values(), run_id))
+
+    def add_window(self, run_id: str, window: dict, workers: int | None) -> None:
+        values = [window.get(f) for f in WINDOW_FIELDS]
+        self._db.execute(
+            f"INSERT INTO windows (run_id, {', '.join(WINDOW_FIELDS)}, workers) VALUES ({', '.join('?' * (len(WINDOW_FIELDS) + 2))})",
+            (run_id, *values, workers),
+        )
+
+    def set_trainer_result(self, run_id: str, trainer: int, result: dict) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO trainer_results (run_id, trainer, result_json) VALUES (?, ?, ?)",
+            (run_id, trainer, json.dumps(result)),
+        )
+
+    def add_utilization(self, run_id: str, t: float, rows: list) -> None:
+        self._db.executemany(
+            "INSERT INTO utilization (run_id, t, role, idx, cpu_cores, rss_bytes, cpu_seconds) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(run_id, t, s.role, s.index, s.cpu_cores, s.rss_bytes, s.cpu_seconds) for s in rows],
+        )
+
+    def add_event(self, run_id: str, kind: str, message: str, t: float | None = None) -> None:
+        self._db.execute("INSERT INTO events (run_id, t, kind, message) VALUES (?, ?, ?, ?)",
+                         (run_id, t or time.time(), kind, message))
+
+    # -- reading ---------------------------------------------------------------
+    def _record(self, row: sqlite3.Row) -> RunRecord:
+        d = dict(row)
+        summary = json.loads(d.pop("summary_json") or "{}")
+        return RunRecord(summary=summary, **d)
+
+    def get(self, run_id: str) -> RunRecord | None:
+        row = self._db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            rows = self._db.execute("SELECT * FROM runs WHERE id LIKE ? ORDER BY created_at DESC", (run_id + "%",)).fetchall()
+            row = rows[0] if len(rows) == 1 else None
+        return self._record(row) if row else None
+
+    def list(self, limit: int | None = None, kinds: tuple[str, ...] = ("job", "sweep"), since: float | None = None,
+             parent_id: str | None = None) -> list[RunRecord]:
+        sql = f"SELECT * FROM runs WHERE kind IN ({', '.join('?' * len(kinds))})"
+        args: list = list(kinds)
+        if since is not None:
+            sql += " AND created_at >= ?"
+            args.append(since)
+        if parent_id is not None:
+            sql += " AND parent_id = ?"
+            args.append(parent_id)
+        sql += " ORDER BY created_at DESC"
+        if limit:
+            sql += f" LIMIT {int(limit)}"
+        return [self._record(r) for r in self._db.execute(sql, args).fetchall()]
+
+    def ids(self) -> list[str]:
+        return [r[0] for r in self._db.execute("SELECT id FROM runs ORDER BY created_at DESC").fetchall()]
+
+    def windows(self, run_id: str) -> list[dict]:
+        return [dict(r) for r in self._db.execute("SELECT * FROM windows WHERE run_id = ? ORDER BY t_end", (run_id,))]
+
+    def trainer_results(self, run_id: str) -> dict[int, dict]:
+        rows = self._db.execute("SELECT trainer, result_json FROM trainer_results WHERE run_id = ?", (run_id,))
+        return {r[0]: json.loads(r[1]) for r in rows}
+
+    def utilization(self, run_id: str) -> list[dict]:
+        return [dict(r) for r in self._db.execute("SELECT * FROM utilization WHERE run_id = ? ORDER BY t", (run_id,))]
+
+    def events(self, run_id: str) -> list[dict]:
+        return [dict(r) for r in self._db.execute("SELECT * FROM events WHERE run_id = ? ORDER BY t", (run_id,))]

@@ -1,0 +1,51 @@
+"""Turn a run's stored metrics into the numbers users compare: throughput, input stall, utilization.
+
+Throughput is steps per second per trainer (each trainer is one replica taking
+one batch per step), averaged over trainers, measured after the warm-up batches.
+"""
+
+from __future__ import annotations
+
+from statistics import mean
+
+
+def summarize(trainer_results: dict[int, dict], utilization: list[dict], started_at: float, ended_at: float,
+              first_batch_wall: float | None) -> dict:
+    results = list(trainer_results.values())
+    rates = [r["batches_per_s"] for r in results if r.get("batches_per_s")]
+    wait = sum(r.get("input_wait_s", 0.0) for r in results)
+    step = sum(r.get("step_s", 0.0) for r in results)
+    batches = sum(r.get("batches", 0) for r in results)
+    tokens = sum(r.get("tokens", 0) for r in results)
+    padded = sum(r.get("padded_tokens", 0) for r in results)
+    out = {
+        "batches": batches,
+        "batches_per_s": mean(rates) if rates else None,
+        "total_batches_per_s": sum(rates) if rates else None,
+        "input_stall_frac": wait / (wait + step) if (wait + step) > 0 else None,
+        "duration_s": ended_at - started_at,
+        "time_to_first_batch_s": (first_batch_wall - started_at) if first_batch_wall else None,
+        "padded_token_frac": (1 - tokens / padded) if padded else None,
+    }
+    out.update(_utilization(utilization, batches))
+    return out
+
+
+def _utilization(rows: list[dict], batches: int) -> dict:
+    """Mean cores busy and resident GB per process of each role, and CPU-seconds per batch."""
+    out: dict = {}
+    for role in ("worker", "dispatcher", "trainer"):
+        mine = [r for r in rows if r["role"] == role]
+        if not mine:
+            continue
+        per_proc: dict[int, list[dict]] = {}
+        for r in mine:
+            per_proc.setdefault(r["idx"], []).append(r)
+        out[f"{role}_cpu_cores"] = mean(mean(x["cpu_cores"] for x in v) for v in per_proc.values())
+        out[f"{role}_mem_gb"] = mean(mean(x["rss_bytes"] for x in v) for v in per_proc.values()) / 2**30
+        # CPU-seconds used during the run: last minus first cumulative sample of each process.
+        cpu_s = sum(max(v[-1]["cpu_seconds"] - v[0]["cpu_seconds"], 0.0) for v in per_proc.values())
+        out[f"{role}_cpu_seconds"] = cpu_s
+        if batches:
+            out[f"{role}_cpu_seconds_per_batch"] = cpu_s / batches
+    return out

@@ -1,0 +1,103 @@
+"""The provisioner contract: one small interface, one implementation per place to run.
+
+A Deployment is plain data saved to the run's state file after every change,
+so `dsctl down` in a new process (even after `kill -9` of `dsctl up`) can find
+and remove everything that was started.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+from dsctl.runtime.sampler import Sample
+from dsctl.specs.schema import JobSpec
+
+STATE_FILE = "state.json"
+
+EventSink = Callable[[str, str], None]  # (kind, message), e.g. ("worker-restarted", "worker 1 ...")
+
+
+@dataclass
+class Node:
+    role: str  # "dispatcher" | "worker" | "trainer"
+    index: int
+    address: str | None = None  # host:port for servers
+    pid: int | None = None
+    pgid: int | None = None
+    create_time: float | None = None  # with pid, identifies the process even if the pid is reused
+    log: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class Deployment:
+    run_id: str
+    provider: str
+    run_dir: str
+    status: str = "starting"  # starting | up | down
+    dispatcher_address: str | None = None
+    nodes: list[Node] = field(default_factory=list)
+    labels: dict = field(default_factory=dict)
+
+    def by_role(self, role: str) -> list[Node]:
+        return sorted((n for n in self.nodes if n.role == role), key=lambda n: n.index)
+
+    def save(self) -> None:
+        path = Path(self.run_dir) / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> "Deployment":
+        data = json.loads((Path(run_dir) / STATE_FILE).read_text())
+        nodes = [Node(**n) for n in data.pop("nodes")]
+        return cls(nodes=nodes, **data)
+
+
+@dataclass
+class TrainerLaunch:
+    """What to run on the trainer machines for one measurement."""
+
+    mode: str  # service | colocated | ideal
+    spec_json: Path
+    metrics_dir: Path
+    base_dir: Path
+    cache_dir: Path
+    count: int
+    steps: int | None = None
+    duration_s: float | None = None
+    record_ids: bool = False
+
+
+@dataclass
+class TrainerState:
+    running: list[int]
+    exit_codes: dict[int, int]
+
+
+class Provisioner(Protocol):
+    name: str
+
+    def check(self, spec: JobSpec, workers: int) -> None:
+        """Refuse (SpecError) what this place cannot run, before anything starts."""
+
+    def up(self, spec: JobSpec, dep: Deployment, workers: int, events: EventSink) -> None:
+        """Start the dispatcher and `workers` workers; return when they are ready."""
+
+    def scale_workers(self, dep: Deployment, workers: int, events: EventSink) -> None: ...
+
+    def start_trainers(self, dep: Deployment, launch: TrainerLaunch, events: EventSink) -> None: ...
+
+    def poll(self, dep: Deployment, events: EventSink) -> TrainerState:
+        """Supervise (restart dead workers) and report the trainers' state."""
+
+    def sample(self, dep: Deployment) -> list[Sample]: ...
+
+    def stop_trainers(self, dep: Deployment) -> None: ...
+
+    def down(self, dep: Deployment, events: EventSink) -> None:
+        """Remove everything the deployment holds; safe to call twice and from a new process."""

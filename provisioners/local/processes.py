@@ -1,0 +1,100 @@
+"""Starting and stopping local processes, each in its own process group.
+
+Each process gets its own session, so Ctrl-C in the terminal reaches only
+dsctl, which then stops them in order; and `dsctl down` can stop a whole group
+later, identified by pid AND start time (never by process name).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from ..contract import Node
+
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def spawn(node: Node, args: list[str], log: Path) -> subprocess.Popen:
+    """Start `python -m <args>` for `node`, filling in its pid, pgid, start time and log."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env=child_env(),
+        )
+    node.pid = proc.pid
+    node.pgid = proc.pid
+    node.log = str(log)
+    try:
+        node.create_time = psutil.Process(proc.pid).create_time()
+    except psutil.NoSuchProcess:
+        node.create_time = None
+    return proc
+
+
+def is_ours(node: Node) -> bool:
+    """True while the process recorded for `node` is still the same process and not a zombie."""
+    if not node.pid:
+        return False
+    try:
+        proc = psutil.Process(node.pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return node.create_time is None or abs(proc.create_time() - node.create_time) < 0.01
+    except psutil.NoSuchProcess:
+        return False
+
+
+def reap(pid: int | None) -> int | None:
+    """Collect a child's exit status (if it is our child); None while it runs."""
+    if not pid:
+        return None
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if done == 0:
+        return None
+    return os.waitstatus_to_exitcode(status)
+
+
+def _signal(nodes: list[Node], sig: int) -> None:
+    for node in nodes:
+        try:
+            os.killpg(node.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def stop_groups(nodes: list[Node], grace_s: float = 8.0) -> None:
+    """SIGTERM each node's process group, then SIGKILL those left after `grace_s`.
+
+    A node whose recorded process is gone (or whose pid now belongs to another
+    process) is left alone: its pgid may have been reused by someone else.
+    """
+    live = [n for n in nodes if n.pgid and is_ours(n)]
+    for n in nodes:
+        reap(n.pid)
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 3.0)):
+        if not live:
+            return
+        _signal(live, sig)
+        deadline = time.monotonic() + wait
+        while live and time.monotonic() < deadline:
+            for n in live:
+                reap(n.pid)
+            live = [n for n in live if is_ours(n)]
+            if live:
+                time.sleep(0.05)

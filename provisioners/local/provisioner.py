@@ -1,0 +1,215 @@
+"""The local provider: the dispatcher, workers and trainers as processes on this machine.
+
+Every server listens on a free loopback port, logs to the run dir, and is
+recorded in the state file the moment it starts. Workers are supervised: one
+that dies is restarted at its own port, because tf.data service clients wait
+for a lost worker's address forever (see README, "How dsctl runs a job").
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+
+from dsctl.runtime.readiness import pick_free_port, read_json
+from dsctl.runtime.sampler import ProcessSampler, Sample
+from dsctl.specs import SpecError
+from dsctl.specs.schema import JobSpec
+
+from ..contract import Deployment, EventSink, Node, TrainerLaunch, TrainerState
+from .processes import is_ours, spawn, stop_groups
+
+# Measured with `dsctl bench` style runs: an idle tf.data service worker holds
+# ~300 MB resident and grows with its buffers; trainers and the dispatcher hold
+# more. The budget keeps a fifth of available memory free for the OS and data.
+WORKER_MEMORY_BYTES = 500 * 2**20
+OTHER_PROCESS_MEMORY_BYTES = 900 * 2**20
+READY_TIMEOUT_S = 120.0
+MAX_RESTARTS_PER_WORKER = 5
+
+
+class ProcessFailed(RuntimeError):
+    """A process of the deployment failed to start; the message carries its log's tail."""
+
+
+def _log_tail(path: str | None, lines: int = 12) -> str:
+    if not path:
+        return ""
+    try:
+        text = Path(path).read_text(errors="replace").strip().splitlines()
+    except FileNotFoundError:
+        return ""
+    keep = [l for l in text if "oneDNN" not in l and "cpu_feature_guard" not in l and "absl::InitializeLog" not in l]
+    return "\n".join(keep[-lines:])
+
+
+def local_capacity(trainers: int) -> int:
+    """How many workers fit in this machine's available memory beside the dispatcher and trainers."""
+    budget = psutil.virtual_memory().available * 0.8 - (trainers + 1) * OTHER_PROCESS_MEMORY_BYTES
+    return max(int(budget // WORKER_MEMORY_BYTES), 0)
+
+
+class LocalProvisioner:
+    name = "local"
+
+    def __init__(self) -> None:
+        self._procs: dict[tuple[str, int], subprocess.Popen] = {}
+        self._restarts: dict[int, int] = {}
+        self._sampler = ProcessSampler()
+
+    # -- checks -----------------------------------------------------------------
+    def check(self, spec: JobSpec, workers: int) -> None:
+        capacity = local_capacity(spec.trainer.count)
+        if workers > capacity:
+            free_gb = psutil.virtual_memory().available / 2**30
+            raise SpecError(
+                f"{workers} workers do not fit on this machine: each local worker needs about "
+                f"{WORKER_MEMORY_BYTES // 2**20} MB and {free_gb:.1f} GB is available, enough for {capacity} "
+                f"beside the dispatcher and {spec.trainer.count} trainer(s). Use at most {capacity} workers here, "
+                "predict larger counts with `dsctl sweep --simulate`, or run on Google Cloud with provider: gcp.",
+                field="service.workers",
+            )
+
+    # -- servers ----------------------------------------------------------------
+    def _wait_ready(self, nodes: list[Node], dep: Deployment) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        pending = list(nodes)
+        while pending:
+            for node in list(pending):
+                ready = read_json(node.extra["ready_file"])
+                if ready and ready.get("pid") == node.pid:
+                    node.address = f"127.0.0.1:{ready['port']}"
+                    node.extra["port"] = ready["port"]
+                    pending.remove(node)
+                elif not is_ours(node):
+                    proc = self._procs.get((node.role, node.index))
+                    code = proc.poll() if proc else None
+                    raise ProcessFailed(
+                        f"the {node.role} {node.index} exited (code {code}) before it was ready. "
+                        f"Its log ({node.log}) ends with:\n{_log_tail(node.log)}"
+                    )
+            if pending and time.monotonic() > deadline:
+                names = ", ".join(f"{n.role} {n.index}" for n in pending)
+                raise ProcessFailed(f"{names} not ready after {READY_TIMEOUT_S:.0f} s; see the logs in {dep.run_dir}/logs.")
+            if pending:
+                time.sleep(0.1)
+        dep.save()
+
+    def _start_worker(self, dep: Deployment, node: Node, spec_cache_mb: int) -> None:
+        ready = Path(dep.run_dir) / "ready" / f"worker-{node.index}.json"
+        ready.unlink(missing_ok=True)
+        node.extra.update(ready_file=str(ready), cache_mb=spec_cache_mb)
+        args = ["dsctl.runtime.worker", "--dispatcher", dep.dispatcher_address, "--host", "127.0.0.1",
+                "--port", str(node.extra["port"]), "--ready-file", str(ready)]
+        if spec_cache_mb:
+            args += ["--cross-trainer-cache-mb", str(spec_cache_mb)]
+        self._procs[("worker", node.index)] = spawn(node, args, Path(dep.run_dir) / "logs" / f"worker-{node.index}.log")
+        dep.save()
+
+    def up(self, spec: JobSpec, dep: Deployment, workers: int, events: EventSink) -> None:
+        run_dir = Path(dep.run_dir)
+        disp = Node(role="dispatcher", index=0, extra={"ready_file": str(run_dir / "ready" / "dispatcher.json"),
+                                                       "status_file": str(run_dir / "dispatcher-status.json")})
+        dep.nodes.append(disp)
+        args = ["dsctl.runtime.dispatcher", "--port", str(pick_free_port()), "--ready-file", disp.extra["ready_file"],
+                "--status-file", disp.extra["status_file"]]
+        if spec.service.fault_tolerant:
+            args += ["--fault-tolerant", "--work-dir", str(run_dir / "journal")]
+        self._procs[("dispatcher", 0)] = spawn(disp, args, run_dir / "logs" / "dispatcher.log")
+        dep.save()
+        events("starting", "dispatcher starting")
+        self._wait_ready([disp], dep)
+        dep.dispatcher_address = disp.address
+        dep.save()
+        events("ready", f"dispatcher ready at {disp.address}")
+        self.scale_workers(dep, workers, events, spec=spec)
+
+    def scale_workers(self, dep: Deployment, workers: int, events: EventSink, spec: JobSpec | None = None) -> None:
+        current = dep.by_role("worker")
+        cache_mb = spec.service.cross_trainer_cache_mb if (spec and spec.service.cross_trainer_cache) else 0
+        if workers > len(current):
+            new = []
+            for index in range(len(current), workers):
+                node = Node(role="worker", index=index, extra={"port": pick_free_port()})
+                dep.nodes.append(node)
+                self._start_worker(dep, node, cache_mb)
+                new.append(node)
+            events("starting", f"starting {len(new)} worker(s)")
+            self._wait_ready(new, dep)
+            events("ready", f"{workers} worker(s) ready")
+        elif workers < len(current):
+            leaving = current[workers:]
+            stop_groups(leaving)
+            dep.nodes = [n for n in dep.nodes if n not in leaving]
+            dep.save()
+            events("scaled", f"removed {len(leaving)} worker(s); {workers} remain")
+
+    # -- trainers ---------------------------------------------------------------
+    def start_trainers(self, dep: Deployment, launch: TrainerLaunch, events: EventSink) -> None:
+        launch.metrics_dir.mkdir(parents=True, exist_ok=True)
+        for old in dep.by_role("trainer"):
+            dep.nodes.remove(old)
+        for index in range(launch.count):
+            node = Node(role="trainer", index=index, extra={"metrics": str(launch.metrics_dir / f"trainer-{index}.jsonl")})
+            args = ["dsctl.runtime.trainer", "--spec", str(launch.spec_json), "--mode", launch.mode,
+                    "--index", str(index), "--metrics", node.extra["metrics"], "--cache-dir", str(launch.cache_dir),
+                    "--base-dir", str(launch.base_dir)]
+            if launch.mode == "service":
+                args += ["--dispatcher", dep.dispatcher_address]
+            if launch.steps is not None:
+                args += ["--steps", str(launch.steps)]
+            if launch.duration_s is not None:
+                args += ["--duration-s", str(launch.duration_s)]
+            if launch.record_ids:
+                node.extra["ids"] = str(launch.metrics_dir / f"trainer-{index}.ids.json")
+                args += ["--record-ids", node.extra["ids"]]
+            dep.nodes.append(node)
+            self._procs[("trainer", index)] = spawn(node, args, launch.metrics_dir / f"trainer-{index}.log")
+            dep.save()
+        events("training", f"{launch.count} trainer(s) started ({launch.mode})")
+
+    def poll(self, dep: Deployment, events: EventSink) -> TrainerState:
+        self._supervise_workers(dep, events)
+        running, codes = [], {}
+        for node in dep.by_role("trainer"):
+            proc = self._procs.get(("trainer", node.index))
+            code = proc.poll() if proc else (None if is_ours(node) else -1)
+            if code is None:
+                running.append(node.index)
+            else:
+                codes[node.index] = code
+        return TrainerState(running=running, exit_codes=codes)
+
+    def _supervise_workers(self, dep: Deployment, events: EventSink) -> None:
+        for node in dep.by_role("worker"):
+            proc = self._procs.get(("worker", node.index))
+            alive = proc.poll() is None if proc else is_ours(node)
+            if alive:
+                continue
+            count = self._restarts.get(node.index, 0) + 1
+            self._restarts[node.index] = count
+            if count > MAX_RESTARTS_PER_WORKER:
+                raise ProcessFailed(
+                    f"worker {node.index} died {count} times; giving up. Its log ({node.log}) ends with:\n{_log_tail(node.log)}"
+                )
+            code = proc.returncode if proc else None
+            events("worker-restarted", f"worker {node.index} exited (code {code}); restarting it at {node.address}")
+            self._start_worker(dep, node, node.extra.get("cache_mb", 0))
+            self._wait_ready([node], dep)
+
+    def stop_trainers(self, dep: Deployment) -> None:
+        stop_groups(dep.by_role("trainer"), grace_s=5.0)
+
+    def sample(self, dep: Deployment) -> list[Sample]:
+        return self._sampler.sample([(n.role, n.index, n.pid) for n in dep.nodes if n.pid])
+
+    def down(self, dep: Deployment, events: EventSink) -> None:
+        # Trainers first (they hang if their workers vanish), then workers, then the dispatcher.
+        for role in ("trainer", "worker", "dispatcher"):
+            stop_groups(dep.by_role(role))
+        dep.status = "down"
+        dep.save()
+        events("down", "all processes stopped")

@@ -1,0 +1,64 @@
+"""JSON-lines metrics written by the trainer harness, one window at a time.
+
+Each line is flushed as soon as it is complete, so a launcher tailing the file
+(locally or over SSH) sees progress live and loses nothing if a process dies.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import IO
+
+
+class MetricsWriter:
+    def __init__(self, path: str, trainer: int):
+        self._f: IO[str] = open(path, "a", buffering=1)
+        self.trainer = trainer
+
+    def emit(self, event: str, **fields) -> None:
+        self._f.write(json.dumps({"event": event, "trainer": self.trainer, "wall": time.time(), **fields}) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+@dataclass
+class Window:
+    """Accumulates per-batch timings until the window is emitted."""
+
+    started: float
+    batches: int = 0
+    examples: int = 0
+    input_wait_s: float = 0.0
+    step_s: float = 0.0
+    tokens: int = 0
+    padded_tokens: int = 0
+    warmup: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def add(self, wait_s: float, step_s: float, stats: dict) -> None:
+        self.batches += 1
+        self.examples += int(stats.get("examples", 0))
+        self.input_wait_s += wait_s
+        self.step_s += step_s
+        self.tokens += int(stats.get("tokens", 0))
+        self.padded_tokens += int(stats.get("padded_tokens", 0))
+
+    def as_fields(self, now: float, t0: float) -> dict:
+        elapsed = max(now - self.started, 1e-9)
+        return {
+            "t_start": round(self.started - t0, 4),
+            "t_end": round(now - t0, 4),
+            "batches": self.batches,
+            "examples": self.examples,
+            "batches_per_s": self.batches / elapsed,
+            "mean_batch_time_s": elapsed / self.batches if self.batches else None,
+            "input_wait_s": self.input_wait_s,
+            "step_s": self.step_s,
+            "tokens": self.tokens,
+            "padded_tokens": self.padded_tokens,
+            "warmup": self.warmup,
+        }

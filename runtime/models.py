@@ -1,0 +1,52 @@
+"""The training step the harness runs per batch.
+
+`synthetic` stands for an accelerator busy on the step: it sleeps, using no
+host CPU, for a fixed time per step plus, optionally, a time per padded token
+(so uneven batches make real stragglers, paper §3.6). `python` calls the
+user's own step function with each batch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from dsctl.specs.schema import ModelSpec
+
+StepFn = Callable[[Any, dict], None]
+
+
+class ModelError(Exception):
+    """The model entrypoint could not be loaded; the message is for the user."""
+
+
+def synthetic_step_seconds(model: ModelSpec, stats: dict) -> float:
+    return model.step_time_ms / 1e3 + stats.get("padded_tokens", 0) * model.padded_token_time_us / 1e6
+
+
+def make_step(model: ModelSpec, base_dir: Path | None = None) -> StepFn:
+    if model.kind == "synthetic":
+        def step(batch: Any, stats: dict) -> None:
+            seconds = synthetic_step_seconds(model, stats)
+            if seconds > 0:
+                time.sleep(seconds)
+        return step
+
+    module_name, func_name = model.entrypoint.split(":")
+    if base_dir is not None and str(base_dir) not in sys.path:
+        sys.path.insert(0, str(base_dir))
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the user's to fix
+        raise ModelError(f"trainer.model.entrypoint: cannot import module '{module_name}' ({type(exc).__name__}: {exc}).") from None
+    fn = getattr(module, func_name, None)
+    if not callable(fn):
+        raise ModelError(f"trainer.model.entrypoint: module '{module_name}' has no function '{func_name}'.")
+
+    def user_step(batch: Any, stats: dict) -> None:
+        fn(batch)
+
+    return user_step

@@ -1,0 +1,53 @@
+"""What the dispatcher and worker entry points share: port check, signals, readiness, clean stop."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from typing import Callable
+
+from .readiness import port_is_free, write_json_atomic
+
+EXIT_PORT_IN_USE = 3
+
+
+def refuse_taken_port(role: str, port: int) -> None:
+    if port and not port_is_free(port):
+        print(
+            f"dsctl {role}: port {port} is already in use by another process; "
+            f"stop it or pick another port (0 lets the system choose).",
+            file=sys.stderr,
+        )
+        sys.exit(EXIT_PORT_IN_USE)
+
+
+def quiet_tensorflow() -> None:
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def serve_until_signalled(server, ready_file: str | None, payload: dict, heartbeat: Callable[[], None] | None = None) -> None:
+    """Write the ready file, then block until SIGTERM/SIGINT and stop the server.
+
+    TensorFlow's stop() can hang on jobs with repeated datasets (tensorflow#56490),
+    so it gets a few seconds and then the process exits anyway.
+    """
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if ready_file:
+        write_json_atomic(ready_file, payload)
+    print(f"dsctl {payload['role']}: ready on port {payload['port']}", flush=True)
+    while not stop.wait(0.5):
+        if heartbeat:
+            heartbeat()
+    stopper = threading.Thread(target=server._stop, daemon=True)
+    stopper.start()
+    stopper.join(timeout=5)
+    print(f"dsctl {payload['role']}: stopped", flush=True)
+    sys.stdout.flush()
+    import os
+
+    os._exit(0)

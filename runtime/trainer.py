@@ -1,0 +1,203 @@
+"""The trainer harness: read the pipeline (through the service or not), run the model step, emit metrics.
+
+    python -m dsctl.runtime.trainer --spec spec.json --mode service --dispatcher HOST:PORT \
+        --index 0 --metrics trainer-0.jsonl
+
+Modes, all in this one harness so they are measured the same way:
+- service: the pipeline runs on tf.data service workers (`distribute`), with the spec's options.
+- colocated: the pipeline runs here, on the trainer's own CPUs (the paper's baseline).
+- ideal: `take(1).cache().repeat()`, input that is never the bottleneck (paper §4.1).
+
+Per window it writes batches, batches/s, mean batch time and the input stall
+(time blocked in next()), plus tokens and padded tokens for text batches.
+Exit codes: 0 done, 2 the user's pipeline or model is at fault, 1 other failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from dsctl.specs.schema import JobSpec
+
+from .metrics import MetricsWriter, Window
+from .models import ModelError, make_step
+
+SHARDING = {
+    "parallel_epochs": "OFF", "off": "OFF",
+    "distributed_epoch": "DYNAMIC", "dynamic": "DYNAMIC",
+    "file": "FILE", "data": "DATA", "file_or_data": "FILE_OR_DATA", "hint": "HINT",
+}
+
+
+def build_input(spec: JobSpec, mode: str, index: int, dispatcher: str | None, cache_dir: Path, base_dir: Path):
+    """The dataset the trainer iterates, for one of the three modes."""
+    import tensorflow as tf
+
+    from dsctl.runtime.pipelines import build_dataset, is_infinite, load_entrypoint_dataset
+
+    svc = spec.service
+    coord = svc.coordinated_reads
+    if spec.pipeline.builtin:
+        bucketing = (coord.bucket_boundaries, coord.num_consumers) if (coord and mode == "service") else None
+        ds = build_dataset(spec.pipeline.builtin, spec.pipeline.params, cache_dir=cache_dir, bucketing=bucketing)
+    else:
+        ds = load_entrypoint_dataset(spec.pipeline.entrypoint, spec.pipeline.params, base_dir)
+        if (coord or svc.cross_trainer_cache) and mode == "service" and not is_infinite(ds):
+            from dsctl.runtime.pipelines.errors import PipelineError
+
+            raise PipelineError(
+                f"pipeline.entrypoint: {spec.pipeline.entrypoint} returned a finite dataset, but "
+                "coordinated reads and the cross-trainer cache need an infinite one; end it with .repeat()."
+            )
+
+    if mode == "ideal":
+        return ds.take(1).cache().repeat()
+    if mode == "colocated":
+        return ds.prefetch(tf.data.AUTOTUNE)
+
+    service = tf.data.experimental.service
+    kwargs = dict(
+        processing_mode=getattr(service.ShardingPolicy, SHARDING[svc.processing_mode]),
+        service=f"grpc://{dispatcher}",
+        job_name=svc.job_name,
+        compression=svc.compression,
+        max_outstanding_requests=svc.max_outstanding_requests,
+    )
+    if coord:
+        kwargs.update(consumer_index=index, num_consumers=coord.num_consumers)
+    if svc.cross_trainer_cache:
+        kwargs["cross_trainer_cache"] = service.CrossTrainerCache(trainer_id=f"trainer-{index}")
+    return ds.apply(service.distribute(**kwargs))
+
+
+class Harness:
+    """Runs the training loop and turns timings into metrics windows."""
+
+    def __init__(self, spec: JobSpec, writer: MetricsWriter, steps: int | None, duration_s: float | None,
+                 record_ids: str | None):
+        self.spec = spec
+        self.writer = writer
+        self.steps = steps
+        self.duration_s = duration_s
+        self.record_ids = record_ids
+        self.stop = threading.Event()
+        self.ids: list[int] = []
+
+    def run(self, ds, step_fn) -> str:
+        from dsctl.runtime.pipelines import batch_stats
+
+        trainer = self.spec.trainer
+        t0 = time.perf_counter()
+        warmup_left = trainer.warmup_batches
+        window = Window(started=t0, warmup=warmup_left > 0)
+        measured_from = t0 if warmup_left == 0 else None
+        batches = measured = 0
+        totals = {"input_wait_s": 0.0, "step_s": 0.0, "tokens": 0, "padded_tokens": 0}
+        reason = "steps"
+        iterator = iter(ds)
+        while True:
+            if self.stop.is_set():
+                reason = "signal"
+                break
+            if self.steps is not None and batches >= self.steps:
+                break
+            if self.duration_s is not None and measured_from is not None and time.perf_counter() - measured_from >= self.duration_s:
+                reason = "duration"
+                break
+            a = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                reason = "end_of_data"
+                break
+            b = time.perf_counter()
+            stats = batch_stats(batch)
+            step_fn(batch, stats)
+            c = time.perf_counter()
+            batches += 1
+            if batches == 1:
+                self.writer.emit("first_batch", since_start_s=c - t0)
+            if self.record_ids and isinstance(batch, dict) and "id" in batch:
+                self.ids.extend(int(i) for i in batch["id"].numpy().ravel())
+            window.add(b - a, c - b, stats)
+            if measured_from is not None:
+                measured += 1
+                for k in totals:
+                    totals[k] += (b - a) if k == "input_wait_s" else (c - b) if k == "step_s" else int(stats.get(k, 0))
+            if warmup_left and batches >= warmup_left:
+                warmup_left = 0
+                self.writer.emit("window", **window.as_fields(c, t0))
+                window = Window(started=c)
+                measured_from = c
+            elif not window.warmup and c - window.started >= trainer.window_s:
+                self.writer.emit("window", **window.as_fields(c, t0))
+                window = Window(started=c)
+        end = time.perf_counter()
+        if window.batches:
+            self.writer.emit("window", **window.as_fields(end, t0))
+        measured_s = (end - measured_from) if measured_from is not None else 0.0
+        self.writer.emit(
+            "end", reason=reason, batches=batches, measured_batches=measured, measured_s=measured_s,
+            batches_per_s=(measured / measured_s) if measured_s > 0 else None, **totals,
+        )
+        if self.record_ids:
+            Path(self.record_ids).write_text(json.dumps(self.ids))
+        return reason
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="dsctl-trainer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spec", required=True, help="the job spec as JSON (written by dsctl up)")
+    ap.add_argument("--mode", choices=("service", "colocated", "ideal"), default="service")
+    ap.add_argument("--dispatcher", default=None, help="host:port, required in service mode")
+    ap.add_argument("--index", type=int, default=0)
+    ap.add_argument("--metrics", required=True)
+    ap.add_argument("--cache-dir", default=str(Path.home() / ".dsctl" / "cache"))
+    ap.add_argument("--base-dir", default=".", help="where the user's entrypoint modules live")
+    ap.add_argument("--steps", type=int, default=None, help="override trainer.steps")
+    ap.add_argument("--duration-s", type=float, default=None, help="override trainer.duration_s")
+    ap.add_argument("--record-ids", default=None, help="write the ids of received synthetic elements here")
+    args = ap.parse_args(argv)
+    if args.mode == "service" and not args.dispatcher:
+        ap.error("--dispatcher is required in service mode")
+
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    spec = JobSpec.model_validate_json(Path(args.spec).read_text())
+    steps, duration = args.steps, args.duration_s
+    if steps is None and duration is None:
+        steps, duration = spec.trainer.steps, spec.trainer.duration_s
+    writer = MetricsWriter(args.metrics, args.index)
+    writer.emit("start", pid=os.getpid(), mode=args.mode)
+    harness = Harness(spec, writer, steps, duration, args.record_ids)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: harness.stop.set())
+    from dsctl.runtime.pipelines.errors import PipelineError
+
+    try:
+        ds = build_input(spec, args.mode, args.index, args.dispatcher, Path(args.cache_dir), Path(args.base_dir))
+        step_fn = make_step(spec.trainer.model, Path(args.base_dir))
+        harness.run(ds, step_fn)
+    except (PipelineError, ModelError) as exc:
+        writer.emit("error", kind="user", message=str(exc))
+        print(f"dsctl trainer: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - reported to the launcher, then a non-zero exit
+        writer.emit("error", kind="runtime", message=f"{type(exc).__name__}: {exc}")
+        traceback.print_exc()
+        return 1
+    finally:
+        writer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
