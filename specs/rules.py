@@ -1,7 +1,7 @@
 """Rules that relate several spec fields; each error points at the line to change.
 
 These encode what tf.data service in TensorFlow 2.21 requires, so a job fails
-at `dsctl validate` rather than hanging on a cluster (see README, "Spec rules").
+at `dsctl validate` rather than hanging on a cluster (see docs/spec-reference.md, "Rules").
 """
 
 from __future__ import annotations
@@ -77,6 +77,3 @@ def check_rules(spec: JobSpec, src: YamlSource) -> None:
                 ("pipeline", "params", "epochs"),
                 "the cross-trainer cache needs an infinite dataset; set 'epochs: null' and bound the job with trainer.steps or trainer.duration_s.",
             )
-
-    if svc.processing_mode not in ("parallel_epochs", "off") and _infinite(spec) and trainer.steps is None and trainer.duration_s is None:
-        raise src.error(("trainer",), "an infinite dataset needs trainer.steps or trainer.duration_s to end the job.")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import difflib
-from typing import Any, TypeVar
+import re
+from typing import Any, NoReturn, TypeVar
 
 import pydantic
 from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
 
 from .errors import SpecError, dotted
 from .yamlsource import YamlSource
@@ -38,8 +40,80 @@ def _first_model(annotation: Any) -> Any:
 
 
 def _describe_input(value: Any) -> str:
+    """Show a value the way it was written in YAML (null/true/false, not None/True/False)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _field_default(model: type[BaseModel], loc: tuple) -> Any:
+    """The default of the field at `loc`, or pydantic's PydanticUndefined when it has none."""
+    owner = _model_at(model, loc[:-1]) if loc else None
+    if owner is None or not isinstance(loc[-1], str) or loc[-1] not in owner.model_fields:
+        return PydanticUndefined
+    info = owner.model_fields[loc[-1]]
+    if info.default_factory is not None:
+        return PydanticUndefined
+    return info.default
+
+
+def _num(x: Any) -> str:
+    """A bound as users write it: 0 rather than 0.0."""
+    return str(int(x)) if isinstance(x, float) and x.is_integer() else str(x)
+
+
+def _plural(n: Any, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+# What each kind of pydantic error means, said as guidance: "must be ...".
+_EXPECTED = {
+    "int_type": "must be a whole number",
+    "int_parsing": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "string_type": "must be text (put it in quotes if it looks like a number)",
+    "list_type": "must be a list, e.g. [1, 2, 3]",
+    "model_type": "must be a mapping of keys to values",
+    "dict_type": "must be a mapping of keys to values",
+    "model_attributes_type": "must be a mapping of keys to values",
+}
+
+
+def _guidance(kind: str, err: dict) -> str | None:
+    """Plain-words requirement for the common error kinds; None for the rest."""
+    ctx = err.get("ctx") or {}
+    if kind in _EXPECTED:
+        return _EXPECTED[kind]
+    if kind == "greater_than_equal":
+        return f"must be at least {_num(ctx['ge'])}"
+    if kind == "greater_than":
+        return f"must be greater than {_num(ctx['gt'])}"
+    if kind == "less_than_equal":
+        return f"must be at most {_num(ctx['le'])}"
+    if kind == "less_than":
+        return f"must be less than {_num(ctx['lt'])}"
+    if kind == "string_too_short":
+        n = ctx.get("min_length", 1)
+        return "must not be empty" if n == 1 else f"must have at least {_plural(n, 'character')}"
+    if kind == "string_too_long":
+        return f"must have at most {_plural(ctx.get('max_length'), 'character')}"
+    if kind == "too_short":
+        return f"must list at least {_plural(ctx.get('min_length'), 'item')}"
+    if kind == "too_long":
+        return f"must list at most {_plural(ctx.get('max_length'), 'item')}"
+    if kind == "literal_error":
+        if ctx.get("expected"):
+            return f"must be {ctx['expected']}"
+    if kind == "string_pattern_mismatch":
+        return f"must match the pattern {ctx.get('pattern')}"
+    return None
 
 
 def _message(err: dict, model: type[BaseModel]) -> str:
@@ -55,14 +129,41 @@ def _message(err: dict, model: type[BaseModel]) -> str:
         return f"unknown key '{key}'.{hint}{listed}"
     if kind == "missing":
         return "this field is required but was not given."
-    msg = err["msg"]
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
-    elif "input" in err and kind not in ("model_type", "dict_type"):
-        msg = f"{msg}, got {_describe_input(err['input'])}"
-    elif kind in ("model_type", "dict_type"):
-        msg = f"expected a mapping of keys to values, got {_describe_input(err.get('input'))}"
-    return msg[0].upper() + msg[1:] + ("" if msg.endswith(".") else ".") if msg else kind
+    if kind == "value_error":
+        msg = err["msg"]
+        msg = msg[len("Value error, "):] if msg.startswith("Value error, ") else msg
+        return msg if msg.endswith(".") else msg + "."
+    value = err.get("input", PydanticUndefined)
+    got = f", got {_describe_input(value)}" if value is not PydanticUndefined else ""
+    need = _guidance(kind, err)
+    if need is None:
+        # Anything not mapped above: keep pydantic's words, minus its "Input should be".
+        msg = err["msg"].replace("Input should be", "must be")
+        need = msg[0].lower() + msg[1:] if msg else kind
+    hint = ""
+    if kind == "literal_error" and isinstance(value, str):
+        choices = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
+        guess = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
+        hint = f" Did you mean '{guess[0]}'?" if guess else ""
+    if value is None:
+        default = _field_default(model, loc)
+        if default is not PydanticUndefined:
+            hint += f" Leave the key out to use the default ({_describe_input(default)})."
+    return f"{need}{got}.{hint}"
+
+
+def _bool_as_number(model: type[BaseModel], data: Any) -> dict | None:
+    """pydantic reads YAML true/false as 1/0 for number fields; report that instead of accepting it.
+
+    (`workers: yes` is a boolean in YAML and would silently mean 1 worker.)
+    """
+    try:
+        model.model_validate(data, strict=True)
+    except pydantic.ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            if err["type"] in ("int_type", "float_type") and isinstance(err.get("input"), bool):
+                return err
+    return None
 
 
 def _clean_loc(loc: tuple) -> tuple:
@@ -73,15 +174,26 @@ def _clean_loc(loc: tuple) -> tuple:
     )
 
 
+def _raise(err: dict, count: int, model: type[BaseModel], source: YamlSource, prefix: tuple) -> NoReturn:
+    clean = _clean_loc(tuple(err["loc"]))
+    loc = prefix + clean
+    message = _message({**err, "loc": clean}, model)
+    more = f" ({count - 1} more problem{'s' if count > 2 else ''} after this one.)" if count > 1 else ""
+    raise SpecError(message + more, where=source.where(loc), field=dotted(loc) or None) from None
+
+
 def validate(model: type[M], source: YamlSource, data: Any = None, prefix: tuple = ()) -> M:
     """Validate `data` (default: the whole file) against `model`, raising the first error as a SpecError."""
     data = source.data if data is None else data
     try:
-        return model.model_validate(data)
+        result = model.model_validate(data)
     except pydantic.ValidationError as exc:
         errors = exc.errors(include_url=False)
-        err = errors[0]
-        loc = prefix + _clean_loc(tuple(err["loc"]))
-        message = _message({**err, "loc": _clean_loc(tuple(err["loc"]))}, model)
-        more = f" ({len(errors) - 1} more problem{'s' if len(errors) > 2 else ''} after this one.)" if len(errors) > 1 else ""
-        raise SpecError(message + more, where=source.where(loc), field=dotted(loc) or None) from None
+        # An unknown key is usually a typo, and often the cause of the other errors
+        # (`pipline:` also makes `pipeline` missing): report it first.
+        errors.sort(key=lambda e: e["type"] != "extra_forbidden")
+        _raise(errors[0], len(errors), model, source, prefix)
+    bool_err = _bool_as_number(model, data)
+    if bool_err is not None:
+        _raise(bool_err, 1, model, source, prefix)
+    return result

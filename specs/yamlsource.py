@@ -67,6 +67,12 @@ def parse_yaml(text: str, source: str) -> YamlSource:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
         problem = getattr(exc, "problem", None) or str(exc)
+        problem = problem.replace("found character '\\t' that cannot start any token", "found a tab; YAML indents with spaces only")
+        context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+        if context and context_mark is not None and mark is not None and context_mark.line != mark.line:
+            # e.g. an unclosed bracket: say where the construct began, which is often the line to fix.
+            started = f"{context} that starts on line {context_mark.line + 1}"
+            problem = f"{started} {problem}" if problem.startswith("but ") else f"{problem} ({started})"
         column = f" (column {mark.column + 1})" if mark else ""
         raise SpecError(
             f"this is not valid YAML{column}: {problem}. Check indentation (spaces, not tabs), "
