@@ -243,21 +243,32 @@ class JobRunner:
 
     # -- elements lost ----------------------------------------------------------------
     def _countable(self) -> bool:
-        """Only a finite synthetic dataset read once (distributed_epoch) has a known element count to check."""
+        """A finite synthetic dataset through the service has a known number of copies of each element."""
         p = self.spec.pipeline
-        return (self.mode == "service" and p.builtin == "synthetic" and p.params.get("epochs") is not None
-                and self.spec.service.processing_mode in ("distributed_epoch", "dynamic"))
+        return self.mode == "service" and p.builtin == "synthetic" and p.params.get("epochs") is not None
+
+    def _copies_expected(self) -> int:
+        """How often each id should arrive: every worker makes a whole epoch unless sharding is dynamic;
+        trainers without a shared job name each get their own job."""
+        svc = self.spec.service
+        copies = self.spec.pipeline.params["epochs"]
+        if svc.processing_mode in ("parallel_epochs", "off"):
+            copies *= self.workers
+        if not svc.job_name:
+            copies *= self.spec.trainer.count
+        return copies
 
     def _element_accounting(self) -> dict:
-        if not self._countable():
-            return {}
+        results = self.store.trainer_results(self.run_id)
+        if not self._countable() or not results or any(r.get("reason") != "end_of_data" for r in results.values()):
+            return {}  # only a dataset read to its end tells what was lost
         ids: list[int] = []
         for path in (self.run_dir / "metrics").glob("trainer-*.ids.json"):
             ids.extend(json.loads(path.read_text()))
-        params = self.spec.pipeline.params
-        epochs = params["epochs"]
+        copies = self._copies_expected()
+        elements = self.spec.pipeline.params["elements"]
         counts = Counter(ids)
-        lost = sum(max(epochs - counts.get(i, 0), 0) for i in range(params["elements"]))
-        duplicated = sum(max(c - epochs, 0) for c in counts.values())
-        return {"elements_expected": params["elements"] * epochs, "elements_received": len(ids),
+        lost = sum(max(copies - counts.get(i, 0), 0) for i in range(elements))
+        duplicated = sum(max(c - copies, 0) for c in counts.values())
+        return {"elements_expected": elements * copies, "elements_received": len(ids),
                 "elements_lost": lost, "elements_duplicated": duplicated}
