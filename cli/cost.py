@@ -1,0 +1,183 @@
+"""`dsctl cost ...`: price jobs with the paper's cost model and print the breakdown.
+
+Only argument handling and rendering live here; the arithmetic is dsctl.costmodel.
+Errors are SpecErrors, which the main CLI prints as one paragraph and exits 2.
+`cost_row` and `render` are shared with `dsctl cost report`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dsctl.costmodel import BASES, Catalog, Comparison, CostBreakdown, RunUsage, compare, estimate, load_catalog, usage_from_spec
+from dsctl.specs import load_spec
+from dsctl.specs.errors import SpecError
+
+FORMATS = ("table", "json", "csv", "markdown")
+COST_FIELDS = ("workers", "dispatcher", "trainer_cpu", "trainer_memory", "accelerators", "service", "trainers", "total")
+FIELDS = (
+    "label", "basis", "prices", "job_time_s", "batches", "n_workers", "worker_machine", "dispatcher_machine", "n_trainers",
+    "trainer_machine", *COST_FIELDS, "per_1000_batches", "speedup", "cost_saving", "notes",
+)
+
+cost_app = typer.Typer(help="Price training jobs with the tf.data service paper's cost model (Equation 1).",
+                       no_args_is_help=True)
+
+
+@cost_app.callback()
+def _cost() -> None:
+    """Price training jobs with the tf.data service paper's cost model (Equation 1)."""
+
+
+def cost_row(label: str, usage: RunUsage, b: CostBreakdown, catalog: Catalog,
+             comparison: Comparison | None = None) -> dict:
+    """One configuration or run as a flat record of plain numbers (what json and csv print)."""
+    d = b.to_dict()
+    return {
+        "label": label,
+        "basis": b.basis,
+        "prices": catalog.name,
+        "job_time_s": b.job_time_s,
+        "batches": b.batches,
+        "n_workers": usage.n_workers,
+        "worker_machine": usage.worker_machine,
+        "dispatcher_machine": usage.dispatcher_machine,
+        "n_trainers": usage.n_trainers,
+        "trainer_machine": usage.trainer_machine,
+        **{k: d[k] for k in COST_FIELDS},
+        "per_1000_batches": d["per_1000_batches"],
+        "speedup": comparison.speedup if comparison else None,
+        "cost_saving": comparison.cost_saving if comparison else None,
+        "notes": list(b.notes),
+    }
+
+
+def _money(v: float | None, places: int = 2) -> str:
+    return "-" if v is None else f"${v:,.{places}f}"
+
+
+def _display(row: dict) -> list[tuple[str, str]]:
+    """Human-readable (name, value) pairs for table and markdown output."""
+    workers = f"{row['n_workers']} x {row['worker_machine']}" if row["n_workers"] else "none (colocated)"
+    dispatcher = f"1 x {row['dispatcher_machine']}" if row["dispatcher_machine"] else "none"
+    pairs = [
+        ("basis", row["basis"]),
+        ("prices", row["prices"]),
+        ("job time", f"{row['job_time_s'] / 3600:,.2f} h ({row['job_time_s']:,.0f} s)"),
+        ("batches", "-" if row["batches"] is None else f"{row['batches']:,.0f}"),
+        ("workers", workers),
+        ("dispatcher", dispatcher),
+        ("trainers", f"{row['n_trainers']} x {row['trainer_machine']}"),
+        ("workers cost", _money(row["workers"])),
+        ("dispatcher cost", _money(row["dispatcher"])),
+        ("trainer CPU", _money(row["trainer_cpu"])),
+        ("trainer memory", _money(row["trainer_memory"])),
+        ("accelerators", _money(row["accelerators"])),
+        ("service", _money(row["service"])),
+        ("total", _money(row["total"])),
+        ("per 1,000 batches", _money(row["per_1000_batches"], 4)),
+    ]
+    if any(row[k] is not None for k in ("speedup", "cost_saving")):
+        pairs += [("speedup", f"{row['speedup']:.2f}x"), ("cost saving", f"{row['cost_saving']:.2f}x")]
+    return pairs
+
+
+def _notes(rows: list[dict]) -> list[str]:
+    seen: list[str] = []
+    for row in rows:
+        seen += [n for n in row["notes"] if n not in seen]
+    return seen
+
+
+def render(rows: list[dict], fmt: str, title: str = "") -> str | None:
+    """json/csv/markdown as text (full precision for json and csv); table: None, print with print_table."""
+    if fmt == "json":
+        return json.dumps(rows, indent=2)
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=FIELDS, lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: (" | ".join(v) if k == "notes" else ("" if v is None else v)) for k, v in row.items()})
+        return out.getvalue().rstrip("\n")
+    if fmt == "markdown":
+        shown = [_display(r) for r in rows]
+        lines = [f"**{title}**", ""] if title else []
+        lines += ["| | " + " | ".join(r["label"] for r in rows) + " |", "|---|" + "---|" * len(rows)]
+        for i, (name, _) in enumerate(max(shown, key=len)):
+            lines.append(f"| {name} | " + " | ".join(s[i][1] if i < len(s) else "-" for s in shown) + " |")
+        lines += [""] + [f"- {n}" for n in _notes(rows)]
+        return "\n".join(lines).rstrip("\n")
+    return None
+
+
+def print_table(rows: list[dict], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    head, _, tail = title.partition(" (")
+    table = Table(title=head, caption=("(" + tail) if tail else None)
+    table.add_column("")
+    for row in rows:
+        table.add_column(row["label"], justify="right")
+    shown = [_display(r) for r in rows]
+    for i, (name, _) in enumerate(max(shown, key=len)):
+        emphasis = name in ("total", "cost saving")
+        table.add_row(name, *(s[i][1] if i < len(s) else "-" for s in shown), style="bold" if emphasis else None)
+    console = Console()
+    console.print(table)
+    for note in _notes(rows):
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
+
+
+def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
+    if value not in allowed:
+        raise SpecError(f"{option} must be one of {', '.join(allowed)}; got '{value}'.")
+    return value
+
+
+@cost_app.command("estimate")
+def estimate_cmd(
+    spec_path: Path = typer.Argument(..., metavar="JOB.yaml", help="The job spec to price."),
+    batches_per_sec: float = typer.Option(..., "--batches-per-sec", metavar="R",
+                                          help="Training throughput to price, in batches per second."),
+    steps: Optional[int] = typer.Option(None, "--steps", metavar="N", help="Training steps (one batch each)."),
+    hours: Optional[float] = typer.Option(None, "--hours", metavar="H", help="Training time in hours."),
+    basis: Optional[str] = typer.Option(None, "--basis", help="utilization | vm-hours (default: the spec's cost_basis)."),
+    prices: Optional[str] = typer.Option(None, "--prices", metavar="NAME|FILE",
+                                         help="Price catalog: a shipped name or a YAML path (default: the spec's pricing)."),
+    workers: Optional[int] = typer.Option(None, "--workers", metavar="N", help="Override service.workers; 0 = colocated."),
+    compare_colocated: Optional[float] = typer.Option(
+        None, "--compare-colocated", metavar="B0",
+        help="Also price the same trainers without the service at B0 batches/s; print speedup and cost saving."),
+    fmt: str = typer.Option("table", "--format", help="table | json | csv | markdown."),
+) -> None:
+    """What a configuration costs at a given throughput, without running anything (paper §4.1)."""
+    _choice(fmt, FORMATS, "--format")
+    if basis is not None:
+        _choice(basis, BASES, "--basis")
+    loaded = load_spec(spec_path)
+    spec = loaded.spec
+    catalog = load_catalog(prices) if prices else load_catalog(spec.pricing, base_dir=loaded.base_dir)
+    basis = basis or spec.cost_basis
+    run = estimate(spec, catalog, batches_per_sec=batches_per_sec, steps=steps, hours=hours, basis=basis, workers=workers)
+    usage = usage_from_spec(spec, job_time_s=run.job_time_s, batches=run.batches, workers=workers)
+    if compare_colocated is None:
+        rows = [cost_row("with service" if usage.n_workers else "colocated", usage, run, catalog)]
+    else:
+        base = estimate(spec, catalog, batches_per_sec=compare_colocated, steps=run.batches, basis=basis, workers=0)
+        base_usage = usage_from_spec(spec, job_time_s=base.job_time_s, batches=base.batches, workers=0)
+        rows = [cost_row("colocated", base_usage, base, catalog),
+                cost_row("with service", usage, run, catalog, compare(base, run))]
+    title = f"Cost estimate: {spec.name} ({basis} basis, prices {catalog.name} of {catalog.date}, {catalog.currency})"
+    text = render(rows, fmt, title)
+    if text is None:
+        print_table(rows, title)
+    else:
+        typer.echo(text)

@@ -1,0 +1,147 @@
+"""What a run used, and its price under a catalog and a basis.
+
+`price()` is the one place that turns usage into dollars: `dsctl cost report` calls it
+per recorded run, `estimate()` calls it with usage made up from a spec.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from dsctl.specs.errors import SpecError
+
+from .catalog import Catalog
+from .equation import BASES, CostBreakdown, Rates, equation_1, vm_hours
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunUsage:
+    """Plain numbers describing one run; machine types are what the processes stand for.
+
+    Measured means (per worker / for the dispatcher) are None when unknown, e.g. before
+    a run; the utilization basis then charges those machines whole and says so.
+    n_workers 0 with no dispatcher_machine is a colocated run (no tf.data service).
+    """
+
+    job_time_s: float
+    batches: float | None = None
+    n_trainers: int = 1
+    trainer_machine: str
+    accelerators_per_trainer: int | None = None  # None: the machine's
+    n_workers: int = 0
+    worker_machine: str | None = None
+    worker_avg_cpu_cores: float | None = None
+    worker_avg_mem_gb: float | None = None
+    dispatcher_machine: str | None = None
+    dispatcher_avg_cpu_cores: float | None = None
+    dispatcher_avg_mem_gb: float | None = None
+    # Recorded for reports only: Equation 1 charges trainer hosts on what they have.
+    trainer_avg_cpu_cores: float | None = None
+    trainer_avg_mem_gb: float | None = None
+
+
+def _positive(value, what: str, zero_ok: bool = False) -> None:
+    bad = value is None or not isinstance(value, (int, float)) or not math.isfinite(value)
+    bad = bad or value < 0 or (value == 0 and not zero_ok)
+    if bad:
+        need = "zero or more" if zero_ok else "more than zero"
+        raise SpecError(f"{what} must be a number {need}, got {value!r}.")
+
+
+def _check(u: RunUsage, basis: str) -> None:
+    if basis not in BASES:
+        raise SpecError(f"unknown cost basis '{basis}'; use 'utilization' (Equation 1) or 'vm-hours' (whole machines per hour).")
+    _positive(u.job_time_s, "the job time in seconds")
+    if u.batches is not None:
+        _positive(u.batches, "the number of batches", zero_ok=True)
+    if not isinstance(u.n_trainers, int) or u.n_trainers < 1:
+        raise SpecError(f"a run has at least one trainer, got n_trainers={u.n_trainers!r}.")
+    if not isinstance(u.n_workers, int) or u.n_workers < 0:
+        raise SpecError(f"the number of workers must be 0 (colocated) or more, got {u.n_workers!r}.")
+    if u.n_workers and not u.worker_machine:
+        raise SpecError(f"{u.n_workers} workers were given but no worker machine type to price them as.")
+    for name in ("worker_avg_cpu_cores", "worker_avg_mem_gb", "dispatcher_avg_cpu_cores", "dispatcher_avg_mem_gb"):
+        if getattr(u, name) is not None:
+            _positive(getattr(u, name), f"the measured {name.replace('_', ' ')}", zero_ok=True)
+
+
+def _service_use(catalog: Catalog, machine: str, cpu, mem, role: str) -> tuple[Rates, float, float, bool]:
+    """Rates, vCPUs and GB to charge one worker (or the dispatcher) on the utilization basis.
+
+    Measured use when known; otherwise the whole machine (last item True), which
+    needs only the machine's price, not per-resource rates.
+    """
+    if cpu is not None and mem is not None:
+        rates = catalog.unit_rates(machine, needed_by=f"by the utilization basis to charge the {role} on measured use")
+        return rates, cpu, mem, False
+    m = catalog.machine(machine)
+    s = catalog.split(machine, needed_by=f"to price the {role}")
+    rates = Rates(cpu=s.cpu / m.vcpus if m.vcpus else 0.0, mem=s.memory / m.memory_gb if m.memory_gb else 0.0)
+    return rates, float(m.vcpus), m.memory_gb, True
+
+
+def price(usage: RunUsage, catalog: Catalog, basis: str = "utilization") -> CostBreakdown:
+    """Price one run: Equation 1 ('utilization') or whole machines per hour ('vm-hours')."""
+    _check(usage, basis)
+    notes: list[str] = []
+    t_machine = catalog.machine(usage.trainer_machine)
+    n_acc = t_machine.accelerators if usage.accelerators_per_trainer is None else usage.accelerators_per_trainer
+    if n_acc > t_machine.accelerators:
+        raise SpecError(
+            f"accelerators_per_trainer is {n_acc} but a {t_machine.name} has {t_machine.accelerators} "
+            f"({t_machine.accelerator_type or 'no accelerators'}); use at most {t_machine.accelerators} or a larger machine type."
+        )
+    split = catalog.split(usage.trainer_machine, needed_by="to price the trainers")
+    if split.whole:
+        where = "accelerators (host CPU and memory included)" if t_machine.accelerators else "trainer CPU (memory included)"
+        notes.append(f"catalog {catalog.name} prices {t_machine.name} only as a whole machine; its price is shown under {where}.")
+
+    if basis == "vm-hours":
+        if n_acc < t_machine.accelerators:
+            notes.append(f"trainers use {n_acc} of the {t_machine.accelerators} accelerators of a {t_machine.name}; the vm-hours basis charges the whole machine.")
+        b = vm_hours(
+            usage.job_time_s,
+            n_w=usage.n_workers,
+            worker_vm_hour=catalog.machine_hour(usage.worker_machine, needed_by="to price the workers") if usage.n_workers else 0.0,
+            dispatcher_vm_hour=catalog.machine_hour(usage.dispatcher_machine, needed_by="to price the dispatcher") if usage.dispatcher_machine else 0.0,
+            n_t=usage.n_trainers,
+            trainer_cpu_hour=split.cpu,
+            trainer_memory_hour=split.memory,
+            trainer_accelerators_hour=split.accelerators,
+        )
+        return replace(b, batches=usage.batches, notes=tuple(notes))
+
+    if n_acc < t_machine.accelerators:
+        notes.append(f"trainers use {n_acc} of the {t_machine.accelerators} accelerators of a {t_machine.name}; Equation 1 charges the {n_acc} used (n_ACC/T).")
+    trainer_rates = Rates(
+        cpu=split.cpu / t_machine.vcpus if t_machine.vcpus else 0.0,
+        mem=split.memory / t_machine.memory_gb if t_machine.memory_gb else 0.0,
+        acc=split.accelerators / t_machine.accelerators if t_machine.accelerators else 0.0,
+    )
+    whole = []
+    w_rates, w_cpu, w_mem = trainer_rates, 0.0, 0.0
+    if usage.n_workers:
+        w_rates, w_cpu, w_mem, w_whole = _service_use(
+            catalog, usage.worker_machine, usage.worker_avg_cpu_cores, usage.worker_avg_mem_gb, "workers")
+        if w_whole:
+            whole.append(f"{usage.n_workers} x {usage.worker_machine} for the workers")
+    d_rates, d_cpu, d_mem = w_rates, 0.0, 0.0
+    if usage.dispatcher_machine:
+        d_rates, d_cpu, d_mem, d_whole = _service_use(
+            catalog, usage.dispatcher_machine, usage.dispatcher_avg_cpu_cores, usage.dispatcher_avg_mem_gb, "dispatcher")
+        if d_whole:
+            whole.append(f"1 x {usage.dispatcher_machine} for the dispatcher")
+    if whole:
+        notes.append(
+            "measured CPU and memory use of the service is not known (as before a run), so whole machines are "
+            f"charged ({', '.join(whole)}): an upper bound for the utilization basis."
+        )
+    b = equation_1(
+        usage.job_time_s,
+        n_w=usage.n_workers, avg_cpu_w=w_cpu, avg_mem_w=w_mem,
+        n_t=usage.n_trainers, cpu_a_t=t_machine.vcpus, mem_a_t=t_machine.memory_gb, n_acc_t=n_acc,
+        rates=trainer_rates, dispatcher_cpu=d_cpu, dispatcher_mem=d_mem,
+        worker_rates=w_rates, dispatcher_rates=d_rates,
+    )
+    return replace(b, batches=usage.batches, notes=tuple(notes))
