@@ -59,7 +59,10 @@ def cost_row(label: str, usage: RunUsage, b: CostBreakdown, catalog: Catalog,
 
 
 def _money(v: float | None, places: int = 2) -> str:
-    return "-" if v is None else f"${v:,.{places}f}"
+    """To the cent for real sums; tiny sums (short local runs) keep four significant digits."""
+    if v is None:
+        return "-"
+    return f"${v:,.{places}f}" if v == 0 or abs(v) >= 1 else f"${v:.4g}"
 
 
 def _display(row: dict) -> list[tuple[str, str]]:
@@ -179,5 +182,71 @@ def estimate_cmd(
     text = render(rows, fmt, title)
     if text is None:
         print_table(rows, title)
+    else:
+        typer.echo(text)
+
+
+def _select_runs(store, runs: list[str], last: bool, all_: bool, since: Optional[str]):
+    """The records `cost report` covers; unknown ids and bad dates are bad input."""
+    import datetime as dt
+
+    if runs:
+        records = []
+        for run_id in runs:
+            record = store.get(run_id)
+            if record is None:
+                raise SpecError(f"no run '{run_id}' is recorded; `dsctl runs` lists the recorded ones.")
+            records.append(record)
+        return records
+    if since:
+        try:
+            start = dt.datetime.fromisoformat(since).timestamp()
+        except ValueError:
+            raise SpecError(f"--since must be a date like 2026-11-01 or 2026-11-01T12:00, got '{since}'.") from None
+        return list(reversed(store.list(since=start)))
+    if all_:
+        return list(reversed(store.list()))
+    latest = store.list(limit=1)
+    if not latest:
+        raise SpecError("no runs are recorded yet; `dsctl up JOB.yaml` makes one.")
+    return latest
+
+
+@cost_app.command("report")
+def report_cmd(
+    runs: list[str] = typer.Argument(None, metavar="[RUN]...", help="Run ids (or unique prefixes); default: the last run."),
+    last: bool = typer.Option(False, "--last", help="The most recent run."),
+    all_: bool = typer.Option(False, "--all", help="Every recorded run."),
+    since: Optional[str] = typer.Option(None, "--since", metavar="DATE", help="Runs started on or after DATE (ISO 8601)."),
+    basis: Optional[str] = typer.Option(None, "--basis", help="utilization | vm-hours (default: each run's spec)."),
+    prices: Optional[str] = typer.Option(None, "--prices", metavar="NAME|FILE", help="Price catalog (default: each run's spec)."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", metavar="RUN",
+                                           help="Compare each run with this one: speedup and cost saving (paper Figure 8)."),
+    fmt: str = typer.Option("table", "--format", help="table | json | csv | markdown."),
+) -> None:
+    """Price recorded runs with Equation 1: each part's cost, the total and the cost per 1,000 batches."""
+    from dsctl.orchestrator.pricing import price_record
+    from dsctl.orchestrator.store import RunStore
+
+    _choice(fmt, FORMATS, "--format")
+    if basis is not None:
+        _choice(basis, BASES, "--basis")
+    store = RunStore()
+    records = _select_runs(store, runs or [], last, all_, since)
+    catalog = load_catalog(prices) if prices else None
+    base = None
+    if baseline:
+        base_record = _select_runs(store, [baseline], False, False, None)[0]
+        base = price_record(base_record, catalog, basis)[1]
+    rows = []
+    for record in records:
+        usage, breakdown, used_catalog = price_record(record, catalog, basis)
+        comparison = compare(base, breakdown) if base is not None else None
+        row = cost_row(record.id, usage, breakdown, used_catalog, comparison)
+        rows.append(row)
+    title = f"Cost report: {len(rows)} run(s)" + (f" against baseline {baseline}" if baseline else "")
+    text = render(rows, fmt, title)
+    if text is None:
+        print_table(rows, title + " (Equation 1 of the tf.data service paper)")
     else:
         typer.echo(text)

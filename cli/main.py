@@ -14,7 +14,8 @@ import typer
 
 from dsctl.specs import load_spec
 
-from .errors import EXIT_BAD_INPUT, fail, handle_errors
+from .cost import cost_app
+from .errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, err_console, fail, run_app
 from .live import LiveView
 from .render import console, print_json, runs_table, summary_table
 
@@ -28,6 +29,7 @@ app = typer.Typer(
 )
 runs_app = typer.Typer(help="Recorded runs.", no_args_is_help=False, invoke_without_command=True)
 app.add_typer(runs_app, name="runs")
+app.add_typer(cost_app, name="cost")
 
 MODES = ("service", "colocated", "ideal")
 
@@ -40,8 +42,7 @@ def _sigterm_as_interrupt() -> None:
 
 
 @app.command()
-@handle_errors
-def validate(spec: Path = typer.Argument(..., help="job spec YAML")) -> None:
+def validate(spec: Path = typer.Argument(..., metavar="JOB.yaml", help="job spec YAML")) -> None:
     """Check a job spec (schema, cross-field rules, and that user entrypoints import) without running anything."""
     from dsctl.orchestrator.preflight import check_entrypoints
 
@@ -53,9 +54,8 @@ def validate(spec: Path = typer.Argument(..., help="job spec YAML")) -> None:
 
 
 @app.command()
-@handle_errors
 def up(
-    spec: Path = typer.Argument(..., help="job spec YAML"),
+    spec: Path = typer.Argument(..., metavar="JOB.yaml", help="job spec YAML"),
     workers: Optional[int] = typer.Option(None, "--workers", "-w", min=1, help="override service.workers"),
     mode: str = typer.Option("service", "--mode", help="service | colocated (pipeline on the trainer) | ideal (input never stalls)"),
     detach: bool = typer.Option(False, "--detach", "-d", help="leave the deployment running after the job (dsctl down removes it)"),
@@ -76,9 +76,14 @@ def up(
         return
     _sigterm_as_interrupt()
     runner = JobRunner(loaded, mode=mode, workers=workers, run_id=run_id, detached=detached_child)
-    with LiveView(enabled=not json_out) as view:
-        runner.listener = view
-        runner.run(keep_up=detached_child)
+    try:
+        with LiveView(enabled=not json_out) as view:
+            runner.listener = view
+            runner.run(keep_up=detached_child)
+    except KeyboardInterrupt:
+        err_console.print(f"interrupted: everything run {runner.run_id} started has been stopped; "
+                          "what it measured is recorded (`dsctl runs show` has it).")
+        raise typer.Exit(EXIT_INTERRUPTED)
     record = runner.store.get(runner.run_id)
     if detached_child:
         runner.supervise_until_stopped()
@@ -107,7 +112,6 @@ def _detach(spec: Path, workers: Optional[int], mode: str) -> None:
 
 
 @app.command()
-@handle_errors
 def status(json_out: bool = typer.Option(False, "--json")) -> None:
     """Deployments that are up (or were left behind by a killed `dsctl up`)."""
     from dsctl.orchestrator.deployments import active_deployments, live_nodes
@@ -133,7 +137,6 @@ def status(json_out: bool = typer.Option(False, "--json")) -> None:
 
 
 @app.command()
-@handle_errors
 def down(
     run: Optional[str] = typer.Argument(None, help="run id (or a unique prefix); default: the only deployment up"),
     all_: bool = typer.Option(False, "--all", help="take down every deployment that is up"),
@@ -160,7 +163,6 @@ def down(
 
 
 @runs_app.callback()
-@handle_errors
 def runs(ctx: typer.Context, limit: int = typer.Option(20, "--limit", "-n"), json_out: bool = typer.Option(False, "--json")) -> None:
     """List recorded runs, newest first."""
     if ctx.invoked_subcommand:
@@ -177,7 +179,6 @@ def runs(ctx: typer.Context, limit: int = typer.Option(20, "--limit", "-n"), jso
 
 
 @runs_app.command("show")
-@handle_errors
 def runs_show(run: str = typer.Argument(..., help="run id or unique prefix"), json_out: bool = typer.Option(False, "--json")) -> None:
     """One run: its summary, events and per-window metrics."""
     from dsctl.orchestrator.store import RunStore
@@ -198,7 +199,7 @@ def runs_show(run: str = typer.Argument(..., help="run id or unique prefix"), js
 
 def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    app()
+    run_app(app)
 
 
 if __name__ == "__main__":

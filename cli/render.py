@@ -20,6 +20,13 @@ def fmt(value: Any, unit: str = "", digits: int = 2) -> str:
     return f"{value}{unit}"
 
 
+def money(value: float | None) -> str:
+    """Dollars to the cent for real sums; small local runs keep four significant digits."""
+    if value is None:
+        return "-"
+    return f"${value:,.2f}" if abs(value) >= 1 else f"${value:.4g}"
+
+
 def pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
@@ -53,9 +60,12 @@ def summary_table(record) -> Table:
     if "elements_expected" in s:
         rows.append(("elements", f"{s['elements_received']} received of {s['elements_expected']}: "
                                   f"{s['elements_lost']} lost, {s['elements_duplicated']} duplicated"))
-    if s.get("cost"):
-        c = s["cost"]
-        rows.append(("cost", f"${c['total']:.4f} ({c['basis']} basis, {c['catalog']} prices; {c['note']})"))
+    cost = s.get("cost") or {}
+    if "total" in cost:
+        rows.append(("cost", f"{money(cost['total'])}: service {money(cost['service'])}, trainers {money(cost['trainers'])} "
+                             f"({cost['basis']} basis, {cost['catalog']} prices, {cost['note']})"))
+    elif "error" in cost:
+        rows.append(("cost", f"not priced: {cost['error']}"))
     if record.error:
         rows.append(("error", record.error))
     for k, v in rows:

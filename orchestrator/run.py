@@ -19,6 +19,7 @@ from typing import Callable
 from dsctl.provisioners import Deployment, Node, TrainerLaunch, get_provisioner
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 
+from .pricing import cost_summary
 from .store import RunStore, dsctl_home
 from .summary import summarize
 from .tail import JsonlTail
@@ -167,6 +168,8 @@ class JobRunner:
                             started, ended, self.first_batch_wall)
         summary.update(self._element_accounting())
         self.store.update_run(self.run_id, status=status, ended_at=ended, error=error, summary=summary)
+        summary["cost"] = cost_summary(self.store.get(self.run_id))
+        self.store.update_run(self.run_id, summary=summary)
         self._phase("tearing down" if not keep_up else "left running")
         if keep_up and status == "succeeded":
             self.provisioner.stop_trainers(dep)

@@ -1,0 +1,59 @@
+"""Price recorded runs with the cost model: what each process stood for, and what it used."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dsctl.costmodel import Catalog, CostBreakdown, RunUsage, load_catalog, price
+from dsctl.specs import JobSpec, SpecError
+
+from .store import RunRecord
+
+
+def usage_from_record(record: RunRecord) -> RunUsage:
+    """A run's usage: the spec's machine types, the measured job time and per-process utilization.
+
+    Local processes are priced as the machines they stand for (the spec's machine types).
+    """
+    spec = JobSpec.model_validate_json(record.spec_json)
+    s = record.summary
+    service = record.mode == "service" and record.workers > 0
+    job_time = s.get("duration_s") or ((record.ended_at or record.created_at) - record.created_at)
+    return RunUsage(
+        job_time_s=max(job_time, 1e-6),
+        batches=s.get("batches"),
+        n_trainers=record.trainers,
+        trainer_machine=spec.trainer.machine,
+        accelerators_per_trainer=spec.trainer.accelerators_per_trainer,
+        n_workers=record.workers if service else 0,
+        worker_machine=spec.service.worker_machine if service else None,
+        worker_avg_cpu_cores=s.get("worker_cpu_cores") if service else None,
+        worker_avg_mem_gb=s.get("worker_mem_gb") if service else None,
+        dispatcher_machine=spec.service.dispatcher_machine if service else None,
+        dispatcher_avg_cpu_cores=s.get("dispatcher_cpu_cores") if service else None,
+        dispatcher_avg_mem_gb=s.get("dispatcher_mem_gb") if service else None,
+        trainer_avg_cpu_cores=s.get("trainer_cpu_cores"),
+        trainer_avg_mem_gb=s.get("trainer_mem_gb"),
+    )
+
+
+def price_record(record: RunRecord, catalog: Catalog | None = None, basis: str | None = None) -> tuple[RunUsage, CostBreakdown, Catalog]:
+    spec = JobSpec.model_validate_json(record.spec_json)
+    catalog = catalog or load_catalog(spec.pricing)
+    usage = usage_from_record(record)
+    breakdown = price(usage, catalog, basis or spec.cost_basis)
+    if record.provider == "local":
+        breakdown = replace(breakdown, notes=(
+            *breakdown.notes, "a local run: each process is priced as the machine type the spec names for it."))
+    return usage, breakdown, catalog
+
+
+def cost_summary(record: RunRecord) -> dict | None:
+    """The cost line shown at the end of `dsctl up`; None (with the reason) if it cannot be priced."""
+    try:
+        _, b, catalog = price_record(record)
+    except SpecError as exc:
+        return {"error": str(exc)}
+    note = "priced as the spec's machine types" if record.provider == "local" else "list prices"
+    return {"total": b.total, "service": b.service, "trainers": b.trainers, "per_1000_batches": b.per_1000_batches,
+            "basis": b.basis, "catalog": catalog.name, "note": note}
