@@ -11,6 +11,10 @@ from dsctl.specs import LoadedSpec
 
 def check_entrypoints(loaded: LoadedSpec) -> None:
     spec = loaded.spec
+    if spec.pipeline.entrypoint or spec.trainer.model.kind == "python":
+        from dsctl.runtime.tfimport import import_tensorflow_quietly
+
+        import_tensorflow_quietly()  # user modules import it; keep its notices off the terminal
     if spec.pipeline.entrypoint:
         from dsctl.runtime.pipelines import load_entrypoint_dataset
         from dsctl.runtime.pipelines.errors import PipelineError

@@ -1,0 +1,126 @@
+"""Run records: the SQLite store, following metrics files, summaries and pricing a recorded run."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from dsctl.orchestrator.pricing import price_record, usage_from_record
+from dsctl.orchestrator.store import RunStore
+from dsctl.orchestrator.summary import summarize
+from dsctl.orchestrator.tail import JsonlTail
+from dsctl.runtime.sampler import Sample
+from dsctl.specs import load_spec_text, spec_hash
+
+from helpers import dsctl
+
+SPEC = load_spec_text("""
+name: rec
+service: {workers: 4, worker_machine: n2-standard-8, dispatcher_machine: n2-standard-8}
+trainer: {machine: tpu-v2-8, steps: 100}
+pipeline: {builtin: synthetic}
+""").spec
+
+
+def make_run(store: RunStore, run_id: str = "rec-1", summary: dict | None = None, mode: str = "service") -> None:
+    store.create_run(id=run_id, name="rec", provider="local", mode=mode, status="running", spec_json=SPEC.model_dump_json(),
+                     spec_hash=spec_hash(SPEC), workers=4 if mode == "service" else 0, trainers=1, created_at=1000.0)
+    if summary is not None:
+        store.update_run(run_id, status="succeeded", ended_at=1000.0 + summary["duration_s"], summary=summary)
+
+
+def test_tail_returns_only_complete_lines(tmp_path):
+    path = tmp_path / "m.jsonl"
+    tail = JsonlTail(path)
+    assert tail.read() == []
+    with open(path, "w") as f:
+        f.write('{"a": 1}\n{"b":')
+        f.flush()
+        assert tail.read() == [{"a": 1}]
+        f.write(' 2}\n')
+        f.flush()
+        assert tail.read() == [{"b": 2}]
+    assert tail.read() == []
+
+
+def test_store_keeps_what_was_written_before_a_crash(tmp_path):
+    db = tmp_path / "runs.db"
+    store = RunStore(db)
+    make_run(store)
+    store.add_window("rec-1", {"trainer": 0, "t_start": 0, "t_end": 1, "batches": 10, "batches_per_s": 10.0,
+                               "input_wait_s": 0.5, "step_s": 0.5, "warmup": False}, workers=4)
+    store.add_event("rec-1", "worker-restarted", "worker 1 exited")
+    # No close(): another connection (a new process after kill -9) sees every row.
+    other = sqlite3.connect(db)
+    assert other.execute("SELECT batches FROM windows").fetchall() == [(10,)]
+    assert other.execute("SELECT status FROM runs").fetchall() == [("running",)]
+    assert RunStore(db).events("rec-1")[0]["kind"] == "worker-restarted"
+
+
+def test_prefix_lookup_is_unique_or_nothing(tmp_path):
+    store = RunStore(tmp_path / "r.db")
+    make_run(store, "job-a1")
+    make_run(store, "job-a2")
+    assert store.get("job-a1").id == "job-a1"
+    assert store.get("job-a") is None
+    assert store.get("job-a2").id == "job-a2"
+
+
+def test_summary_combines_trainers_and_processes():
+    results = {
+        0: {"batches": 100, "batches_per_s": 10.0, "input_wait_s": 3.0, "step_s": 7.0, "tokens": 0, "padded_tokens": 0},
+        1: {"batches": 50, "batches_per_s": 6.0, "input_wait_s": 1.0, "step_s": 9.0, "tokens": 0, "padded_tokens": 0},
+    }
+    util = [
+        {"role": "worker", "idx": 0, "cpu_cores": 1.0, "rss_bytes": 2**30, "cpu_seconds": 10.0},
+        {"role": "worker", "idx": 0, "cpu_cores": 0.5, "rss_bytes": 2**30, "cpu_seconds": 16.0},
+        {"role": "worker", "idx": 1, "cpu_cores": 0.25, "rss_bytes": 3 * 2**30, "cpu_seconds": 1.0},
+        {"role": "worker", "idx": 1, "cpu_cores": 0.25, "rss_bytes": 3 * 2**30, "cpu_seconds": 4.0},
+    ]
+    s = summarize(results, util, started_at=100.0, ended_at=130.0, first_batch_wall=109.0)
+    assert s["batches"] == 150
+    assert s["batches_per_s"] == pytest.approx(8.0)
+    assert s["total_batches_per_s"] == pytest.approx(16.0)
+    assert s["input_stall_frac"] == pytest.approx(4 / 20)
+    assert s["duration_s"] == 30 and s["time_to_first_batch_s"] == 9
+    assert s["worker_cpu_cores"] == pytest.approx((0.75 + 0.25) / 2)
+    assert s["worker_mem_gb"] == pytest.approx(2.0)
+    assert s["worker_cpu_seconds"] == pytest.approx(6 + 3)
+    assert s["worker_cpu_seconds_per_batch"] == pytest.approx(9 / 150)
+
+
+def test_a_recorded_run_is_priced_as_its_spec_machines_on_measured_use(tmp_path):
+    store = RunStore(tmp_path / "r.db")
+    make_run(store, summary={"duration_s": 3600.0, "batches": 1000, "worker_cpu_cores": 2.0, "worker_mem_gb": 4.0,
+                             "dispatcher_cpu_cores": 0.5, "dispatcher_mem_gb": 1.0})
+    record = store.get("rec-1")
+    usage = usage_from_record(record)
+    assert (usage.n_workers, usage.worker_machine, usage.trainer_machine) == (4, "n2-standard-8", "tpu-v2-8")
+    _, cost, catalog = price_record(record)
+    rates = catalog.unit_rates("n2-standard-8")
+    # One hour: workers on what they used (4 x (2 cores, 4 GB)), the TPU VM whole ($4.50/h in the paper's catalog).
+    assert cost.workers == pytest.approx(4 * (2.0 * rates.cpu + 4.0 * rates.mem))
+    assert cost.dispatcher == pytest.approx(0.5 * rates.cpu + 1.0 * rates.mem)
+    assert cost.trainers == pytest.approx(4.50)
+    assert any("local run" in n for n in cost.notes)
+    vm = price_record(record, basis="vm-hours")[1]
+    assert vm.service == pytest.approx(5 * 0.08)
+
+
+def test_cost_report_json_and_csv_agree_and_baseline_gives_speedup(home):
+    store = RunStore()
+    make_run(store, "svc", summary={"duration_s": 1800.0, "batches": 1000, "worker_cpu_cores": 1.0, "worker_mem_gb": 1.0,
+                                    "dispatcher_cpu_cores": 0.1, "dispatcher_mem_gb": 0.5})
+    make_run(store, "colo", summary={"duration_s": 3600.0, "batches": 1000}, mode="colocated")
+    as_json = json.loads(dsctl("cost", "report", "svc", "--baseline", "colo", "--format", "json", check=True).stdout)
+    assert as_json[0]["speedup"] == pytest.approx(2.0)
+    assert as_json[0]["cost_saving"] > 1.0
+    lines = dsctl("cost", "report", "svc", "--baseline", "colo", "--format", "csv", check=True).stdout.splitlines()
+    import csv
+
+    row = next(csv.DictReader(lines))
+    for key in ("total", "workers", "dispatcher", "accelerators", "per_1000_batches", "speedup", "cost_saving"):
+        assert float(row[key]) == as_json[0][key]
+    assert dsctl("cost", "report", "--since", "yesterday").returncode == 2
