@@ -76,6 +76,7 @@ class JobRunner:
         self.progress = Progress(run_id=self.run_id, workers_wanted=self.workers)
         self.kind, self.parent_id = kind, parent_id
         self.first_batch_wall: float | None = None
+        self.measured_from_wall: float | None = None
         self.detached = detached
 
     # -- events -----------------------------------------------------------------
@@ -83,8 +84,8 @@ class JobRunner:
         self.store.add_event(self.run_id, kind, message)
         if kind == "worker-restarted":
             self.progress.restarts += 1
-        if kind == "ready" and "worker" in message:
-            self.progress.workers_ready = self.workers
+        if kind in ("ready", "scaled"):
+            self.progress.workers_ready = len(self.deployment.by_role("worker"))
         self.progress.last_event = message
         self.listener(self.progress)
 
@@ -143,6 +144,10 @@ class JobRunner:
             if self.mode == "service":
                 self._phase("provisioning")
                 self.provisioner.up(self.spec, dep, self.workers, self._event)
+            # Trainers start while the servers import TensorFlow; their clients wait for the dispatcher.
+            self._start_trainers(dep)
+            if self.mode == "service":
+                self.provisioner.wait_ready(dep, self._event)
                 dep.status = "up"
                 dep.save()
             self._phase("training")
@@ -165,7 +170,7 @@ class JobRunner:
         # Teardown must survive a second Ctrl-C: the record is written first, then processes are stopped.
         ended = time.time()
         summary = summarize(self.store.trainer_results(self.run_id), self.store.utilization(self.run_id),
-                            started, ended, self.first_batch_wall)
+                            started, ended, self.first_batch_wall, self.measured_from_wall)
         summary.update(self._element_accounting())
         self.store.update_run(self.run_id, status=status, ended_at=ended, error=error, summary=summary)
         summary["cost"] = cost_summary(self.store.get(self.run_id))
@@ -182,14 +187,15 @@ class JobRunner:
             self.provisioner.down(dep, self._event)
             raise
 
-    def _train(self, dep: Deployment) -> None:
-        trainer = self.spec.trainer
+    def _start_trainers(self, dep: Deployment) -> None:
         launch = TrainerLaunch(
             mode=self.mode, spec_json=self.run_dir / "spec.json", metrics_dir=self.run_dir / "metrics",
-            base_dir=self.loaded.base_dir, cache_dir=dsctl_home() / "cache", count=trainer.count,
+            base_dir=self.loaded.base_dir, cache_dir=dsctl_home() / "cache", count=self.spec.trainer.count,
             record_ids=self._countable(),
         )
         self.provisioner.start_trainers(dep, launch, self._event)
+
+    def _train(self, dep: Deployment) -> None:
         tails = {n.index: JsonlTail(n.extra["metrics"]) for n in dep.by_role("trainer")}
         last_sample = 0.0
         last_progress = time.monotonic()
@@ -229,6 +235,9 @@ class JobRunner:
         elif event == "first_batch":
             if self.first_batch_wall is None or rec["wall"] < self.first_batch_wall:
                 self.first_batch_wall = rec["wall"]
+        elif event == "measure_start":
+            if self.measured_from_wall is None or rec["wall"] > self.measured_from_wall:
+                self.measured_from_wall = rec["wall"]  # the last trainer to finish warming up
         elif event == "end":
             self.store.set_trainer_result(self.run_id, index, rec)
         elif event == "error":

@@ -10,7 +10,9 @@ from statistics import mean
 
 
 def summarize(trainer_results: dict[int, dict], utilization: list[dict], started_at: float, ended_at: float,
-              first_batch_wall: float | None) -> dict:
+              first_batch_wall: float | None, measured_from_wall: float | None = None) -> dict:
+    """Utilization is averaged over the measured part of the run (after warm-up) when it is known:
+    TensorFlow's import and the warm-up would otherwise dilute it."""
     results = list(trainer_results.values())
     rates = [r["batches_per_s"] for r in results if r.get("batches_per_s")]
     wait = sum(r.get("input_wait_s", 0.0) for r in results)
@@ -27,6 +29,13 @@ def summarize(trainer_results: dict[int, dict], utilization: list[dict], started
         "time_to_first_batch_s": (first_batch_wall - started_at) if first_batch_wall else None,
         "padded_token_frac": (1 - tokens / padded) if padded else None,
     }
+    measured_batches = sum(r.get("measured_batches", 0) for r in results)
+    ends = [r["wall"] for r in results if "wall" in r]
+    if measured_from_wall and ends:
+        window = [u for u in utilization if measured_from_wall <= u["t"] <= max(ends) + 1.0]
+        if len(window) >= 2:
+            out.update(_utilization(window, measured_batches))
+            return out
     out.update(_utilization(utilization, batches))
     return out
 

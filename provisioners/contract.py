@@ -86,7 +86,10 @@ class Provisioner(Protocol):
         """Refuse (SpecError) what this place cannot run, before anything starts."""
 
     def up(self, spec: JobSpec, dep: Deployment, workers: int, events: EventSink) -> None:
-        """Start the dispatcher and `workers` workers; return when they are ready."""
+        """Create the machines and start the dispatcher and `workers` workers (dispatcher_address is known after)."""
+
+    def wait_ready(self, dep: Deployment, events: EventSink) -> None:
+        """Return when the dispatcher and every worker serve."""
 
     def scale_workers(self, dep: Deployment, workers: int, events: EventSink) -> None: ...
 

@@ -59,6 +59,7 @@ class LocalProvisioner:
         self._procs: dict[tuple[str, int], subprocess.Popen] = {}
         self._restarts: dict[int, int] = {}
         self._sampler = ProcessSampler()
+        self._cache_mb = 0
 
     # -- checks -----------------------------------------------------------------
     def check(self, spec: JobSpec, workers: int) -> None:
@@ -82,7 +83,7 @@ class LocalProvisioner:
                 ready = read_json(node.extra["ready_file"])
                 if ready and ready.get("pid") == node.pid:
                     node.address = f"127.0.0.1:{ready['port']}"
-                    node.extra["port"] = ready["port"]
+                    node.extra.update(port=ready["port"], ready=True)
                     pending.remove(node)
                 elif not is_ours(node):
                     proc = self._procs.get((node.role, node.index))
@@ -101,7 +102,7 @@ class LocalProvisioner:
     def _start_worker(self, dep: Deployment, node: Node, spec_cache_mb: int) -> None:
         ready = Path(dep.run_dir) / "ready" / f"worker-{node.index}.json"
         ready.unlink(missing_ok=True)
-        node.extra.update(ready_file=str(ready), cache_mb=spec_cache_mb)
+        node.extra.update(ready_file=str(ready), cache_mb=spec_cache_mb, ready=False)
         args = ["dsctl.runtime.worker", "--dispatcher", dep.dispatcher_address, "--host", "127.0.0.1",
                 "--port", str(node.extra["port"]), "--ready-file", str(ready)]
         if spec_cache_mb:
@@ -110,36 +111,50 @@ class LocalProvisioner:
         dep.save()
 
     def up(self, spec: JobSpec, dep: Deployment, workers: int, events: EventSink) -> None:
+        """Start the dispatcher and workers together; wait_ready() waits for them.
+
+        Workers (and trainers) retry until the dispatcher answers, so nothing
+        waits for anything else to import TensorFlow: on 2 cores that halves
+        the time to the first batch.
+        """
         run_dir = Path(dep.run_dir)
-        disp = Node(role="dispatcher", index=0, extra={"ready_file": str(run_dir / "ready" / "dispatcher.json"),
-                                                       "status_file": str(run_dir / "dispatcher-status.json")})
+        port = pick_free_port()
+        disp = Node(role="dispatcher", index=0, address=f"127.0.0.1:{port}",
+                    extra={"port": port, "ready_file": str(run_dir / "ready" / "dispatcher.json"),
+                           "status_file": str(run_dir / "dispatcher-status.json")})
         dep.nodes.append(disp)
-        args = ["dsctl.runtime.dispatcher", "--port", str(pick_free_port()), "--ready-file", disp.extra["ready_file"],
+        dep.dispatcher_address = disp.address
+        args = ["dsctl.runtime.dispatcher", "--port", str(port), "--ready-file", disp.extra["ready_file"],
                 "--status-file", disp.extra["status_file"]]
         if spec.service.fault_tolerant:
             args += ["--fault-tolerant", "--work-dir", str(run_dir / "journal")]
         self._procs[("dispatcher", 0)] = spawn(disp, args, run_dir / "logs" / "dispatcher.log")
         dep.save()
-        events("starting", "dispatcher starting")
-        self._wait_ready([disp], dep)
-        dep.dispatcher_address = disp.address
-        dep.save()
-        events("ready", f"dispatcher ready at {disp.address}")
-        self.scale_workers(dep, workers, events, spec=spec)
+        self._cache_mb = spec.service.cross_trainer_cache_mb if spec.service.cross_trainer_cache else 0
+        self._add_workers(dep, workers)
+        events("starting", f"dispatcher and {workers} worker(s) starting")
 
-    def scale_workers(self, dep: Deployment, workers: int, events: EventSink, spec: JobSpec | None = None) -> None:
+    def wait_ready(self, dep: Deployment, events: EventSink) -> None:
+        self._wait_ready([n for n in dep.nodes if n.role in ("dispatcher", "worker") and not n.extra.get("ready")], dep)
+        events("ready", f"dispatcher and {len(dep.by_role('worker'))} worker(s) ready")
+
+    def _add_workers(self, dep: Deployment, workers: int) -> list[Node]:
+        new = []
+        for index in range(len(dep.by_role("worker")), workers):
+            node = Node(role="worker", index=index, extra={"port": pick_free_port()})
+            dep.nodes.append(node)
+            self._start_worker(dep, node, self._cache_mb)
+            new.append(node)
+        return new
+
+    def scale_workers(self, dep: Deployment, workers: int, events: EventSink) -> None:
+        """Add workers (and wait for them) or stop the highest-numbered ones, on the running dispatcher."""
         current = dep.by_role("worker")
-        cache_mb = spec.service.cross_trainer_cache_mb if (spec and spec.service.cross_trainer_cache) else 0
         if workers > len(current):
-            new = []
-            for index in range(len(current), workers):
-                node = Node(role="worker", index=index, extra={"port": pick_free_port()})
-                dep.nodes.append(node)
-                self._start_worker(dep, node, cache_mb)
-                new.append(node)
+            new = self._add_workers(dep, workers)
             events("starting", f"starting {len(new)} worker(s)")
             self._wait_ready(new, dep)
-            events("ready", f"{workers} worker(s) ready")
+            events("scaled", f"{workers} worker(s) ready")
         elif workers < len(current):
             leaving = current[workers:]
             stop_groups(leaving)
