@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import sys
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-console = Console(highlight=False, soft_wrap=True)
+# Piped output (logs, CI, scripts) gets wide tables instead of rich's 80-column default.
+console = Console(highlight=False, soft_wrap=True,
+                  width=None if (sys.stdout.isatty() or "COLUMNS" in os.environ) else 200)
 
 
 def fmt(value: Any, unit: str = "", digits: int = 2) -> str:
@@ -76,7 +80,7 @@ def summary_table(record) -> Table:
 def runs_table(records) -> Table:
     t = Table(title="runs", title_justify="left")
     for col in ("run", "status", "mode", "workers", "trainers", "batches/s", "stall", "duration", "started"):
-        t.add_column(col)
+        t.add_column(col, no_wrap=True)
     for r in records:
         s = r.summary
         t.add_row(r.id, r.status, r.mode if r.kind != "sweep" else "sweep", str(r.workers), str(r.trainers),
