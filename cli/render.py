@@ -67,7 +67,7 @@ def summary_table(record) -> Table:
     cost = s.get("cost") or {}
     if "total" in cost:
         rows.append(("cost", f"{money(cost['total'])}: service {money(cost['service'])}, trainers {money(cost['trainers'])} "
-                             f"({cost['basis']} basis, {cost['catalog']} prices, {cost['note']})"))
+                             f"({cost['basis']}, {cost['catalog']})"))
     elif "error" in cost:
         rows.append(("cost", f"not priced: {cost['error']}"))
     if record.error:

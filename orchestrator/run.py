@@ -25,7 +25,7 @@ from .summary import summarize
 from .tail import JsonlTail
 
 POLL_S = 0.2
-SAMPLE_S = 1.0
+SAMPLE_S = 0.5
 STALL_TIMEOUT_S = 180.0  # a trainer with no new batch this long is stuck (e.g. a worker lost for good)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -109,7 +110,9 @@ class Harness:
         record_ids = self.record_ids is not None
         batches = 0
         reason = "steps"
-        iterator = iter(ds)
+        # Kept on self: destroying a tf.data service iterator waits on its outstanding
+        # requests for seconds; the process exits with os._exit instead (see main()).
+        self.iterator = iterator = iter(ds)
         c = t0
         while batches < steps:
             if self.stop.is_set():
@@ -180,8 +183,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "service" and not args.dispatcher:
         ap.error("--dispatcher is required in service mode")
 
-    import os
-
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     spec = JobSpec.model_validate_json(Path(args.spec).read_text())
     steps, duration = args.steps, args.duration_s
@@ -212,4 +213,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip interpreter teardown: it would destroy the service iterator slowly

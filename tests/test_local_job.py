@@ -19,11 +19,12 @@ from helpers import EXAMPLES, dsctl, processes_under, wait_for, write_spec
 pytestmark = pytest.mark.slow
 
 
-def synthetic_job(tmp_path, mode: str, workers: int = 2, elements: int = 512, latency_ms: float = 1, steps: int = 100000):
+def synthetic_job(tmp_path, mode: str, workers: int = 2, elements: int = 512, latency_ms: float = 1, steps: int = 100000,
+                  step_time_ms: float = 1):
     return write_spec(tmp_path, f"""
         name: e2e
         service: {{workers: {workers}, processing_mode: {mode}}}
-        trainer: {{model: {{step_time_ms: 1}}, steps: {steps}, warmup_batches: 2}}
+        trainer: {{model: {{step_time_ms: {step_time_ms}}}, steps: {steps}, warmup_batches: 2}}
         pipeline: {{builtin: synthetic, params: {{elements: {elements}, shards: 16, batch_size: 16, latency_ms: {latency_ms}, epochs: 1}}}}
     """)
 
@@ -63,10 +64,10 @@ def test_trainer_receives_what_the_processing_mode_promises(home, tmp_path, mode
 
 @pytest.mark.parametrize("mode", ["colocated", "ideal"])
 def test_baselines_run_without_a_service(home, tmp_path, mode):
-    spec = synthetic_job(tmp_path, "parallel_epochs", elements=2048, steps=40)
+    spec = synthetic_job(tmp_path, "parallel_epochs", elements=2048, steps=100, step_time_ms=20)
     record = json.loads(dsctl("up", spec, "--mode", mode, "--json", check=True).stdout)
     assert record["mode"] == mode and record["workers"] == 0
-    assert record["summary"]["batches"] == 40
+    assert record["summary"]["batches"] == 100
     roles = {r["role"] for r in RunStore().utilization(record["id"])}
     assert roles == {"trainer"}
 

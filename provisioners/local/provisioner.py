@@ -20,6 +20,7 @@ from dsctl.specs import SpecError
 from dsctl.specs.schema import JobSpec
 
 from ..contract import Deployment, EventSink, Node, TrainerLaunch, TrainerState
+from .launcher import Launcher
 from .processes import is_ours, spawn, stop_groups
 
 # Measured with `dsctl bench` style runs: an idle tf.data service worker holds
@@ -60,6 +61,7 @@ class LocalProvisioner:
         self._restarts: dict[int, int] = {}
         self._sampler = ProcessSampler()
         self._cache_mb = 0
+        self._launcher: Launcher | None = None
 
     # -- checks -----------------------------------------------------------------
     def check(self, spec: JobSpec, workers: int) -> None:
@@ -79,15 +81,21 @@ class LocalProvisioner:
         deadline = time.monotonic() + READY_TIMEOUT_S
         pending = list(nodes)
         while pending:
+            self._resolve(dep)
             for node in list(pending):
+                if node.pid is None:
+                    if not self._launcher_alive(dep):
+                        raise ProcessFailed(f"the launcher exited before starting the {node.role}; "
+                                            f"see {Path(dep.run_dir) / 'logs' / 'launcher.log'}:\n"
+                                            f"{_log_tail(str(Path(dep.run_dir) / 'logs' / 'launcher.log'))}")
+                    continue
                 ready = read_json(node.extra["ready_file"])
                 if ready and ready.get("pid") == node.pid:
                     node.address = f"127.0.0.1:{ready['port']}"
                     node.extra.update(port=ready["port"], ready=True)
                     pending.remove(node)
                 elif not is_ours(node):
-                    proc = self._procs.get((node.role, node.index))
-                    code = proc.poll() if proc else None
+                    code = self._exit_code(node)
                     raise ProcessFailed(
                         f"the {node.role} {node.index} exited (code {code}) before it was ready. "
                         f"Its log ({node.log}) ends with:\n{_log_tail(node.log)}"
@@ -99,16 +107,37 @@ class LocalProvisioner:
                 time.sleep(0.1)
         dep.save()
 
+    def _launch(self, dep: Deployment, node: Node, module: str, argv: list[str], log: Path) -> None:
+        """Start `python -m module argv` for node: forked by the launcher when it is up, else spawned."""
+        if self._launcher is not None and self._launcher_alive(dep):
+            self._launcher.request(node, module, argv, log)
+        else:
+            self._procs[(node.role, node.index)] = spawn(node, [module, *argv], log)
+        dep.save()
+
+    def _launcher_alive(self, dep: Deployment) -> bool:
+        nodes = dep.by_role("launcher")
+        return bool(nodes) and is_ours(nodes[0])
+
+    def _resolve(self, dep: Deployment) -> None:
+        if self._launcher is None:
+            return
+        changed = False
+        for node in dep.nodes:
+            if node.pid is None and "launch_id" in node.extra:
+                changed |= self._launcher.resolve(node)
+        if changed:
+            dep.save()
+
     def _start_worker(self, dep: Deployment, node: Node, spec_cache_mb: int) -> None:
         ready = Path(dep.run_dir) / "ready" / f"worker-{node.index}.json"
         ready.unlink(missing_ok=True)
         node.extra.update(ready_file=str(ready), cache_mb=spec_cache_mb, ready=False)
-        args = ["dsctl.runtime.worker", "--dispatcher", dep.dispatcher_address, "--host", "127.0.0.1",
+        args = ["--dispatcher", dep.dispatcher_address, "--host", "127.0.0.1",
                 "--port", str(node.extra["port"]), "--ready-file", str(ready)]
         if spec_cache_mb:
             args += ["--cross-trainer-cache-mb", str(spec_cache_mb)]
-        self._procs[("worker", node.index)] = spawn(node, args, Path(dep.run_dir) / "logs" / f"worker-{node.index}.log")
-        dep.save()
+        self._launch(dep, node, "dsctl.runtime.worker", args, Path(dep.run_dir) / "logs" / f"worker-{node.index}.log")
 
     def up(self, spec: JobSpec, dep: Deployment, workers: int, events: EventSink) -> None:
         """Start the dispatcher and workers together; wait_ready() waits for them.
@@ -118,21 +147,26 @@ class LocalProvisioner:
         the time to the first batch.
         """
         run_dir = Path(dep.run_dir)
+        self._start_launcher(dep)
         port = pick_free_port()
         disp = Node(role="dispatcher", index=0, address=f"127.0.0.1:{port}",
                     extra={"port": port, "ready_file": str(run_dir / "ready" / "dispatcher.json"),
                            "status_file": str(run_dir / "dispatcher-status.json")})
         dep.nodes.append(disp)
         dep.dispatcher_address = disp.address
-        args = ["dsctl.runtime.dispatcher", "--port", str(port), "--ready-file", disp.extra["ready_file"],
-                "--status-file", disp.extra["status_file"]]
+        args = ["--port", str(port), "--ready-file", disp.extra["ready_file"], "--status-file", disp.extra["status_file"]]
         if spec.service.fault_tolerant:
             args += ["--fault-tolerant", "--work-dir", str(run_dir / "journal")]
-        self._procs[("dispatcher", 0)] = spawn(disp, args, run_dir / "logs" / "dispatcher.log")
-        dep.save()
+        self._launch(dep, disp, "dsctl.runtime.dispatcher", args, run_dir / "logs" / "dispatcher.log")
         self._cache_mb = spec.service.cross_trainer_cache_mb if spec.service.cross_trainer_cache else 0
         self._add_workers(dep, workers)
         events("starting", f"dispatcher and {workers} worker(s) starting")
+
+    def _start_launcher(self, dep: Deployment) -> None:
+        if self._launcher is None:
+            self._launcher = Launcher(Path(dep.run_dir))
+            dep.nodes.append(self._launcher.start(Path(dep.run_dir) / "logs" / "launcher.log"))
+            dep.save()
 
     def wait_ready(self, dep: Deployment, events: EventSink) -> None:
         self._wait_ready([n for n in dep.nodes if n.role in ("dispatcher", "worker") and not n.extra.get("ready")], dep)
@@ -164,12 +198,13 @@ class LocalProvisioner:
 
     # -- trainers ---------------------------------------------------------------
     def start_trainers(self, dep: Deployment, launch: TrainerLaunch, events: EventSink) -> None:
+        self._start_launcher(dep)
         launch.metrics_dir.mkdir(parents=True, exist_ok=True)
         for old in dep.by_role("trainer"):
             dep.nodes.remove(old)
         for index in range(launch.count):
             node = Node(role="trainer", index=index, extra={"metrics": str(launch.metrics_dir / f"trainer-{index}.jsonl")})
-            args = ["dsctl.runtime.trainer", "--spec", str(launch.spec_json), "--mode", launch.mode,
+            args = ["--spec", str(launch.spec_json), "--mode", launch.mode,
                     "--index", str(index), "--metrics", node.extra["metrics"], "--cache-dir", str(launch.cache_dir),
                     "--base-dir", str(launch.base_dir)]
             if launch.mode == "service":
@@ -182,16 +217,28 @@ class LocalProvisioner:
                 node.extra["ids"] = str(launch.metrics_dir / f"trainer-{index}.ids.json")
                 args += ["--record-ids", node.extra["ids"]]
             dep.nodes.append(node)
-            self._procs[("trainer", index)] = spawn(node, args, launch.metrics_dir / f"trainer-{index}.log")
-            dep.save()
+            self._launch(dep, node, "dsctl.runtime.trainer", args, launch.metrics_dir / f"trainer-{index}.log")
         events("training", f"{launch.count} trainer(s) started ({launch.mode})")
 
+    def _exit_code(self, node: Node) -> int | None:
+        """None while the node's process runs (or is not forked yet); its exit code after."""
+        proc = self._procs.get((node.role, node.index))
+        if proc is not None and proc.pid == node.pid:
+            return proc.poll()
+        if node.pid is None or is_ours(node):
+            return None
+        code = self._launcher.exit_code(node) if self._launcher else None
+        if code is None:  # the launcher may not have reaped it yet
+            time.sleep(0.05)
+            code = self._launcher.exit_code(node) if self._launcher else None
+        return -1 if code is None else code
+
     def poll(self, dep: Deployment, events: EventSink) -> TrainerState:
+        self._resolve(dep)
         self._supervise_workers(dep, events)
         running, codes = [], {}
         for node in dep.by_role("trainer"):
-            proc = self._procs.get(("trainer", node.index))
-            code = proc.poll() if proc else (None if is_ours(node) else -1)
+            code = self._exit_code(node)
             if code is None:
                 running.append(node.index)
             else:
@@ -200,9 +247,8 @@ class LocalProvisioner:
 
     def _supervise_workers(self, dep: Deployment, events: EventSink) -> None:
         for node in dep.by_role("worker"):
-            proc = self._procs.get(("worker", node.index))
-            alive = proc.poll() is None if proc else is_ours(node)
-            if alive:
+            code = self._exit_code(node)
+            if code is None:
                 continue
             count = self._restarts.get(node.index, 0) + 1
             self._restarts[node.index] = count
@@ -210,7 +256,6 @@ class LocalProvisioner:
                 raise ProcessFailed(
                     f"worker {node.index} died {count} times; giving up. Its log ({node.log}) ends with:\n{_log_tail(node.log)}"
                 )
-            code = proc.returncode if proc else None
             events("worker-restarted", f"worker {node.index} exited (code {code}); restarting it at {node.address}")
             self._start_worker(dep, node, node.extra.get("cache_mb", 0))
             self._wait_ready([node], dep)
@@ -219,12 +264,19 @@ class LocalProvisioner:
         stop_groups(dep.by_role("trainer"), grace_s=5.0)
 
     def sample(self, dep: Deployment) -> list[Sample]:
-        return self._sampler.sample([(n.role, n.index, n.pid) for n in dep.nodes if n.pid])
+        return self._sampler.sample([(n.role, n.index, n.pid) for n in dep.nodes if n.pid and n.role != "launcher"])
 
     def down(self, dep: Deployment, events: EventSink) -> None:
         # Trainers first (they hang if their workers vanish), then workers, then the dispatcher.
+        self._resolve(dep)
         for role in ("trainer", "worker", "dispatcher"):
             stop_groups(dep.by_role(role))
+        # Children forked for requests whose pid never reached the state file (dsctl up killed meanwhile).
+        launcher = Launcher(Path(dep.run_dir))
+        known = {n.pid for n in dep.nodes}
+        strays = [Node(role="stray", index=i, pid=pid, pgid=pid) for i, pid in enumerate(launcher.forked_pids()) if pid not in known]
+        stop_groups(strays)
+        stop_groups(dep.by_role("launcher"))
         dep.status = "down"
         dep.save()
         events("down", "all processes stopped")

@@ -1,0 +1,75 @@
+"""Talking to runtime/launcher.py: one TensorFlow import per deployment, a fork per process.
+
+Requests and answers are files in the run dir, so `dsctl down` in a new
+process can still find every child the launcher forked (its pid files), and
+tell them from unrelated processes by their command line, which names this
+run's launcher directory.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import psutil
+
+from dsctl.runtime.readiness import read_json, write_json_atomic
+
+from ..contract import Node
+from .processes import spawn
+
+LAUNCHER_READY_TIMEOUT_S = 120.0
+
+
+class Launcher:
+    def __init__(self, run_dir: Path):
+        self.dir = Path(run_dir) / "launcher"
+
+    def start(self, log: Path) -> Node:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        node = Node(role="launcher", index=0, extra={"requests": str(self.dir)})
+        spawn(node, ["dsctl.runtime.launcher", "--requests", str(self.dir)], log)
+        return node
+
+    def request(self, node: Node, module: str, argv: list[str], log: Path) -> None:
+        """Ask for a fork; node.pid is filled in later by resolve()."""
+        launch_id = f"{node.role}-{node.index}-{time.monotonic_ns()}"
+        node.pid = node.pgid = node.create_time = None
+        node.log = str(log)
+        node.extra["launch_id"] = launch_id
+        log.parent.mkdir(parents=True, exist_ok=True)
+        path = self.dir / f"{launch_id}.req"
+        write_json_atomic(path.with_suffix(".tmpreq"), {"id": launch_id, "module": module, "argv": argv, "log": str(log)})
+        path.with_suffix(".tmpreq").rename(path)
+
+    def resolve(self, node: Node) -> bool:
+        """Fill in the pid of a requested process once the launcher has forked it."""
+        if node.pid:
+            return True
+        answer = read_json(self.dir / f"{node.extra['launch_id']}.pid")
+        if not answer:
+            return False
+        node.pid = node.pgid = answer["pid"]
+        try:
+            node.create_time = psutil.Process(node.pid).create_time()
+        except psutil.NoSuchProcess:
+            node.create_time = None
+        return True
+
+    def exit_code(self, node: Node) -> int | None:
+        answer = read_json(self.dir / f"exit-{node.pid}.json") if node.pid else None
+        return answer["code"] if answer else None
+
+    def forked_pids(self) -> list[int]:
+        """Every child this launcher forked that is still running, checked by command line."""
+        pids = []
+        for path in self.dir.glob("*.pid"):
+            try:
+                pid = json.loads(path.read_text())["pid"]
+                cmd = " ".join(psutil.Process(pid).cmdline())
+            except (OSError, ValueError, KeyError, psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if str(self.dir) in cmd:
+                pids.append(pid)
+        return pids
