@@ -1,0 +1,113 @@
+"""Sweep plots in the style of the paper's Figure 9: speedup (9a) and cost saving (9b) over
+colocated processing against the worker count.
+
+Figures are built as bare `matplotlib.figure.Figure`s on an Agg canvas, never through pyplot,
+so nothing leaks into global state (safe in tests, threads and a CLI without a display), and
+`build_sweep_figures` hands them to tests before `plot_sweep` writes them. Predicted points are
+hollow markers on dashed lines, labelled "predicted"; measured ones are filled and solid.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import NullLocator
+
+WORKERS_LABEL = "tf.data service workers"
+SPEEDUP_LABEL = "speedup over colocated (×)"
+COST_LABEL = "cost saving over colocated (×)"
+LOG_SPAN = 8            # worker counts spanning more than this factor get a log2 axis
+MAX_LABELLED_TICKS = 16
+COLOR = "tab:blue"
+FILES = {"speedup": "sweep-speedup.png", "cost_saving": "sweep-cost-saving.png"}
+
+
+def plot_sweep(points: Iterable[Any], *, colocated_bps: float, ideal_bps: float, out_dir: Path,
+               title: str) -> list[Path]:
+    """Write sweep-speedup.png and, when any point has a cost_saving, sweep-cost-saving.png."""
+    figs = build_sweep_figures(points, colocated_bps=colocated_bps, ideal_bps=ideal_bps, title=title)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, fig in figs.items():
+        path = out_dir / FILES[name]
+        fig.savefig(path, format="png", dpi=120)
+        paths.append(path)
+    return paths
+
+
+def build_sweep_figures(points: Iterable[Any], *, colocated_bps: float, ideal_bps: float,
+                        title: str) -> dict[str, Figure]:
+    """{"speedup": Figure, "cost_saving": Figure}; the second only when some point has a cost saving.
+
+    Points are dicts or objects with workers, batches_per_s, predicted and optionally cost_saving.
+    """
+    if not colocated_bps or colocated_bps <= 0 or not ideal_bps or ideal_bps <= 0:
+        raise ValueError(f"colocated and ideal rates must be positive (got {colocated_bps!r}, {ideal_bps!r})")
+    rows = sorted((_row(p) for p in points), key=lambda r: r[0])
+    speed = [(n, bps / colocated_bps, pred) for n, bps, pred, _ in rows if bps is not None]
+    if not speed:
+        raise ValueError("no sweep point has a throughput to plot")
+    figs = {"speedup": _figure(speed, f"{title}: speedup", SPEEDUP_LABEL, ideal=ideal_bps / colocated_bps)}
+    saving = [(n, cs, pred) for n, _, pred, cs in rows if cs is not None]
+    if saving:
+        figs["cost_saving"] = _figure(saving, f"{title}: cost saving", COST_LABEL, ideal=None)
+    return figs
+
+
+def _figure(series: list[tuple[int, float, bool]], title: str, ylabel: str, ideal: float | None) -> Figure:
+    fig = Figure(figsize=(6.4, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    # Segments: solid between two measured points, dashed where either end is predicted.
+    for (n1, y1, p1), (n2, y2, p2) in zip(series, series[1:]):
+        ax.plot([n1, n2], [y1, y2], color=COLOR, linestyle="--" if (p1 or p2) else "-", linewidth=1.5)
+    handles = []
+    for predicted, label in ((False, "measured"), (True, "predicted")):
+        mine = [(n, y) for n, y, p in series if p == predicted]
+        if mine:
+            style = dict(color=COLOR, marker="o", markersize=6, markerfacecolor="white" if predicted else COLOR,
+                         linestyle="--" if predicted else "-", linewidth=1.5, label=label)
+            ax.plot([n for n, _ in mine], [y for _, y in mine], **{**style, "linestyle": "none", "label": None})
+            handles.append(Line2D([], [], **style))  # the legend shows marker and line style together
+    if ideal is not None:
+        handles.append(ax.axhline(ideal, color="tab:green", linestyle=":", linewidth=1.5,
+                                  label=f"ideal ({ideal:.3g}×)"))
+    handles.append(ax.axhline(1.0, color="gray", linestyle="-.", linewidth=1, label="colocated (1×)"))
+    _worker_axis(ax, [n for n, _, _ in series])
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel(WORKERS_LABEL)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(handles=handles, loc="best", fontsize="small")
+    return fig
+
+
+def _worker_axis(ax, counts: list[int]) -> None:
+    """Log base 2 when the counts span decades (8..640), linear otherwise; ticks at the counts."""
+    lo, hi = min(counts), max(counts)
+    if hi / lo > LOG_SPAN:
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlim(lo / 1.25, hi * 1.25)
+    elif hi > lo:
+        pad = (hi - lo) * 0.05
+        ax.set_xlim(lo - pad, hi + pad)
+    ticks = sorted(set(counts))
+    if len(ticks) <= MAX_LABELLED_TICKS:
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        # 512 and 640 sit a third of an octave apart on a log axis: tilt labels rather than overlap them.
+        if ax.get_xscale() == "log" and any(b / a < 1.5 for a, b in zip(ticks, ticks[1:])):
+            ax.tick_params(axis="x", labelrotation=45)
+
+
+def _row(p: Any) -> tuple[int, float | None, bool, float | None]:
+    get = p.get if isinstance(p, dict) else (lambda k, d=None: getattr(p, k, d))
+    bps, cs = get("batches_per_s"), get("cost_saving")
+    return (int(get("workers")), None if bps is None else float(bps), bool(get("predicted", False)),
+            None if cs is None else float(cs))

@@ -1,0 +1,133 @@
+"""A sweep's two answers: the smallest worker count that is fast enough, and the cheapest one.
+
+"Fast enough" follows Cachew's rule of thumb (more workers are not worth it once they buy less
+than 3%): the smallest count whose throughput is within `tolerance` of the best point of the
+sweep. Measured and predicted points both count; every answer says which kind it rests on.
+A point faster than the ideal baseline can only be noise, so when `ideal_bps` is given the
+best is capped there; otherwise one lucky point at the top sets the bar, and users should
+look at the plot.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+
+@dataclass(frozen=True)
+class Pick:
+    """One recommended worker count and the one sentence that justifies it."""
+
+    workers: int
+    batches_per_s: float
+    cost_per_1000_batches: float | None
+    predicted: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """`smallest`: fewest workers within tolerance of the best; `cheapest`: lowest cost per
+    1,000 batches (None when no point was priced). `best_bps` is the bar they were held to."""
+
+    smallest: Pick
+    cheapest: Pick | None
+    best_bps: float
+    best_workers: int
+    best_predicted: bool
+    tolerance: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class _Point:
+    workers: int
+    bps: float
+    cost: float | None
+    predicted: bool
+
+    @property
+    def kind(self) -> str:
+        return "predicted" if self.predicted else "measured"
+
+
+def recommend(points: Iterable[Any], *, tolerance: float = 0.03, ideal_bps: float | None = None) -> Recommendation:
+    """Points are dicts or objects with workers, batches_per_s, cost_per_1000_batches, predicted.
+
+    Points without a positive throughput (failed runs) are ignored; ValueError if none is left.
+    """
+    if not 0 <= tolerance < 1:
+        raise ValueError(f"tolerance must be a fraction in [0, 1), not {tolerance!r}")
+    pts = sorted((p for p in map(_point, points) if p.bps is not None and p.bps > 0), key=lambda p: p.workers)
+    if not pts:
+        raise ValueError("no sweep point has a throughput to recommend from")
+
+    best = max(pts, key=lambda p: (p.bps, -p.workers))
+    bar, capped = best.bps, False
+    if ideal_bps and best.bps > ideal_bps:
+        bar, capped = ideal_bps, True
+    need = (1 - tolerance) * bar * (1 - 1e-12)
+    pick = next(p for p in pts if p.bps >= need)
+    return Recommendation(
+        smallest=_pick(pick, _smallest_reason(pick, pts, best, bar, capped, tolerance)),
+        cheapest=_cheapest(pts),
+        best_bps=bar, best_workers=best.workers, best_predicted=best.predicted, tolerance=tolerance,
+    )
+
+
+def _smallest_reason(pick: _Point, pts: list[_Point], best: _Point, bar: float, capped: bool, tol: float) -> str:
+    smaller = [p for p in pts if p.workers < pick.workers]
+    below = (f"the next smaller count, {_n(smaller[-1].workers)}, falls short at {_bps(smaller[-1].bps)} "
+             f"({smaller[-1].kind})" if smaller else "no smaller count was swept")
+    if pick is best and not capped:
+        return f"{_n(pick.workers)} {_verb(pick.workers, 'give')} the sweep's best, {_bps(pick.bps)} ({pick.kind}); {below}."
+    where = (f"the ideal {_bps(bar)} (the fastest point, {_bps(best.bps)} at {_n(best.workers)}, is above "
+             f"ideal, which only noise can do)") if capped else \
+        f"the best, {_bps(best.bps)} at {_n(best.workers)} ({best.kind})"
+    return f"{_n(pick.workers)} {_verb(pick.workers, 'reach')} {_bps(pick.bps)} ({pick.kind}), within {tol * 100:g}% of {where}; {below}."
+
+
+def _cheapest(pts: list[_Point]) -> Pick | None:
+    priced = [p for p in pts if p.cost is not None and math.isfinite(p.cost)]
+    if not priced:
+        return None
+    low = min(p.cost for p in priced)
+    # Equal cost per batch: the faster one finishes sooner for the same money, then fewer machines.
+    tied = [p for p in priced if math.isclose(p.cost, low, rel_tol=1e-9, abs_tol=1e-12)]
+    pick = max(tied, key=lambda p: (p.bps, -p.workers))
+    others = sorted((p for p in priced if p is not pick), key=lambda p: p.cost)
+    cost = f"{_n(pick.workers)} {_verb(pick.workers, 'cost')} ${pick.cost:.4g} per 1,000 batches ({pick.kind})"
+    if not others:
+        return _pick(pick, f"{cost}, the only priced point.")
+    nxt = others[0]
+    return _pick(pick, f"{cost}, the lowest of {len(priced)} priced points; next is {_n(nxt.workers)} "
+                       f"at ${nxt.cost:.4g} ({nxt.kind}).")
+
+
+def _bps(x: float) -> str:
+    return f"{x:.0f} batches/s" if x >= 100 else f"{x:#.3g} batches/s"
+
+
+def _pick(p: _Point, reason: str) -> Pick:
+    return Pick(workers=p.workers, batches_per_s=p.bps, cost_per_1000_batches=p.cost, predicted=p.predicted,
+                reason=reason)
+
+
+def _n(workers: int) -> str:
+    return f"{workers} worker" if workers == 1 else f"{workers} workers"
+
+
+def _verb(workers: int, verb: str) -> str:
+    """Agree with the count: '1 worker reaches', '4 workers reach'."""
+    return verb + ("es" if verb.endswith("h") else "s") if workers == 1 else verb
+
+
+def _point(p: Any) -> _Point:
+    get = p.get if isinstance(p, dict) else (lambda k, d=None: getattr(p, k, d))
+    cost = get("cost_per_1000_batches")
+    bps = get("batches_per_s")
+    return _Point(workers=int(get("workers")), bps=None if bps is None else float(bps),
+                  cost=None if cost is None else float(cost), predicted=bool(get("predicted", False)))

@@ -1,0 +1,90 @@
+"""Worker-count specs for `dsctl sweep --workers`: the counts a sweep visits.
+
+Grammar (one or more items separated by commas; the result is sorted and de-duplicated,
+because a sweep's table and plots read left to right by worker count):
+
+    N         one count                      8           -> [8]
+    A..B      double from A, always end at B 8..640      -> [8, 16, 32, 64, 128, 256, 512, 640]
+    A..B:S    step by S, always end at B     1..6:1      -> [1, 2, 3, 4, 5, 6]
+                                             1..6:4      -> [1, 5, 6]
+    X,Y,...   a list (items may be ranges)   64,8,16,16  -> [8, 16, 64]
+
+B is always included, in both range forms, so the largest count asked for is always
+measured. Counts are whole numbers >= 1; A must not exceed B (A..A is just A).
+"""
+
+from __future__ import annotations
+
+import re
+
+from .errors import SpecError
+
+MAX_POINTS = 1000  # a sweep point is a deployment; more than this is a typo, not a plan
+_NUMBER = re.compile(r"\d+")
+_FORMS = (
+    "Valid forms: A..B doubles from A and always includes B (8..640 gives 8, 16, 32, 64, 128, "
+    "256, 512, 640); A..B:S steps by S and always includes B (1..6:1 gives 1, 2, 3, 4, 5, 6); "
+    "a comma list gives those counts, sorted (8,16,64). Every count is a whole number of at "
+    "least 1 and a range must not run backwards."
+)
+
+
+def parse_worker_counts(text: str, *, option: str = "--workers") -> list[int]:
+    """Parse a worker-count spec into sorted unique counts; SpecError (exit 2) if it is not one."""
+    given = "" if text is None else str(text)
+
+    def fail(problem: str) -> SpecError:
+        return SpecError(f"{given.strip()!r} is not a worker-count spec: {problem}. {_FORMS}", field=option)
+
+    if not given.strip():
+        raise fail("it is empty")
+    counts: set[int] = set()
+    for item in given.split(","):
+        item = item.strip()
+        if not item:
+            raise fail("it has an empty item between commas")
+        counts.update(_item(item, fail))
+        if len(counts) > MAX_POINTS:
+            raise fail(f"it gives more than {MAX_POINTS} worker counts")
+    return sorted(counts)
+
+
+def _item(item: str, fail) -> list[int]:
+    if ".." not in item:
+        if ":" in item:
+            raise fail(f"{item} has a step but no range (a step needs A..B:S)")
+        return [_count(item, fail)]
+    start_text, _, rest = item.partition("..")
+    end_text, colon, step_text = rest.partition(":")
+    start, end = _count(start_text, fail), _count(end_text, fail)
+    if start > end:
+        raise fail(f"the range {item} runs backwards (write {end}..{start})")
+    if colon:
+        step = _whole(step_text, fail, "step")
+        if step == 0:
+            raise fail(f"the step in {item} is 0")
+        if (end - start) // step + 1 > MAX_POINTS:
+            raise fail(f"{item} gives more than {MAX_POINTS} worker counts")
+        out = list(range(start, end, step))
+    else:
+        out, n = [], start
+        while n < end:
+            out.append(n)
+            n *= 2
+    return out + [end]
+
+
+def _count(text: str, fail) -> int:
+    n = _whole(text, fail, "worker count")
+    if n == 0:
+        raise fail("a worker count of 0 has no workers to measure")
+    return n
+
+
+def _whole(text: str, fail, what: str) -> int:
+    text = text.strip()
+    if text.startswith("-") and _NUMBER.fullmatch(text[1:].strip()):
+        raise fail(f"{what} {text} is negative")
+    if not _NUMBER.fullmatch(text):
+        raise fail(f"{what} {text!r} is not a whole number" if text else f"a {what} is missing")
+    return int(text)

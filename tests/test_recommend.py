@@ -1,0 +1,93 @@
+"""Sweep recommendations from hand-made points: the knee, ties, noise, predicted points, cost."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from dsctl.orchestrator.recommend import recommend
+
+
+def pts(rows):
+    """rows: (workers, batches/s, cost per 1,000 batches or None, predicted)."""
+    return [dict(workers=w, batches_per_s=b, cost_per_1000_batches=c, predicted=p) for w, b, c, p in rows]
+
+
+# A latency-bound job where each worker serves a quarter of the trainer: 4 workers reach the ideal.
+KNEE_AT_4 = pts([(1, 0.25, 4.0, False), (2, 0.50, 2.2, False), (3, 0.75, 1.6, False),
+                 (4, 1.00, 1.3, False), (5, 1.00, 1.5, False), (6, 1.00, 1.7, False)])
+
+
+def test_clean_knee_and_cheapest():
+    r = recommend(KNEE_AT_4)
+    assert r.smallest.workers == 4 and not r.smallest.predicted
+    assert r.best_bps == 1.0 and r.best_workers == 4
+    assert r.cheapest.workers == 4 and r.cheapest.cost_per_1000_batches == 1.3
+    assert r.smallest.reason.startswith("4 workers give the sweep's best, 1.00 batches/s (measured)")
+    assert "3 workers, falls short at 0.750 batches/s" in r.smallest.reason
+    assert r.cheapest.reason == ("4 workers cost $1.3 per 1,000 batches (measured), the lowest of 6 priced "
+                                 "points; next is 5 workers at $1.5 (measured).")
+
+
+def test_noise_on_the_plateau_within_tolerance():
+    noisy = pts([(1, 0.26, None, False), (2, 0.49, None, False), (3, 0.77, None, False),
+                 (4, 0.985, None, False), (5, 1.01, None, False), (6, 0.995, None, False)])
+    r = recommend(noisy)
+    assert r.smallest.workers == 4 and r.best_workers == 5
+    assert "within 3% of the best, 1.01 batches/s at 5 workers (measured)" in r.smallest.reason
+    assert r.cheapest is None                       # nothing priced
+
+
+def test_a_point_above_ideal_is_noise_when_ideal_is_known():
+    spiky = pts([(1, 0.25, None, False), (2, 0.5, None, False), (3, 0.75, None, False),
+                 (4, 0.99, None, False), (5, 0.98, None, False), (6, 1.09, None, False)])
+    assert recommend(spiky).smallest.workers == 6             # without the ideal, the spike sets the bar
+    r = recommend(spiky, ideal_bps=1.0)
+    assert r.smallest.workers == 4 and r.best_bps == 1.0
+    assert "above ideal" in r.smallest.reason
+
+
+def test_tolerance_is_configurable():
+    assert recommend(KNEE_AT_4, tolerance=0.30).smallest.workers == 3
+    assert recommend(KNEE_AT_4, tolerance=0.0).smallest.workers == 4
+    assert "within 30% of" in recommend(KNEE_AT_4, tolerance=0.30).smallest.reason
+    for bad in (-0.1, 1.0, 2):
+        with pytest.raises(ValueError):
+            recommend(KNEE_AT_4, tolerance=bad)
+
+
+def test_ties_pick_fewest_workers_for_speed_and_fastest_for_equal_cost():
+    tied = pts([(8, 2.0, 0.5, False), (16, 2.0, 0.5, False), (32, 3.0, 0.5, False), (64, 3.0, 0.9, False)])
+    r = recommend(tied)
+    assert r.smallest.workers == 32 and r.best_workers == 32     # equal best: the smaller count
+    assert r.cheapest.workers == 32                             # equal cost: the faster, then fewer
+    even = pts([(8, 2.0, 0.5, False), (16, 2.0, 0.5, False)])
+    assert recommend(even).cheapest.workers == 8
+
+
+def test_measured_and_predicted_both_count_and_are_named():
+    sweep = pts([(8, 0.30, 3.0, False), (16, 0.64, 1.6, False), (64, 2.4, 0.5, True),
+                 (128, 4.75, 0.3, True), (256, 6.44, 0.27, True), (512, 6.47, 0.4, True)])
+    r = recommend(sweep)
+    assert r.smallest.workers == 256 and r.smallest.predicted and r.best_predicted
+    assert "(predicted)" in r.smallest.reason
+    assert r.cheapest.workers == 256 and "(predicted)" in r.cheapest.reason
+
+
+def test_accepts_objects_and_skips_failed_points():
+    @dataclass
+    class Point:
+        workers: int
+        batches_per_s: float | None
+        cost_per_1000_batches: float | None = None
+        predicted: bool = False
+
+    r = recommend([Point(1, 0.5), Point(2, None), Point(3, 0.0), Point(4, 0.6, 2.0)])
+    assert r.smallest.workers == 4 and r.cheapest.reason.endswith("the only priced point.")
+    assert r.to_dict()["smallest"]["workers"] == 4
+    assert recommend([Point(1, 0.5)]).smallest.reason.startswith("1 worker gives")
+    with pytest.raises(ValueError, match="no sweep point"):
+        recommend([Point(2, None)])
+    with pytest.raises(ValueError):
+        recommend([])
