@@ -15,9 +15,10 @@ import typer
 from dsctl.specs import load_spec
 
 from .cost import cost_app
+from .sweep import sweep
 from .errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, err_console, fail, run_app
 from .live import LiveView
-from .render import console, print_json, runs_table, summary_table
+from .render import console, print_json, runs_table, summary_table, sweep_table
 
 app = typer.Typer(
     name="dsctl",
@@ -30,6 +31,7 @@ app = typer.Typer(
 runs_app = typer.Typer(help="Recorded runs.", no_args_is_help=False, invoke_without_command=True)
 app.add_typer(runs_app, name="runs")
 app.add_typer(cost_app, name="cost")
+app.command("sweep")(sweep)
 
 MODES = ("service", "colocated", "ideal")
 
@@ -192,7 +194,7 @@ def runs_show(run: str = typer.Argument(..., help="run id or unique prefix"), js
     if json_out:
         print_json({**record.as_dict(), "windows": store.windows(record.id), "events": store.events(record.id)})
         return
-    console.print(summary_table(record))
+    console.print(sweep_table(record) if record.kind == "sweep" else summary_table(record))
     for e in store.events(record.id):
         console.print(f"  {time.strftime('%H:%M:%S', time.localtime(e['t']))} {e['kind']}: {e['message']}")
 

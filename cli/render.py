@@ -87,3 +87,29 @@ def runs_table(records) -> Table:
                   fmt(s.get("batches_per_s")), pct(s.get("input_stall_frac")), fmt(s.get("duration_s"), " s", 1),
                   when(r.created_at))
     return t
+
+
+def sweep_table(record) -> Table:
+    """Figure 9 as a table: throughput, speedup, fraction of ideal, cost, saving; predicted points marked."""
+    s = record.summary
+    base = s.get("baselines", {})
+    colo, ideal = base.get("colocated", {}), base.get("ideal", {})
+    t = Table(title=f"sweep {record.id} ({record.status}; window {s.get('window')}, warm-up {s.get('warmup_s')} s)",
+              title_justify="left", caption_justify="left",
+              caption=f"colocated {fmt(colo.get('batches_per_s'))} b/s, ideal {fmt(ideal.get('batches_per_s'))} b/s; "
+                      "* = predicted by the calibrated model")
+    for col in ("workers", "batches/s", "speedup", "of ideal", "$/1k batches", "cost saving"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for p in s.get("points", []):
+        mark = "*" if p.get("predicted") else ""
+        t.add_row(f"{p['workers']}{mark}", fmt(p.get("batches_per_s")), fmt(p.get("speedup"), "x"),
+                  pct(p.get("fraction_of_ideal")), money(p.get("cost_per_1000_batches")), fmt(p.get("cost_saving"), "x"))
+    rec = s.get("recommendation")
+    if rec:
+        lines = [f"recommended: {rec['smallest']['workers']} worker(s): {rec['smallest']['reason']}"]
+        if rec.get("cheapest"):
+            lines.append(f"cheapest: {rec['cheapest']['workers']} worker(s): {rec['cheapest']['reason']}")
+        t.caption += "\n" + "\n".join(lines)
+    if s.get("plots"):
+        t.caption += "\nplots: " + ", ".join(s["plots"])
+    return t

@@ -79,7 +79,8 @@ def _figure(series: list[tuple[int, float, bool]], title: str, ylabel: str, idea
                                   label=f"ideal ({ideal:.3g}×)"))
     handles.append(ax.axhline(1.0, color="gray", linestyle="-.", linewidth=1, label="colocated (1×)"))
     _worker_axis(ax, [n for n, _, _ in series])
-    ax.set_ylim(bottom=0)
+    top = max([y for _, y, _ in series] + [ideal or 0.0, 1.0])
+    ax.set_ylim(bottom=0, top=top * 1.1)  # headroom, so the ideal line is not hidden in the frame
     ax.set_xlabel(WORKERS_LABEL)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

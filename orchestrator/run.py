@@ -63,7 +63,8 @@ class JobRunner:
 
     def __init__(self, loaded: LoadedSpec, *, mode: str = "service", workers: int | None = None,
                  store: RunStore | None = None, listener: Listener | None = None, kind: str = "job",
-                 parent_id: str | None = None, run_id: str | None = None, detached: bool = False):
+                 parent_id: str | None = None, run_id: str | None = None, detached: bool = False,
+                 duration_s: float | None = None, repeat: bool = False):
         self.loaded = loaded
         self.spec = loaded.spec
         self.mode = mode
@@ -78,6 +79,7 @@ class JobRunner:
         self.first_batch_wall: float | None = None
         self.measured_from_wall: float | None = None
         self.detached = detached
+        self.duration_s, self.repeat = duration_s, repeat  # overrides for measurements (sweep baselines)
 
     # -- events -----------------------------------------------------------------
     def _event(self, kind: str, message: str) -> None:
@@ -126,12 +128,17 @@ class JobRunner:
         return dep
 
     def supervise_until_stopped(self) -> None:
-        """After a detached job: keep the service up and its workers alive until `dsctl down`."""
-        dep = Deployment.load(self.run_dir)
+        """After a detached job: keep the service up and its workers alive until `dsctl down`,
+        and act on requests from other dsctl commands (a sweep scaling this deployment)."""
+        from .handles import serve_control
+
+        dep = self.deployment
+        control = serve_control(self.provisioner, dep, self._event)
         try:
             while True:
                 self.provisioner.poll(dep, self._event)
-                time.sleep(1.0)
+                control.serve_pending()
+                time.sleep(0.1)
         except KeyboardInterrupt:
             self.provisioner.down(dep, self._event)
 
@@ -191,7 +198,7 @@ class JobRunner:
         launch = TrainerLaunch(
             mode=self.mode, spec_json=self.run_dir / "spec.json", metrics_dir=self.run_dir / "metrics",
             base_dir=self.loaded.base_dir, cache_dir=dsctl_home() / "cache", count=self.spec.trainer.count,
-            record_ids=self._countable(),
+            record_ids=self._countable() and not self.repeat, duration_s=self.duration_s, repeat=self.repeat,
         )
         self.provisioner.start_trainers(dep, launch, self._event)
 

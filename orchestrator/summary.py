@@ -34,13 +34,13 @@ def summarize(trainer_results: dict[int, dict], utilization: list[dict], started
     if measured_from_wall and ends:
         window = [u for u in utilization if measured_from_wall <= u["t"] <= max(ends) + 1.0]
         if len(window) >= 2:
-            out.update(_utilization(window, measured_batches))
+            out.update(utilization_summary(window, measured_batches))
             return out
-    out.update(_utilization(utilization, batches))
+    out.update(utilization_summary(utilization, batches))
     return out
 
 
-def _utilization(rows: list[dict], batches: int) -> dict:
+def utilization_summary(rows: list[dict], batches: int) -> dict:
     """Mean cores busy and resident GB per process of each role, and CPU-seconds per batch."""
     out: dict = {}
     for role in ("worker", "dispatcher", "trainer"):

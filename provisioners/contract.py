@@ -71,6 +71,7 @@ class TrainerLaunch:
     steps: int | None = None
     duration_s: float | None = None
     record_ids: bool = False
+    repeat: bool = False  # repeat a finite pipeline: steady-state measurements must not run out of data
 
 
 @dataclass

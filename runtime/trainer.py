@@ -37,8 +37,13 @@ SHARDING = {
 }
 
 
-def build_input(spec: JobSpec, mode: str, index: int, dispatcher: str | None, cache_dir: Path, base_dir: Path):
-    """The dataset the trainer iterates, for one of the three modes."""
+def build_input(spec: JobSpec, mode: str, index: int, dispatcher: str | None, cache_dir: Path, base_dir: Path,
+                repeat: bool = False):
+    """The dataset the trainer iterates, for one of the three modes.
+
+    repeat=True makes a finite pipeline repeat, for measurements of steady-state
+    throughput (sweeps) that must not run out of data.
+    """
     import tensorflow as tf
 
     from dsctl.runtime.pipelines import build_dataset, is_infinite, load_entrypoint_dataset
@@ -58,6 +63,8 @@ def build_input(spec: JobSpec, mode: str, index: int, dispatcher: str | None, ca
                 "coordinated reads and the cross-trainer cache need an infinite one; end it with .repeat()."
             )
 
+    if repeat and not is_infinite(ds):
+        ds = ds.repeat()
     if mode == "ideal":
         return ds.take(1).cache().repeat()
     if mode == "colocated":
@@ -179,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="override trainer.steps")
     ap.add_argument("--duration-s", type=float, default=None, help="override trainer.duration_s")
     ap.add_argument("--record-ids", default=None, help="write the ids of received synthetic elements here")
+    ap.add_argument("--repeat", action="store_true", help="repeat a finite pipeline (steady-state measurements)")
     args = ap.parse_args(argv)
     if args.mode == "service" and not args.dispatcher:
         ap.error("--dispatcher is required in service mode")
@@ -196,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     from dsctl.runtime.pipelines.errors import PipelineError
 
     try:
-        ds = build_input(spec, args.mode, args.index, args.dispatcher, Path(args.cache_dir), Path(args.base_dir))
+        ds = build_input(spec, args.mode, args.index, args.dispatcher, Path(args.cache_dir), Path(args.base_dir),
+                         repeat=args.repeat)
         step_fn = make_step(spec.trainer.model, Path(args.base_dir))
         harness.run(ds, step_fn)
     except (PipelineError, ModelError) as exc:

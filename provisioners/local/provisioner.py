@@ -213,6 +213,8 @@ class LocalProvisioner:
                 args += ["--steps", str(launch.steps)]
             if launch.duration_s is not None:
                 args += ["--duration-s", str(launch.duration_s)]
+            if launch.repeat:
+                args.append("--repeat")
             if launch.record_ids:
                 node.extra["ids"] = str(launch.metrics_dir / f"trainer-{index}.ids.json")
                 args += ["--record-ids", node.extra["ids"]]

@@ -1,0 +1,75 @@
+"""`dsctl sweep`: run a job over worker counts; print the table, the recommendation and where the plots are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dsctl.specs import SpecError, load_spec
+from dsctl.specs.workercounts import parse_worker_counts
+
+from .errors import EXIT_INTERRUPTED, err_console
+from .live import LiveView
+from .render import console, print_json, sweep_table
+
+
+def _detached_target():
+    """The deployment `dsctl up --detach` left running, and its spec."""
+    from dsctl.orchestrator.deployments import active_deployments
+    from dsctl.orchestrator.store import RunStore
+
+    detached = [d for d in active_deployments() if d.by_role("monitor") and d.status == "up"]
+    if not detached:
+        raise SpecError("no deployment is up to sweep. Start one with `dsctl up JOB.yaml --detach`, "
+                        "or name a spec: `dsctl sweep JOB.yaml --workers 1..8`.")
+    if len(detached) > 1:
+        raise SpecError(f"{len(detached)} deployments are up ({', '.join(d.run_id for d in detached)}); "
+                        "name the spec to sweep, or take the others down with `dsctl down RUN`.")
+    dep = detached[0]
+    record = RunStore().get(dep.run_id)
+    spec_path = Path(record.spec_path) if record and record.spec_path and Path(record.spec_path).exists() \
+        else Path(dep.run_dir) / "spec.yaml"
+    return dep, load_spec(spec_path)
+
+
+def sweep(
+    spec: Optional[Path] = typer.Argument(None, metavar="[JOB.yaml]",
+                                          help="job spec; default: the deployment `dsctl up --detach` left running"),
+    workers: str = typer.Option(..., "--workers", "-w", help="counts: 8..640 (doubling), 1..6:1 (step), 8,16,64 (list)"),
+    simulate: bool = typer.Option(False, "--simulate", help="predict counts this machine cannot hold with the calibrated model"),
+    window: str = typer.Option("5s", "--window", help="measurement per point: batches (200) or seconds (5s)"),
+    warmup: float = typer.Option(2.0, "--warmup", min=0, help="seconds discarded after each change of worker count"),
+    tolerance: float = typer.Option(0.03, "--tolerance", min=0, max=1, help="recommend the smallest count within this of the best"),
+    out: Optional[Path] = typer.Option(None, "--out", help="directory for the plots (default: the sweep's run dir)"),
+    json_out: bool = typer.Option(False, "--json", help="print the sweep record as JSON"),
+    strategy: str = typer.Option("in-place", "--strategy", hidden=True, help="in-place | restart"),
+) -> None:
+    """Run one job over several worker counts and find where more workers stop paying off (paper Figure 9)."""
+    from dsctl.orchestrator.preflight import check_entrypoints
+    from dsctl.orchestrator.sweep import SweepOptions, SweepRunner, Window
+
+    counts = parse_worker_counts(workers)
+    options = SweepOptions(counts=counts, window=Window.parse(window), warmup_s=warmup, simulate=simulate,
+                           tolerance=tolerance, out_dir=out, strategy=strategy)
+    attach = None
+    if spec is None:
+        attach, loaded = _detached_target()
+    else:
+        loaded = load_spec(spec)
+    check_entrypoints(loaded)
+    runner = SweepRunner(loaded, options, attach=attach)
+    try:
+        with LiveView(enabled=not json_out) as view:
+            runner.listener = view
+            runner.run()
+    except KeyboardInterrupt:
+        err_console.print(f"interrupted: sweep {runner.sweep_id} keeps the points it finished "
+                          f"(`dsctl runs show {runner.sweep_id}`); nothing it started is left running.")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    record = runner.store.get(runner.sweep_id)
+    if json_out:
+        print_json(record.as_dict())
+        return
+    console.print(sweep_table(record))

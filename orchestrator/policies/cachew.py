@@ -1,0 +1,230 @@
+"""Cachew's autoscaling policy (ATC'22 §4.3): scale on what the trainers feel, not on CPU.
+
+Signals, and what each one drives (constants are `CachewConfig` defaults):
+- Search (from the start, and after a re-check asks for more): average `window_batches` (100)
+  batches of batch time per worker count; add one worker at a time while the last one cut
+  batch time by more than `threshold` (3%); when one did not, remove it and converge.
+- Converged: remember batch time, input stall and queue fill; every `recheck_batches` (1,000)
+  compare the latest `window_batches` with them:
+  * add a worker (and search again) when the trainers wait for input more than at
+    convergence: batch time > `scale_up_trigger` (10%) above converged while
+    input_stall_frac >= `input_bound_stall` (5%) (data got harder, Cachew's rule), or
+    input_stall_frac > `stall_rise_trigger` (10 points) above converged (the model got
+    faster: batch time stays where the workers hold it, but the trainers now wait);
+  * remove a worker when the workers have slack: queue fill > `queue_fill_trigger` (40%)
+    above converged and by at least `queue_fill_min_rise` batches (Cachew's rule; only
+    when queue fill is measured), or batch time > `scale_up_trigger` above converged with
+    the trainers not waiting (stall < `input_bound_stall`): the model got slower, which is
+    the only slack signal left when queue fill is None;
+  * growing wins if both fire: a stalled accelerator costs more than an idle worker.
+- Shrink: keep removing one worker at a time while batch time stays within `threshold` of
+  its value before the first removal; when a removal costs more, add that worker back.
+- After every change nothing is measured for `pause_batches` (150) batches: windows that
+  start inside the pause are skipped whole, so a window is never half old, half new.
+A worker count the policy did not ask for (a failed worker, a manual change) restarts the
+search from the observed count. Not detectable without queue fill: data that got easier
+while the model is the bottleneck (batch time and stall do not move).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Literal, Optional
+
+from pydantic import Field, model_validator
+
+from .base import Decision, Limits, Measurement, Observation, ms, pct, summarize
+
+Phase = Literal["search", "settle", "converged", "shrink"]
+
+
+class CachewConfig(Limits):
+    """Published constants as defaults (paper-results.md, Cachew §4.3); the two 10% triggers are ours."""
+
+    threshold: float = Field(0.03, gt=0, lt=1, description="a worker must change batch time by more than this")
+    window_batches: int = Field(100, ge=1, description="batches averaged into one measurement")
+    pause_batches: int = Field(150, ge=0, description="batches ignored after each scaling event")
+    recheck_batches: int = Field(1000, ge=1, description="after convergence, re-check this often")
+    scale_up_trigger: float = Field(0.10, gt=0, description="batch-time rise over converged that counts")
+    stall_rise_trigger: float = Field(0.10, gt=0, le=1, description="input-stall rise (fraction points)")
+    input_bound_stall: float = Field(0.05, ge=0, le=1, description="stall at or above this: input-bound")
+    queue_fill_trigger: float = Field(0.40, gt=0, description="queue-fill rise over converged that counts")
+    queue_fill_min_rise: float = Field(1.0, ge=0, description="... and by at least this many batches")
+
+    @model_validator(mode="after")
+    def _recheck_covers_window(self) -> "CachewConfig":
+        if self.recheck_batches < self.window_batches:
+            raise ValueError("recheck_batches must be >= window_batches: a re-check averages one window")
+        return self
+
+
+class CachewPolicy:
+    """Cachew's batch-time policy as a state machine over observations (see module docstring)."""
+
+    name = "cachew"
+
+    def __init__(self, config: Optional[CachewConfig] = None) -> None:
+        self.config = config or CachewConfig()
+        self._workers: Optional[int] = None  # last observed count
+        self._target = self.config.min_workers  # last count asked for
+        self._phase: Phase = "search"
+        self._event = "starting"  # what the current pause follows, for reasons
+        self._since_change = 0  # batches observed at the current count
+        self._pending = 0  # batches observed while a change had not taken effect yet
+        self._window: list[Observation] = []
+        self._prev: Optional[Measurement] = None  # search: measurement at one worker fewer
+        self._ref: Optional[Measurement] = None  # shrink: measurement before the first removal
+        self._converged: Optional[Measurement] = None
+        self._since_check = 0
+        self._recent: deque[Observation] = deque()
+
+    @property
+    def initial_workers(self) -> int:
+        return self.config.min_workers
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def converged(self) -> Optional[Measurement]:
+        """What batch time, stall and queue fill were when the count last converged."""
+        return self._converged
+
+    def observe(self, obs: Observation) -> Decision:
+        c, n = self.config, obs.workers
+        if self._workers is None:
+            self._workers = self._target = n
+        if not c.min_workers <= n <= c.max_workers and self._target == n:
+            want = min(max(n, c.min_workers), c.max_workers)
+            self._prev = None
+            return self._change(want, f"{n} workers is outside {c.min_workers}..{c.max_workers}: going to {want}",
+                                "search", f"going to {want} workers")
+        if n != self._workers:
+            self._workers = n
+            self._since_change = 0
+            if n != self._target:  # nobody asked for this count: search again from it
+                self._target, self._phase, self._prev = n, "search", None
+                self._event, self._window = f"the worker count changed to {n} outside the policy", []
+        elif n != self._target:
+            self._pending += obs.batches
+            if self._pending <= c.pause_batches:
+                return self._hold(f"waiting for the worker count to go from {n} to {self._target}")
+            self._event = f"the change to {self._target} workers did not happen"
+            self._target, self._phase, self._window, self._since_change = n, "settle", [], 0
+            return self._hold(f"worker count still {n} after {self._pending} batches: staying at {n}")
+        before, self._since_change = self._since_change, self._since_change + obs.batches
+        if before < c.pause_batches:
+            return self._hold(f"pausing after {self._event}: {min(self._since_change, c.pause_batches)}"
+                              f" of {c.pause_batches} batches")
+        if obs.batches == 0:
+            return self._hold("no batches in this window")
+        if self._phase == "converged":
+            return self._on_converged(obs)
+        self._window.append(obs)
+        got = sum(o.batches for o in self._window)
+        if got < c.window_batches:
+            return self._hold(f"measuring {n} workers: {got} of {c.window_batches} batches")
+        m, self._window = summarize(self._window), []
+        return {"search": self._on_search, "settle": self._on_settle, "shrink": self._on_shrink}[self._phase](m)
+
+    # --- phases -------------------------------------------------------------------------------
+
+    def _on_search(self, m: Measurement) -> Decision:
+        c, n, prev = self.config, m.workers, self._prev
+        if prev is None:
+            if n >= c.max_workers:
+                return self._converge(m, f"at max_workers={n}: ")
+            self._prev = m
+            return self._change(n + 1, f"batch time {ms(m.batch_time_s)} with {n} worker(s): adding worker {n + 1}"
+                                " to see if it helps", "search", f"adding worker {n + 1}")
+        gain = (prev.batch_time_s - m.batch_time_s) / prev.batch_time_s
+        said = (f"batch time {ms(prev.batch_time_s)} → {ms(m.batch_time_s)} ({pct(-gain, True)}) after adding"
+                f" worker {n}")
+        if gain > c.threshold:
+            if n >= c.max_workers:
+                return self._converge(m, f"{said}: more than the {pct(c.threshold)} threshold but max_workers={n}; ")
+            self._prev = m
+            return self._change(n + 1, f"{said}: more than the {pct(c.threshold)} threshold, adding another",
+                                "search", f"adding worker {n + 1}")
+        if n - 1 < c.min_workers:
+            return self._converge(m, f"{said}: at min_workers; ")
+        return self._change(n - 1, f"{said}: less than the {pct(c.threshold)} threshold, removing it",
+                            "settle", f"removing worker {n}")
+
+    def _on_settle(self, m: Measurement) -> Decision:
+        return self._converge(m, "")
+
+    def _on_shrink(self, m: Measurement) -> Decision:
+        c, n, ref = self.config, m.workers, self._ref
+        assert ref is not None
+        rise = (m.batch_time_s - ref.batch_time_s) / ref.batch_time_s
+        said = (f"batch time {ms(ref.batch_time_s)} → {ms(m.batch_time_s)} ({pct(rise, True)}) after removing"
+                f" worker {n + 1}")
+        if rise > c.threshold:
+            return self._change(n + 1, f"{said}: more than the {pct(c.threshold)} threshold, adding it back",
+                                "settle", f"adding worker {n + 1} back")
+        if n <= c.min_workers:
+            return self._converge(m, f"{said}: held, and at min_workers={n}; ")
+        return self._change(n - 1, f"{said}: within the {pct(c.threshold)} threshold, removing another",
+                            "shrink", f"removing worker {n}")
+
+    def _on_converged(self, obs: Observation) -> Decision:
+        c = self.config
+        self._recent.append(obs)
+        while sum(o.batches for o in self._recent) - self._recent[0].batches >= c.window_batches:
+            self._recent.popleft()
+        self._since_check += obs.batches
+        if self._since_check < c.recheck_batches:
+            return self._hold(f"converged at {obs.workers} workers; re-check in"
+                              f" {c.recheck_batches - self._since_check} batches")
+        self._since_check = 0
+        return self._recheck(summarize(list(self._recent)))
+
+    def _recheck(self, cur: Measurement) -> Decision:
+        c, conv, n = self.config, self._converged, cur.workers
+        assert conv is not None
+        rise = (cur.batch_time_s - conv.batch_time_s) / conv.batch_time_s
+        stall_rise = cur.input_stall_frac - conv.input_stall_frac
+        input_bound = cur.input_stall_frac >= c.input_bound_stall
+        said = (f"re-check at {n} workers: batch time {ms(cur.batch_time_s)} ({pct(rise, True)} vs converged"
+                f" {ms(conv.batch_time_s)}), input stall {pct(cur.input_stall_frac)}"
+                f" (converged {pct(conv.input_stall_frac)})")
+        if (rise > c.scale_up_trigger and input_bound) or stall_rise > c.stall_rise_trigger:
+            if n >= c.max_workers:
+                return self._hold(f"{said}: trainers wait for input, but max_workers={n} reached")
+            self._prev = cur
+            return self._change(n + 1, f"{said}: trainers wait for input, adding worker {n + 1}",
+                                "search", f"adding worker {n + 1}")
+        why = None
+        if cur.queue_fill is not None and conv.queue_fill is not None:
+            grew = cur.queue_fill - conv.queue_fill
+            if cur.queue_fill > conv.queue_fill * (1 + c.queue_fill_trigger) and grew >= c.queue_fill_min_rise:
+                why = (f"queue fill {cur.queue_fill:.1f} batches vs converged {conv.queue_fill:.1f}: more than"
+                       f" {pct(c.queue_fill_trigger)} above, workers outpace the model")
+        if why is None and rise > c.scale_up_trigger and not input_bound:
+            why = "batch time rose while trainers do not wait for input: the model got slower"
+        if why is None:
+            return self._hold(f"{said}: holding")
+        if n <= c.min_workers:
+            return self._hold(f"{said}; {why}, but at min_workers={n}")
+        self._ref = cur
+        return self._change(n - 1, f"{said}; {why}: removing worker {n}", "shrink", f"removing worker {n}")
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _converge(self, m: Measurement, prefix: str) -> Decision:
+        self._converged, self._phase, self._since_check = m, "converged", 0
+        self._recent.clear()
+        qf = "" if m.queue_fill is None else f", queue fill {m.queue_fill:.1f} batches"
+        return self._hold(f"{prefix}converged at {m.workers} workers: batch time {ms(m.batch_time_s)},"
+                          f" input stall {pct(m.input_stall_frac)}{qf}")
+
+    def _change(self, target: int, reason: str, phase: Phase, event: str) -> Decision:
+        action = "add" if target > (self._workers or 0) else "remove"
+        self._target, self._phase, self._event = target, phase, event
+        self._window, self._pending = [], 0
+        return Decision(action, target, reason)
+
+    def _hold(self, reason: str) -> Decision:
+        return Decision("hold", self._target, reason)

@@ -1,0 +1,336 @@
+"""`dsctl sweep`: one job over several worker counts, to find where more workers stop paying off.
+
+The colocated and ideal baselines run once. Then, on ONE running deployment,
+workers are added or removed in place for each count (no restart per point);
+after each change a warm-up is discarded and a fixed window is measured. Each
+point is recorded as a run (kind "point") under the sweep's own record, so
+`dsctl runs` and `dsctl cost report` see them. With --simulate, counts this
+machine cannot hold are predicted by the calibrated throughput model
+(costmodel/throughput.py) and marked as predicted everywhere.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import mean
+from typing import Callable
+
+from dsctl.costmodel import RunUsage, ThroughputModel, load_catalog, price
+from dsctl.provisioners import Deployment, TrainerLaunch, get_provisioner
+from dsctl.specs import LoadedSpec, SpecError, spec_hash
+
+from .handles import AttachedDeployment, OwnedDeployment
+from .plots import plot_sweep
+from .pricing import price_record
+from .recommend import recommend
+from .run import JobRunner, Progress, RunFailed, new_run_id
+from .store import RunStore, dsctl_home
+from .summary import utilization_summary
+from .tail import JsonlTail
+
+POLL_S = 0.2
+FOREVER_S = 10 * 365 * 86400.0  # trainers read until the sweep stops them
+
+
+@dataclass
+class Window:
+    """How long each point is measured: seconds, or batches per trainer."""
+
+    seconds: float | None = 5.0
+    batches: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "Window":
+        t = text.strip().lower()
+        try:
+            if t.endswith("s"):
+                value = float(t[:-1])
+                if value > 0:
+                    return cls(seconds=value)
+            else:
+                value = int(t)
+                if value > 0:
+                    return cls(seconds=None, batches=value)
+        except ValueError:
+            pass
+        raise SpecError(f"--window must be a number of batches (e.g. 200) or seconds (e.g. 5s), greater than zero; "
+                        f"got '{text}'.", field="--window")
+
+    def done(self, seconds: float, batches: int) -> bool:
+        return seconds >= self.seconds if self.seconds is not None else batches >= self.batches
+
+    def describe(self) -> str:
+        return f"{self.seconds:g} s" if self.seconds is not None else f"{self.batches} batches"
+
+
+@dataclass
+class SweepOptions:
+    counts: list[int]
+    window: Window = field(default_factory=Window)
+    warmup_s: float = 2.0
+    simulate: bool = False
+    tolerance: float = 0.03
+    out_dir: Path | None = None
+    strategy: str = "in-place"  # in-place | restart (restart: a fresh deployment per point, for comparison)
+
+
+class SweepRunner:
+    def __init__(self, loaded: LoadedSpec, options: SweepOptions, *, store: RunStore | None = None,
+                 listener: Callable[[Progress], None] | None = None, attach: Deployment | None = None):
+        self.loaded, self.spec, self.opt = loaded, loaded.spec, options
+        self.store = store or RunStore()
+        self.listener = listener or (lambda p: None)
+        self.attach = attach
+        self.provisioner = get_provisioner(self.spec.provider)
+        self.sweep_id = new_run_id(self.spec.name + "-sweep")
+        self.run_dir = dsctl_home() / "runs" / self.sweep_id
+        self.out_dir = options.out_dir or self.run_dir
+        self.progress = Progress(run_id=self.sweep_id, phase="planning")
+        self.catalog = load_catalog(self.spec.pricing)
+        self.points: list[dict] = []
+        self.baselines: dict[str, dict] = {}
+
+    # -- planning ---------------------------------------------------------------------
+    def plan(self) -> tuple[list[int], list[int]]:
+        """(measured, predicted) counts; refuses what cannot run here before anything starts."""
+        counts = sorted(self.opt.counts)
+        if self.spec.provider != "local" or self.attach is not None:
+            return counts, []
+        from dsctl.provisioners.local import local_capacity
+
+        capacity = local_capacity(self.spec.trainer.count)
+        fits = [c for c in counts if c <= capacity]
+        if not self.opt.simulate:
+            self.provisioner.check(self.spec, counts[-1])
+            return counts, []
+        if not fits:
+            raise SpecError(f"none of the worker counts {counts} fits on this machine (at most {capacity} here); "
+                            "include smaller counts to calibrate the model, e.g. --workers 1..4,8..640.", field="--workers")
+        return fits, [c for c in counts if c > capacity]
+
+    # -- events and progress -------------------------------------------------------------
+    def _event(self, kind: str, message: str) -> None:
+        self.store.add_event(self.sweep_id, kind, message)
+        if kind == "worker-restarted":
+            self.progress.restarts += 1
+        self.progress.last_event = message
+        self.listener(self.progress)
+
+    def _phase(self, phase: str, workers: int | None = None) -> None:
+        self.progress.phase = phase
+        if workers is not None:
+            self.progress.workers_wanted = self.progress.workers_ready = workers
+        self.listener(self.progress)
+
+    # -- the sweep -------------------------------------------------------------------------
+    def run(self) -> dict:
+        measured, predicted = self.plan()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "spec.json").write_text(self.spec.model_dump_json(indent=1))
+        self.store.create_run(
+            id=self.sweep_id, name=self.spec.name, kind="sweep", provider=self.spec.provider, mode="service",
+            status="running", spec_path=self.loaded.source.path, spec_json=self.spec.model_dump_json(),
+            spec_hash=spec_hash(self.spec), workers=max(self.opt.counts), trainers=self.spec.trainer.count,
+            run_dir=str(self.run_dir),
+        )
+        status, error = "failed", None
+        try:
+            for mode in ("colocated", "ideal"):
+                self._phase(f"baseline: {mode}")
+                self.baselines[mode] = self._baseline(mode)
+            if self.opt.strategy == "restart":
+                self._measure_restarting(measured)
+            else:
+                self._measure_in_place(measured)
+            status = "succeeded"
+        except KeyboardInterrupt:
+            status, error = "interrupted", "interrupted by the user; the finished points are kept"
+            raise
+        except SpecError as exc:
+            error = str(exc)
+            raise
+        except Exception as exc:
+            error = str(exc)
+            raise RunFailed(error, self.sweep_id) from exc
+        finally:
+            summary = self._conclude(predicted if status == "succeeded" else [])
+            self.store.update_run(self.sweep_id, status=status, ended_at=time.time(), error=error, summary=summary)
+        return self.store.get(self.sweep_id).summary
+
+    def _baseline(self, mode: str) -> dict:
+        runner = JobRunner(self.loaded, mode=mode, store=self.store, kind="point", parent_id=self.sweep_id,
+                           duration_s=self.opt.warmup_s + (self.opt.window.seconds or 5.0), repeat=True)
+        summary = runner.run()
+        bps = summary.get("batches_per_s")
+        if not bps:
+            raise RunFailed(f"the {mode} baseline measured no throughput; see run {runner.run_id}.", runner.run_id)
+        # Priced per hour of steady state, like every point: start-up is not part of the comparison.
+        cost = price(self._usage(0, bps, None, None), self.catalog, self.spec.cost_basis)
+        return {"run_id": runner.run_id, "batches_per_s": bps, "cost_per_1000_batches": cost.per_1000_batches}
+
+    def _measure_restarting(self, counts: list[int]) -> None:
+        for i, n in enumerate(counts, 1):
+            self._phase(f"point {i}/{len(counts)} (restart)", n)
+            runner = JobRunner(self.loaded, workers=n, store=self.store, kind="point", parent_id=self.sweep_id,
+                               duration_s=self.opt.warmup_s + (self.opt.window.seconds or 5.0), repeat=True)
+            runner.run()
+            self._add_point(self.store.get(runner.run_id))
+
+    def _measure_in_place(self, counts: list[int]) -> None:
+        if not counts:
+            return
+        handle = self._deployment(counts[0])
+        try:
+            launch = TrainerLaunch(
+                mode="service", spec_json=self.run_dir / "spec.json", metrics_dir=self.run_dir / "metrics",
+                base_dir=self.loaded.base_dir, cache_dir=dsctl_home() / "cache", count=self.spec.trainer.count,
+                duration_s=FOREVER_S, repeat=True,
+            )
+            metrics = handle.start_trainers(launch, self._event)
+            tails = {i: JsonlTail(path) for i, path in metrics.items()}
+            for i, n in enumerate(counts, 1):
+                self._phase(f"point {i}/{len(counts)}: scaling", n)
+                if handle.workers != n:
+                    handle.scale(n, self._event)
+                self._phase(f"point {i}/{len(counts)}: measuring {n} worker(s)", n)
+                self._add_point(self._measure_point(handle, tails, n))
+        finally:
+            self._phase("tearing down")
+            try:
+                handle.stop_trainers()
+            finally:
+                handle.release(self._event)
+
+    def _deployment(self, workers: int):
+        if self.attach is not None:
+            handle = AttachedDeployment(self.attach)
+            self._event("attached", f"sweeping deployment {self.attach.run_id} (left running by dsctl up --detach)")
+            return handle
+        dep = Deployment(run_id=self.sweep_id, provider=self.spec.provider, run_dir=str(self.run_dir),
+                         labels={"dsctl-run": self.sweep_id, "dsctl-job": self.spec.name})
+        dep.save()
+        self._phase("provisioning", workers)
+        self.provisioner.up(self.spec, dep, workers, self._event)
+        self.provisioner.wait_ready(dep, self._event)
+        dep.status = "up"
+        dep.save()
+        return OwnedDeployment(self.provisioner, dep)
+
+    def _measure_point(self, handle, tails: dict[int, JsonlTail], workers: int) -> "object":
+        """Discard the warm-up after a change, then record one window as a point run."""
+        point_id = new_run_id(f"{self.spec.name}-w{workers}")
+        start = time.time() + self.opt.warmup_s
+        self.store.create_run(
+            id=point_id, name=self.spec.name, kind="point", parent_id=self.sweep_id, provider=self.spec.provider,
+            mode="service", status="running", spec_json=self.spec.model_dump_json(), spec_hash=spec_hash(self.spec),
+            workers=workers, trainers=self.spec.trainer.count, run_dir=str(self.run_dir), created_at=start,
+        )
+        per_trainer = {i: {"batches": 0, "seconds": 0.0, "wait": 0.0, "step": 0.0} for i in tails}
+        util: list = []
+        last_sample = 0.0
+        while True:
+            state = handle.poll(self._event)
+            if state.exit_codes:
+                index, code = next(iter(state.exit_codes.items()))
+                raise RunFailed(f"trainer {index} exited (code {code}) during the sweep; "
+                                f"see {self.run_dir / 'metrics'} for its log.")
+            for i, tail in tails.items():
+                for rec in tail.read():
+                    if rec.get("event") != "window" or rec.get("warmup"):
+                        continue
+                    window_start = rec["wall"] - (rec["t_end"] - rec["t_start"])
+                    if window_start < start:
+                        continue
+                    self.store.add_window(point_id, rec, workers)
+                    acc = per_trainer[i]
+                    acc["batches"] += rec["batches"]
+                    acc["seconds"] += rec["t_end"] - rec["t_start"]
+                    acc["wait"] += rec["input_wait_s"]
+                    acc["step"] += rec["step_s"]
+            now = time.monotonic()
+            if now - last_sample >= 0.5:
+                last_sample = now
+                samples = handle.sample()
+                if time.time() >= start:
+                    self.store.add_utilization(point_id, time.time(), samples)
+            if all(self.opt.window.done(a["seconds"], a["batches"]) for a in per_trainer.values()):
+                break
+            time.sleep(POLL_S)
+        rates = [a["batches"] / a["seconds"] for a in per_trainer.values() if a["seconds"] > 0]
+        wait = sum(a["wait"] for a in per_trainer.values())
+        step = sum(a["step"] for a in per_trainer.values())
+        summary = {
+            "batches": sum(a["batches"] for a in per_trainer.values()),
+            "batches_per_s": mean(rates),
+            "total_batches_per_s": sum(rates),
+            "input_stall_frac": wait / (wait + step) if wait + step > 0 else None,
+            "duration_s": mean(a["seconds"] for a in per_trainer.values()),
+            **utilization_summary(self.store.utilization(point_id), sum(a["batches"] for a in per_trainer.values())),
+        }
+        self.store.update_run(point_id, status="succeeded", ended_at=time.time(), summary=summary)
+        return self.store.get(point_id)
+
+    # -- results ---------------------------------------------------------------------------
+    def _add_point(self, record) -> None:
+        _, cost, _ = price_record(record, self.catalog)
+        s = record.summary
+        point = {"workers": record.workers, "run_id": record.id, "predicted": False,
+                 "batches_per_s": s.get("batches_per_s"), "cost_per_1000_batches": cost.per_1000_batches,
+                 "input_stall_frac": s.get("input_stall_frac"),
+                 "worker_cpu_cores": s.get("worker_cpu_cores"), "worker_mem_gb": s.get("worker_mem_gb")}
+        self.points.append(self._relative(point))
+        self._event("point", f"{record.workers} worker(s): {point['batches_per_s']:.2f} batches/s")
+
+    def _relative(self, point: dict) -> dict:
+        colocated = self.baselines.get("colocated", {})
+        ideal = self.baselines.get("ideal", {})
+        bps = point["batches_per_s"]
+        point["speedup"] = bps / colocated["batches_per_s"] if bps and colocated.get("batches_per_s") else None
+        point["fraction_of_ideal"] = bps / ideal["batches_per_s"] if bps and ideal.get("batches_per_s") else None
+        c0, c = colocated.get("cost_per_1000_batches"), point.get("cost_per_1000_batches")
+        point["cost_saving"] = c0 / c if c0 and c else None
+        return point
+
+    def _predict(self, counts: list[int]) -> dict | None:
+        measured = {p["workers"]: p["batches_per_s"] for p in self.points if p["batches_per_s"]}
+        ideal = self.baselines.get("ideal", {}).get("batches_per_s")
+        if not counts or not measured or not ideal:
+            return None
+        model = ThroughputModel.calibrate(measured, ideal, self.baselines.get("colocated", {}).get("batches_per_s"))
+        cpu = mean(p["worker_cpu_cores"] for p in self.points if p.get("worker_cpu_cores") is not None) \
+            if any(p.get("worker_cpu_cores") is not None for p in self.points) else None
+        mem = mean(p["worker_mem_gb"] for p in self.points if p.get("worker_mem_gb") is not None) \
+            if any(p.get("worker_mem_gb") is not None for p in self.points) else None
+        for n in counts:
+            bps = model.predict(n)
+            cost = price(self._usage(n, bps, cpu, mem), self.catalog, self.spec.cost_basis)
+            self.points.append(self._relative({"workers": n, "run_id": None, "predicted": True, "batches_per_s": bps,
+                                               "cost_per_1000_batches": cost.per_1000_batches}))
+        return model.to_dict()
+
+    def _usage(self, workers: int, bps: float, cpu: float | None, mem: float | None) -> RunUsage:
+        """An hour at `bps` batches/s per trainer; workers used as the measured ones did (0 workers: colocated)."""
+        s, t = self.spec.service, self.spec.trainer
+        service = dict(n_workers=workers, worker_machine=s.worker_machine, worker_avg_cpu_cores=cpu,
+                       worker_avg_mem_gb=mem, dispatcher_machine=s.dispatcher_machine) if workers else {}
+        return RunUsage(job_time_s=3600.0, batches=bps * 3600.0 * t.count, n_trainers=t.count, trainer_machine=t.machine,
+                        accelerators_per_trainer=t.accelerators_per_trainer, **service)
+
+    def _conclude(self, predicted: list[int]) -> dict:
+        model = self._predict(predicted) if predicted else None
+        self.points.sort(key=lambda p: p["workers"])
+        summary: dict = {"points": self.points, "baselines": self.baselines, "model": model,
+                         "window": self.opt.window.describe(), "warmup_s": self.opt.warmup_s,
+                         "strategy": self.opt.strategy, "tolerance": self.opt.tolerance}
+        colocated = self.baselines.get("colocated", {}).get("batches_per_s")
+        ideal = self.baselines.get("ideal", {}).get("batches_per_s")
+        if self.points:
+            summary["recommendation"] = recommend(self.points, tolerance=self.opt.tolerance, ideal_bps=ideal).to_dict()
+        if self.points and colocated and ideal:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            title = f"{self.spec.name} sweep"
+            summary["plots"] = [str(p) for p in plot_sweep(self.points, colocated_bps=colocated, ideal_bps=ideal,
+                                                           out_dir=self.out_dir, title=title)]
+        return summary
