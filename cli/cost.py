@@ -187,7 +187,20 @@ def estimate_cmd(
 
 
 def _select_runs(store, runs: list[str], last: bool, all_: bool, since: Optional[str]):
-    """The records `cost report` covers; unknown ids and bad dates are bad input."""
+    """The records `cost report` covers (a sweep stands for its points); unknown ids and bad dates are bad input."""
+    records = _selected(store, runs, last, all_, since)
+    out = []
+    for record in records:
+        if record.kind == "sweep":
+            out += sorted(store.list(kinds=("point",), parent_id=record.id), key=lambda r: (r.mode, r.workers))
+        else:
+            out.append(record)
+    if not out:
+        raise SpecError("the selected sweep has no measured points to price (a simulated sweep runs nothing).")
+    return out
+
+
+def _selected(store, runs: list[str], last: bool, all_: bool, since: Optional[str]):
     import datetime as dt
 
     if runs:
@@ -203,9 +216,9 @@ def _select_runs(store, runs: list[str], last: bool, all_: bool, since: Optional
             start = dt.datetime.fromisoformat(since).timestamp()
         except ValueError:
             raise SpecError(f"--since must be a date like 2026-11-01 or 2026-11-01T12:00, got '{since}'.") from None
-        return list(reversed(store.list(since=start)))
+        return list(reversed(store.list(since=start, kinds=("job", "point"))))
     if all_:
-        return list(reversed(store.list()))
+        return list(reversed(store.list(kinds=("job", "point"))))
     latest = store.list(limit=1)
     if not latest:
         raise SpecError("no runs are recorded yet; `dsctl up JOB.yaml` makes one.")

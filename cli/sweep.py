@@ -43,6 +43,8 @@ def sweep(
     warmup: float = typer.Option(2.0, "--warmup", min=0, help="seconds discarded after each change of worker count"),
     tolerance: float = typer.Option(0.03, "--tolerance", min=0, max=1, help="recommend the smallest count within this of the best"),
     out: Optional[Path] = typer.Option(None, "--out", help="directory for the plots (default: the sweep's run dir)"),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", metavar="FILE",
+                                               help="with --simulate: predict every count from measured rates in FILE, run nothing"),
     json_out: bool = typer.Option(False, "--json", help="print the sweep record as JSON"),
     strategy: str = typer.Option("in-place", "--strategy", hidden=True, help="in-place | restart"),
 ) -> None:
@@ -50,9 +52,16 @@ def sweep(
     from dsctl.orchestrator.preflight import check_entrypoints
     from dsctl.orchestrator.sweep import SweepOptions, SweepRunner, Window
 
+    from dsctl.specs.calibration import load_calibration
+
     counts = parse_worker_counts(workers)
+    if calibration is not None and not simulate:
+        raise SpecError("--calibration predicts a sweep without running it; add --simulate.", field="--calibration")
+    if strategy not in ("in-place", "restart"):
+        raise SpecError(f"--strategy must be in-place or restart, got '{strategy}'.", field="--strategy")
     options = SweepOptions(counts=counts, window=Window.parse(window), warmup_s=warmup, simulate=simulate,
-                           tolerance=tolerance, out_dir=out, strategy=strategy)
+                           tolerance=tolerance, out_dir=out, strategy=strategy,
+                           calibration=load_calibration(calibration) if calibration else None)
     attach = None
     if spec is None:
         attach, loaded = _detached_target()

@@ -20,6 +20,7 @@ from typing import Callable
 from dsctl.costmodel import RunUsage, ThroughputModel, load_catalog, price
 from dsctl.provisioners import Deployment, TrainerLaunch, get_provisioner
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
+from dsctl.specs.calibration import Calibration
 
 from .handles import AttachedDeployment, OwnedDeployment
 from .plots import plot_sweep
@@ -74,6 +75,7 @@ class SweepOptions:
     tolerance: float = 0.03
     out_dir: Path | None = None
     strategy: str = "in-place"  # in-place | restart (restart: a fresh deployment per point, for comparison)
+    calibration: Calibration | None = None  # given: nothing runs, every count is predicted from it
 
 
 class SweepRunner:
@@ -83,7 +85,7 @@ class SweepRunner:
         self.store = store or RunStore()
         self.listener = listener or (lambda p: None)
         self.attach = attach
-        self.provisioner = get_provisioner(self.spec.provider)
+        self._provisioner = None
         self.sweep_id = new_run_id(self.spec.name + "-sweep")
         self.run_dir = dsctl_home() / "runs" / self.sweep_id
         self.out_dir = options.out_dir or self.run_dir
@@ -92,10 +94,19 @@ class SweepRunner:
         self.points: list[dict] = []
         self.baselines: dict[str, dict] = {}
 
+    @property
+    def provisioner(self):
+        """Created on first use: a sweep predicted from a calibration file provisions nothing."""
+        if self._provisioner is None:
+            self._provisioner = get_provisioner(self.spec.provider)
+        return self._provisioner
+
     # -- planning ---------------------------------------------------------------------
     def plan(self) -> tuple[list[int], list[int]]:
         """(measured, predicted) counts; refuses what cannot run here before anything starts."""
         counts = sorted(self.opt.counts)
+        if self.opt.calibration is not None:
+            return [], counts
         if self.spec.provider != "local" or self.attach is not None:
             return counts, []
         from dsctl.provisioners.local import local_capacity
@@ -137,7 +148,11 @@ class SweepRunner:
         )
         status, error = "failed", None
         try:
+            if self.opt.calibration is not None:
+                self._calibrated_baselines()
             for mode in ("colocated", "ideal"):
+                if mode in self.baselines:
+                    continue
                 self._phase(f"baseline: {mode}")
                 self.baselines[mode] = self._baseline(mode)
             if self.opt.strategy == "restart":
@@ -169,6 +184,13 @@ class SweepRunner:
         # Priced per hour of steady state, like every point: start-up is not part of the comparison.
         cost = price(self._usage(0, bps, None, None), self.catalog, self.spec.cost_basis)
         return {"run_id": runner.run_id, "batches_per_s": bps, "cost_per_1000_batches": cost.per_1000_batches}
+
+    def _calibrated_baselines(self) -> None:
+        cal = self.opt.calibration
+        for mode, bps in (("colocated", cal.colocated), ("ideal", cal.ideal)):
+            cost = price(self._usage(0, bps, None, None), self.catalog, self.spec.cost_basis)
+            self.baselines[mode] = {"run_id": None, "batches_per_s": bps, "cost_per_1000_batches": cost.per_1000_batches,
+                                    "given": cal.source or "calibration file"}
 
     def _measure_restarting(self, counts: list[int]) -> None:
         for i, n in enumerate(counts, 1):
@@ -295,6 +317,8 @@ class SweepRunner:
 
     def _predict(self, counts: list[int]) -> dict | None:
         measured = {p["workers"]: p["batches_per_s"] for p in self.points if p["batches_per_s"]}
+        if self.opt.calibration is not None:
+            measured = dict(self.opt.calibration.points)
         ideal = self.baselines.get("ideal", {}).get("batches_per_s")
         if not counts or not measured or not ideal:
             return None

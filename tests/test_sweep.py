@@ -1,0 +1,119 @@
+"""`dsctl sweep` end to end: a real local sweep with a knee known by construction, predictions, refusals, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from dsctl.orchestrator.store import RunStore
+
+from helpers import EXAMPLES, dsctl, processes_under, wait_for, write_spec
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+# Each worker serves 8 elements x 5 ms = 40 ms per batch (25 batches/s) with no CPU; the model
+# step takes 10 ms (100 batches/s at most): 4 workers reach the ideal, by construction.
+KNEE_SPEC = """
+    name: knee
+    service: {workers: 1}
+    trainer: {model: {step_time_ms: 10}, duration_s: 60, warmup_batches: 5}
+    pipeline: {builtin: synthetic, params: {batch_size: 8, latency_ms: 5, epochs: null}}
+"""
+
+
+@pytest.mark.slow
+def test_local_sweep_finds_the_knee_and_records_every_point(home, tmp_path):
+    spec = write_spec(tmp_path, KNEE_SPEC)
+    out = tmp_path / "plots"
+    proc = dsctl("sweep", spec, "--workers", "1..6:1", "--window", "3s", "--out", out, "--json", check=True)
+    record = json.loads(proc.stdout)
+    s = record["summary"]
+    assert record["status"] == "succeeded" and record["kind"] == "sweep"
+    assert [p["workers"] for p in s["points"]] == [1, 2, 3, 4, 5, 6]
+    assert not any(p["predicted"] for p in s["points"])
+    assert abs(s["recommendation"]["smallest"]["workers"] - 4) <= 1
+    rates = [p["batches_per_s"] for p in s["points"]]
+    assert rates[1] > 1.5 * rates[0] and rates[3] > 1.2 * rates[2], "latency-bound workers add throughput until the knee"
+    points = RunStore().list(kinds=("point",), parent_id=record["id"])
+    assert sorted((p.mode, p.workers) for p in points) == [("colocated", 0), ("ideal", 0)] + [("service", n) for n in range(1, 7)]
+    assert all(p.status == "succeeded" for p in points)
+    for path in s["plots"]:
+        data = open(path, "rb").read()
+        assert data.startswith(PNG) and len(data) > 5000
+    assert {p.split("/")[-1] for p in s["plots"]} == {"sweep-speedup.png", "sweep-cost-saving.png"}
+    # The points are runs: cost report prices each of them.
+    report = json.loads(dsctl("cost", "report", record["id"], "--format", "json", check=True).stdout)
+    assert len(report) == 8 and all(r["total"] > 0 for r in report)
+
+
+def test_simulated_m1_sweep_reproduces_the_papers_points(home):
+    proc = dsctl("sweep", EXAMPLES / "gcp-resnet50.yaml", "--workers", "8..640", "--simulate",
+                 "--calibration", EXAMPLES / "paper-m1-calibration.yaml", "--json", check=True)
+    s = json.loads(proc.stdout)["summary"]
+    points = {p["workers"]: p for p in s["points"]}
+    assert sorted(points) == [8, 16, 32, 64, 128, 256, 512, 640]
+    assert all(p["predicted"] for p in points.values())
+    paper = {16: 0.64, 64: 2.3, 128: 4.77, 512: 6.47}
+    for n, bps in paper.items():
+        assert points[n]["batches_per_s"] == pytest.approx(bps, rel=0.10), n
+    assert points[640]["batches_per_s"] <= 6.47 + 1e-9
+    assert not any((home / "runs").glob("*/state.json"))
+
+
+def test_counts_this_machine_cannot_hold_are_refused_before_anything_starts(home, tmp_path):
+    spec = write_spec(tmp_path, KNEE_SPEC)
+    proc = dsctl("sweep", spec, "--workers", "8..640")
+    assert proc.returncode == 2
+    err = " ".join(proc.stderr.split())
+    assert "--simulate" in err and "provider: gcp" in err
+    assert RunStore().list(kinds=("sweep", "point", "job")) == []
+
+
+@pytest.mark.parametrize("bad", ["640..8", "0..4", "-1", "a,b", "", "1..6:0"])
+def test_bad_worker_counts_are_exit_2(home, tmp_path, bad):
+    spec = write_spec(tmp_path, KNEE_SPEC)
+    proc = dsctl("sweep", spec, "--workers", bad)
+    assert proc.returncode == 2
+    assert "--workers" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_sweep_without_a_spec_or_a_detached_deployment_says_what_to_do(home):
+    proc = dsctl("sweep", "--workers", "1..2")
+    assert proc.returncode == 2
+    assert "dsctl up JOB.yaml --detach" in " ".join(proc.stderr.split())
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_finished_points_and_leaves_nothing_running(home, tmp_path):
+    spec = write_spec(tmp_path, KNEE_SPEC)
+    sweep = subprocess.Popen([sys.executable, "-m", "dsctl.cli.main", "sweep", str(spec), "--workers", "1..6:1",
+                              "--window", "2s"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def a_point_finished():
+        return [p for p in RunStore().list(kinds=("point",)) if p.mode == "service" and p.status == "succeeded"]
+    wait_for(a_point_finished, timeout=180, what="the first measured point")
+    sweep.send_signal(signal.SIGINT)
+    _, err = sweep.communicate(timeout=60)
+    assert sweep.returncode == 130 and "Traceback" not in err
+    assert processes_under(home) == []
+    record = RunStore().list(kinds=("sweep",))[0]
+    assert record.status == "interrupted"
+    assert [p["workers"] for p in record.summary["points"]][:1] == [1]
+
+
+@pytest.mark.slow
+def test_sweep_scales_the_deployment_up_left_running(home, tmp_path):
+    spec = write_spec(tmp_path, KNEE_SPEC.replace("duration_s: 60", "duration_s: 2"))
+    dsctl("up", spec, "--detach", check=True)
+    wait_for(lambda: [r for r in RunStore().list() if r.status == "succeeded"], timeout=120, what="the detached job")
+    proc = dsctl("sweep", "--workers", "1..3:1", "--window", "2s", "--json", check=True)
+    s = json.loads(proc.stdout)["summary"]
+    assert [p["workers"] for p in s["points"]] == [1, 2, 3]
+    status = json.loads(dsctl("status", "--json", check=True).stdout)
+    assert len(status) == 1 and status[0]["workers"] == 1, "the deployment is left as it was found"
+    dsctl("down", check=True)
+    assert processes_under(home) == []
