@@ -95,6 +95,7 @@ class CpuUtilizationPolicy:
 
     def _evaluate(self, n: int, util: float, t: float) -> Decision:
         c = self.config
+        formula = math.ceil(round(n * util / c.target_util, 9))
         raw = hpa_desired(n, util, c.target_util, c.tolerance)
         rec = min(max(raw, c.min_workers), c.max_workers)
         if rec > n:
@@ -102,13 +103,14 @@ class CpuUtilizationPolicy:
         self._history = [(ht, r) for ht, r in self._history if ht >= t - c.downscale_stabilization_s]
         self._history.append((t, rec))
         said = (f"mean worker CPU {pct(util)} vs target {pct(c.target_util)}: ceil({n} × {util:.2f} /"
-                f" {c.target_util:.2f}) = {math.ceil(round(n * util / c.target_util, 9))}")
-        if raw == n:
+                f" {c.target_util:.2f}) = {formula}")
+        if raw == n and formula != n:
             return self._hold(f"{said}, within the {pct(c.tolerance)} tolerance: holding at {n}")
         if rec > n:
             return self._change(n, rec, f"{said}: adding {rec - n} worker(s) to reach {rec}")
         if rec == n:
-            return self._hold(f"{said}, limited to {c.min_workers}..{c.max_workers}: holding at {n}")
+            limited = f", limited to {c.min_workers}..{c.max_workers}" if formula != n else ""
+            return self._hold(f"{said}{limited}: holding at {n}")
         floor = min(n, max(r for _, r in self._history))
         if floor >= n:
             return self._hold(f"{said}, but {floor} was recommended within the last"
