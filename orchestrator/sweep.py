@@ -31,7 +31,8 @@ from .store import RunStore, dsctl_home
 from .summary import utilization_summary
 from .tail import JsonlTail
 
-POLL_S = 0.2
+POLL_S = 0.1
+TRAINER_WINDOW_S = 0.25  # short metrics windows: a point's measurement starts soon after its warm-up
 FOREVER_S = 10 * 365 * 86400.0  # trainers read until the sweep stops them
 
 
@@ -93,6 +94,7 @@ class SweepRunner:
         self.catalog = load_catalog(self.spec.pricing)
         self.points: list[dict] = []
         self.baselines: dict[str, dict] = {}
+        self.timings: dict[str, float] = {}  # wall seconds of the phases, for benchmarks/bench_sweep.py
 
     @property
     def provisioner(self):
@@ -150,15 +152,16 @@ class SweepRunner:
         try:
             if self.opt.calibration is not None:
                 self._calibrated_baselines()
-            for mode in ("colocated", "ideal"):
-                if mode in self.baselines:
-                    continue
-                self._phase(f"baseline: {mode}")
-                self.baselines[mode] = self._baseline(mode)
             if self.opt.strategy == "restart":
+                for mode in ("colocated", "ideal"):
+                    if mode not in self.baselines:
+                        self._phase(f"baseline: {mode}")
+                        self.baselines[mode] = self._baseline(mode)
+                t_points = time.monotonic()
                 self._measure_restarting(measured)
             else:
-                self._measure_in_place(measured)
+                t_points = self._measure_in_place(measured)
+            self.timings["points_s"] = time.monotonic() - t_points
             status = "succeeded"
         except KeyboardInterrupt:
             status, error = "interrupted", "interrupted by the user; the finished points are kept"
@@ -177,13 +180,8 @@ class SweepRunner:
     def _baseline(self, mode: str) -> dict:
         runner = JobRunner(self.loaded, mode=mode, store=self.store, kind="point", parent_id=self.sweep_id,
                            duration_s=self.opt.warmup_s + (self.opt.window.seconds or 5.0), repeat=True)
-        summary = runner.run()
-        bps = summary.get("batches_per_s")
-        if not bps:
-            raise RunFailed(f"the {mode} baseline measured no throughput; see run {runner.run_id}.", runner.run_id)
-        # Priced per hour of steady state, like every point: start-up is not part of the comparison.
-        cost = price(self._usage(0, bps, None, None), self.catalog, self.spec.cost_basis)
-        return {"run_id": runner.run_id, "batches_per_s": bps, "cost_per_1000_batches": cost.per_1000_batches}
+        runner.run()
+        return self._baseline_from(self.store.get(runner.run_id))
 
     def _calibrated_baselines(self) -> None:
         cal = self.opt.calibration
@@ -200,30 +198,50 @@ class SweepRunner:
             runner.run()
             self._add_point(self.store.get(runner.run_id))
 
-    def _measure_in_place(self, counts: list[int]) -> None:
+    def _measure_in_place(self, counts: list[int]) -> float:
+        """Baselines, then every count, on one deployment; returns when the worker-count points began."""
         if not counts:
-            return
+            return time.monotonic()
         handle = self._deployment(counts[0])
         try:
-            launch = TrainerLaunch(
-                mode="service", spec_json=self.run_dir / "spec.json", metrics_dir=self.run_dir / "metrics",
-                base_dir=self.loaded.base_dir, cache_dir=dsctl_home() / "cache", count=self.spec.trainer.count,
-                duration_s=FOREVER_S, repeat=True,
-            )
-            metrics = handle.start_trainers(launch, self._event)
-            tails = {i: JsonlTail(path) for i, path in metrics.items()}
+            for mode in ("colocated", "ideal"):
+                if mode not in self.baselines:
+                    self._phase(f"baseline: {mode}")
+                    tails = self._start_trainers(handle, mode)
+                    self.baselines[mode] = self._baseline_from(self._measure_point(handle, tails, 0, mode))
+                    handle.stop_trainers()
+            t_points = time.monotonic()
+            tails = self._start_trainers(handle, "service")
             for i, n in enumerate(counts, 1):
                 self._phase(f"point {i}/{len(counts)}: scaling", n)
                 if handle.workers != n:
                     handle.scale(n, self._event)
                 self._phase(f"point {i}/{len(counts)}: measuring {n} worker(s)", n)
-                self._add_point(self._measure_point(handle, tails, n))
+                self._add_point(self._measure_point(handle, tails, n, "service"))
+            return t_points
         finally:
             self._phase("tearing down")
             try:
                 handle.stop_trainers()
             finally:
                 handle.release(self._event)
+
+    def _start_trainers(self, handle, mode: str) -> dict[int, JsonlTail]:
+        """Trainers that read until stopped, in `mode`, on the sweep's deployment."""
+        launch = TrainerLaunch(
+            mode=mode, spec_json=self.run_dir / "spec.json", metrics_dir=self.run_dir / "metrics" / mode,
+            base_dir=self.loaded.base_dir, cache_dir=dsctl_home() / "cache", count=self.spec.trainer.count,
+            duration_s=FOREVER_S, repeat=True, window_s=TRAINER_WINDOW_S,
+        )
+        return {i: JsonlTail(path) for i, path in handle.start_trainers(launch, self._event).items()}
+
+    def _baseline_from(self, record) -> dict:
+        bps = record.summary.get("batches_per_s")
+        if not bps:
+            raise RunFailed(f"the {record.mode} baseline measured no throughput; see run {record.id}.", record.id)
+        # Priced per hour of steady state, like every point.
+        cost = price(self._usage(0, bps, None, None), self.catalog, self.spec.cost_basis)
+        return {"run_id": record.id, "batches_per_s": bps, "cost_per_1000_batches": cost.per_1000_batches}
 
     def _deployment(self, workers: int):
         if self.attach is not None:
@@ -240,13 +258,13 @@ class SweepRunner:
         dep.save()
         return OwnedDeployment(self.provisioner, dep)
 
-    def _measure_point(self, handle, tails: dict[int, JsonlTail], workers: int) -> "object":
+    def _measure_point(self, handle, tails: dict[int, JsonlTail], workers: int, mode: str):
         """Discard the warm-up after a change, then record one window as a point run."""
-        point_id = new_run_id(f"{self.spec.name}-w{workers}")
+        point_id = new_run_id(f"{self.spec.name}-{mode if workers == 0 else f'w{workers}'}")
         start = time.time() + self.opt.warmup_s
         self.store.create_run(
             id=point_id, name=self.spec.name, kind="point", parent_id=self.sweep_id, provider=self.spec.provider,
-            mode="service", status="running", spec_json=self.spec.model_dump_json(), spec_hash=spec_hash(self.spec),
+            mode=mode, status="running", spec_json=self.spec.model_dump_json(), spec_hash=spec_hash(self.spec),
             workers=workers, trainers=self.spec.trainer.count, run_dir=str(self.run_dir), created_at=start,
         )
         per_trainer = {i: {"batches": 0, "seconds": 0.0, "wait": 0.0, "step": 0.0} for i in tails}
@@ -347,7 +365,7 @@ class SweepRunner:
         self.points.sort(key=lambda p: p["workers"])
         summary: dict = {"points": self.points, "baselines": self.baselines, "model": model,
                          "window": self.opt.window.describe(), "warmup_s": self.opt.warmup_s,
-                         "strategy": self.opt.strategy, "tolerance": self.opt.tolerance}
+                         "strategy": self.opt.strategy, "tolerance": self.opt.tolerance, "timings": self.timings}
         colocated = self.baselines.get("colocated", {}).get("batches_per_s")
         ideal = self.baselines.get("ideal", {}).get("batches_per_s")
         if self.points:

@@ -10,9 +10,13 @@ def get_provisioner(name: str) -> Provisioner:
         from .local import LocalProvisioner
 
         return LocalProvisioner()
+    if name == "gcp":
+        from .gcp import GcpProvisioner
+
+        return GcpProvisioner()
     from dsctl.specs import SpecError
 
-    raise SpecError(f"provider '{name}' is not available in this version of dsctl; use provider: local.", field="provider")
+    raise SpecError(f"provider '{name}' is not available in this version of dsctl; use provider: local or gcp.", field="provider")
 
 
 __all__ = ["Deployment", "Node", "Provisioner", "TrainerLaunch", "TrainerState", "get_provisioner"]

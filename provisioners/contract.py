@@ -72,6 +72,7 @@ class TrainerLaunch:
     duration_s: float | None = None
     record_ids: bool = False
     repeat: bool = False  # repeat a finite pipeline: steady-state measurements must not run out of data
+    window_s: float | None = None  # metrics window override (sweeps align measurements to short windows)
 
 
 @dataclass

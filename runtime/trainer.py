@@ -89,8 +89,9 @@ class Harness:
     """Runs the training loop and turns timings into metrics windows."""
 
     def __init__(self, spec: JobSpec, writer: MetricsWriter, steps: int | None, duration_s: float | None,
-                 record_ids: str | None):
+                 record_ids: str | None, window_s: float | None = None):
         self.spec = spec
+        self.window_s = window_s or spec.trainer.window_s
         self.writer = writer
         self.steps = steps
         self.duration_s = duration_s
@@ -150,7 +151,7 @@ class Harness:
                     writer.emit("measure_start", batches=batches)
                     window = Window(started=c)
                     measured_from = c
-            elif c - window.started >= trainer.window_s:
+            elif c - window.started >= self.window_s:
                 writer.emit("window", **window.as_fields(c, t0))
                 measured.append(window)
                 window = Window(started=c)
@@ -187,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration-s", type=float, default=None, help="override trainer.duration_s")
     ap.add_argument("--record-ids", default=None, help="write the ids of received synthetic elements here")
     ap.add_argument("--repeat", action="store_true", help="repeat a finite pipeline (steady-state measurements)")
+    ap.add_argument("--window-s", type=float, default=None, help="override trainer.window_s")
     args = ap.parse_args(argv)
     if args.mode == "service" and not args.dispatcher:
         ap.error("--dispatcher is required in service mode")
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         steps, duration = spec.trainer.steps, spec.trainer.duration_s
     writer = MetricsWriter(args.metrics, args.index)
     writer.emit("start", pid=os.getpid(), mode=args.mode)
-    harness = Harness(spec, writer, steps, duration, args.record_ids)
+    harness = Harness(spec, writer, steps, duration, args.record_ids, args.window_s)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: harness.stop.set())
     from dsctl.runtime.pipelines.errors import PipelineError

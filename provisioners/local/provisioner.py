@@ -215,6 +215,8 @@ class LocalProvisioner:
                 args += ["--duration-s", str(launch.duration_s)]
             if launch.repeat:
                 args.append("--repeat")
+            if launch.window_s:
+                args += ["--window-s", str(launch.window_s)]
             if launch.record_ids:
                 node.extra["ids"] = str(launch.metrics_dir / f"trainer-{index}.ids.json")
                 args += ["--record-ids", node.extra["ids"]]

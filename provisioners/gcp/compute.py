@@ -1,0 +1,181 @@
+"""Compute Engine VMs: the request bodies, and the calls that create, list and delete them.
+
+Workers are created with ONE bulkInsert call whatever their number; the
+dispatcher and each GPU/CPU trainer with an insert. VMs get internal addresses
+only unless the spec sets gcp.public_ips, the run's network tag (for the
+firewall rule), its labels, the run's SSH public key and a startup script in
+their metadata.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import dataclass
+
+from .clients import Clients
+from .retry import call
+from .settings import GcpSettings
+
+# What the cost model's machine shapes call a GPU -> Compute Engine's accelerator type.
+GPU_TYPES = {
+    "NVIDIA A100 40GB": "nvidia-tesla-a100",
+    "NVIDIA A100 80GB": "nvidia-a100-80gb",
+    "NVIDIA L4": "nvidia-l4",
+    "NVIDIA H100 80GB": "nvidia-h100-80gb",
+    "NVIDIA T4": "nvidia-tesla-t4",
+    "NVIDIA V100": "nvidia-tesla-v100",
+}
+
+
+@dataclass(frozen=True)
+class MachineKind:
+    kind: str  # "cpu" | "gpu" | "tpu"
+    accelerator: str | None = None  # GCE accelerator type (gpu) or TPU accelerator type (tpu)
+    count: int = 0
+
+
+def machine_kind(machine: str) -> MachineKind:
+    """What kind of VM a machine type is: a TPU VM, a GPU VM (with its guest accelerators) or a CPU VM."""
+    if machine.startswith("tpu-"):
+        return MachineKind("tpu", machine.removeprefix("tpu-"))
+    from dsctl.costmodel import MACHINES
+
+    shape = MACHINES.get(machine)
+    if shape and shape.accelerator_type and shape.accelerator_type in GPU_TYPES:
+        return MachineKind("gpu", GPU_TYPES[shape.accelerator_type], shape.accelerators)
+    return MachineKind("cpu")
+
+
+@dataclass
+class VmConfig:
+    """Everything that differs between the run's VMs, besides their names."""
+
+    machine: str
+    labels: dict
+    tag: str
+    metadata: dict  # key -> value (ssh-keys, startup-script, dsctl-*)
+
+
+def _network_url(s: GcpSettings) -> str:
+    return s.network if "/" in s.network else f"projects/{s.project}/global/networks/{s.network}"
+
+
+def _subnetwork_url(s: GcpSettings) -> str | None:
+    if not s.subnetwork:
+        return None
+    return s.subnetwork if "/" in s.subnetwork else f"projects/{s.project}/regions/{s.region}/subnetworks/{s.subnetwork}"
+
+
+def _common(s: GcpSettings, vm: VmConfig, *, zonal_urls: bool) -> dict:
+    """Fields shared by Instance (single insert, zonal URLs) and InstanceProperties (bulk, bare names)."""
+    from google.cloud import compute_v1 as c
+
+    kind = machine_kind(vm.machine)
+    image = s.gpu_image if kind.kind == "gpu" else s.image
+    disk_type = f"zones/{s.zone}/diskTypes/{s.boot_disk_type}" if zonal_urls else s.boot_disk_type
+    nic = c.NetworkInterface(network=_network_url(s))
+    if _subnetwork_url(s):
+        nic.subnetwork = _subnetwork_url(s)
+    if s.public_ips:
+        nic.access_configs = [c.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
+    fields = dict(
+        labels=dict(vm.labels),
+        tags=c.Tags(items=[vm.tag]),
+        disks=[c.AttachedDisk(boot=True, auto_delete=True, initialize_params=c.AttachedDiskInitializeParams(
+            source_image=image, disk_size_gb=s.boot_disk_gb, disk_type=disk_type, labels=dict(vm.labels)))],
+        network_interfaces=[nic],
+        metadata=c.Metadata(items=[c.Items(key=k, value=v) for k, v in vm.metadata.items()]),
+    )
+    if s.service_account != "none":
+        fields["service_accounts"] = [c.ServiceAccount(email=s.service_account or "default",
+                                                       scopes=["https://www.googleapis.com/auth/cloud-platform"])]
+    if kind.kind == "gpu":
+        acc_type = f"zones/{s.zone}/acceleratorTypes/{kind.accelerator}" if zonal_urls else kind.accelerator
+        fields["guest_accelerators"] = [c.AcceleratorConfig(accelerator_type=acc_type, accelerator_count=kind.count)]
+        # GPU VMs cannot live-migrate: they stop for host maintenance and come back.
+        fields["scheduling"] = c.Scheduling(on_host_maintenance="TERMINATE", automatic_restart=True)
+    return fields
+
+
+def instance_body(s: GcpSettings, name: str, vm: VmConfig):
+    from google.cloud import compute_v1 as c
+
+    return c.Instance(name=name, machine_type=f"zones/{s.zone}/machineTypes/{vm.machine}",
+                      **_common(s, vm, zonal_urls=True))
+
+
+def bulk_body(s: GcpSettings, names: list[str], vm: VmConfig):
+    """One bulkInsert request for `names`: all or nothing (min_count = count)."""
+    from google.cloud import compute_v1 as c
+
+    props = c.InstanceProperties(machine_type=vm.machine, **_common(s, vm, zonal_urls=False))
+    return c.BulkInsertInstanceResource(
+        count=len(names), min_count=len(names), instance_properties=props,
+        per_instance_properties={n: c.BulkInsertInstanceResourcePerInstanceProperties() for n in names},
+    )
+
+
+# -- calls ---------------------------------------------------------------------------------------------
+def insert(clients: Clients, name: str, vm: VmConfig, cancel: threading.Event | None = None):
+    from google.cloud import compute_v1 as c
+
+    s = clients.settings
+    request = c.InsertInstanceRequest(project=s.project, zone=s.zone, instance_resource=instance_body(s, name, vm),
+                                      request_id=str(uuid.uuid4()))
+    return call(clients.instances.insert_unary, request=request, doing=f"creating VM {name}", cancel=cancel)
+
+
+def bulk_insert(clients: Clients, names: list[str], vm: VmConfig, cancel: threading.Event | None = None):
+    from google.cloud import compute_v1 as c
+
+    s = clients.settings
+    request = c.BulkInsertInstanceRequest(project=s.project, zone=s.zone,
+                                          bulk_insert_instance_resource_resource=bulk_body(s, names, vm),
+                                          request_id=str(uuid.uuid4()))
+    return call(clients.instances.bulk_insert_unary, request=request,
+                doing=f"creating {len(names)} VMs ({names[0]} ...)", cancel=cancel)
+
+
+def list_instances(clients: Clients, filter_: str, cancel: threading.Event | None = None) -> list:
+    """Every instance in the zone matching the filter (all pages)."""
+    from google.cloud import compute_v1 as c
+
+    s = clients.settings
+    out, token = [], None
+    while True:
+        request = c.ListInstancesRequest(project=s.project, zone=s.zone, filter=filter_, max_results=500,
+                                         page_token=token or "")
+        # One page per call, so each call is retried on its own.
+        page = call(lambda **kw: next(iter(clients.instances.list(**kw).pages)), request=request,
+                    doing="listing the run's VMs", cancel=cancel)
+        out.extend(page.items)
+        token = page.next_page_token
+        if not token:
+            return out
+
+
+def delete(clients: Clients, name: str, cancel: threading.Event | None = None):
+    """Start deleting a VM; None if it does not exist."""
+    from google.api_core import exceptions as gx
+    from google.cloud import compute_v1 as c
+
+    s = clients.settings
+    request = c.DeleteInstanceRequest(project=s.project, zone=s.zone, instance=name, request_id=str(uuid.uuid4()))
+    try:
+        return call(clients.instances.delete_unary, request=request, doing=f"deleting VM {name}", cancel=cancel)
+    except gx.NotFound:
+        return None
+
+
+def addresses(instance, public: bool) -> tuple[str | None, str | None]:
+    """(internal, external) address of an instance."""
+    nics = list(instance.network_interfaces)
+    if not nics:
+        return None, None
+    internal = nics[0].network_i_p or None
+    external = None
+    for ac in nics[0].access_configs:
+        if ac.nat_i_p:
+            external = ac.nat_i_p
+    return internal, external if public else None

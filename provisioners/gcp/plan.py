@@ -1,0 +1,158 @@
+"""What `dsctl up` would create on Google Cloud, and what it costs: shown by `--dry-run`, and before asking.
+
+`plan(spec, workers)` needs no credentials and creates nothing. Each line is a
+machine type, its count and its $/hour from the spec's price catalog (the cost
+model's); the job's cost is estimated on the vm-hours basis (whole machines
+for the whole job, as they bill) when the job's length can be told: from
+trainer.duration_s, or from trainer.steps at a throughput (given, or at most
+1000/step_time_ms batches/s for a synthetic model, in which case the cost is a
+lower bound). Otherwise the plan gives the cost per hour.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+
+from dsctl.specs import SpecError
+from dsctl.specs.schema import GcpSpec, JobSpec
+
+from . import naming
+from .compute import machine_kind
+from .firewall import ports
+
+
+@dataclass
+class PlanLine:
+    role: str  # dispatcher | workers | trainers
+    machine: str
+    count: int
+    kind: str  # "VM", "GPU VM", "TPU VM"
+    per_hour_each: float | None  # None: not in the price catalog
+
+    @property
+    def per_hour(self) -> float | None:
+        return None if self.per_hour_each is None else self.per_hour_each * self.count
+
+
+@dataclass
+class Plan:
+    job: str
+    project: str | None
+    zone: str | None
+    catalog: str
+    lines: list[PlanLine]
+    per_hour: float | None
+    job_hours: float | None = None
+    job_cost: float | None = None
+    estimate_basis: str = ""  # how the job's length was told
+    lower_bound: bool = False
+    creates: list[str] = field(default_factory=list)  # other resources (firewall rule, staging)
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        for line, d in zip(self.lines, out["lines"]):
+            d["per_hour"] = line.per_hour
+        return out
+
+    def render(self) -> str:
+        where = f"project {self.project or '(not set)'}, zone {self.zone or '(not set)'}"
+        rows = [("", "machine", "count", "$/h each", "$/h")]
+        for l in self.lines:
+            each = "?" if l.per_hour_each is None else f"{l.per_hour_each:.4f}"
+            tot = "?" if l.per_hour is None else f"{l.per_hour:.4f}"
+            rows.append((l.role, f"{l.machine} ({l.kind})", str(l.count), each, tot))
+        rows.append(("total", "", str(sum(l.count for l in self.lines)), "",
+                     "?" if self.per_hour is None else f"{self.per_hour:.4f}"))
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        fmt = lambda r: "  " + "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        out = [f"Plan for job '{self.job}' on Google Cloud ({where}); prices: {self.catalog}", *map(fmt, rows)]
+        if self.job_cost is not None:
+            bound = "at least " if self.lower_bound else ""
+            out.append(f"Estimated job: {self.estimate_basis}: {bound}{self.job_hours:.2f} h, {bound}${self.job_cost:,.2f} "
+                       "(vm-hours: every machine for the whole job; VM start-up not included).")
+        elif self.per_hour is not None:
+            out.append(f"Estimated job: {self.estimate_basis}; it costs ${self.per_hour:.2f} per hour it runs.")
+        if self.creates:
+            out.append("Also creates: " + "; ".join(self.creates) + ".")
+        out += [f"Note: {n}" for n in self.notes]
+        return "\n".join(out)
+
+
+def _kind_label(machine: str) -> str:
+    kind = machine_kind(machine).kind
+    return {"tpu": "TPU VM", "gpu": "GPU VM"}.get(kind, "VM")
+
+
+def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | None = None,
+         run_id: str = "<run>") -> Plan:
+    """The machines `dsctl up` would create for `spec` (with `workers` workers), priced; creates nothing."""
+    from dsctl.costmodel import estimate, load_catalog
+
+    g = spec.gcp or GcpSpec()
+    n_workers = spec.service.workers if workers is None else workers
+    catalog = load_catalog(spec.pricing)
+    notes: list[str] = []
+
+    def price(machine: str) -> float | None:
+        try:
+            return catalog.split(machine, needed_by="for the plan").total
+        except SpecError as exc:
+            notes.append(f"no price for {machine}: {exc}")
+            return None
+
+    lines = []
+    if n_workers:
+        lines.append(PlanLine("dispatcher", spec.service.dispatcher_machine, 1, _kind_label(spec.service.dispatcher_machine),
+                              price(spec.service.dispatcher_machine)))
+        lines.append(PlanLine("workers", spec.service.worker_machine, n_workers, _kind_label(spec.service.worker_machine),
+                              price(spec.service.worker_machine)))
+    lines.append(PlanLine("trainers", spec.trainer.machine, spec.trainer.count, _kind_label(spec.trainer.machine),
+                          price(spec.trainer.machine)))
+    per_hour = None if any(l.per_hour is None for l in lines) else sum(l.per_hour for l in lines)
+
+    result = Plan(job=spec.name, project=g.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("CLOUDSDK_CORE_PROJECT"),
+                  zone=g.zone or os.environ.get("CLOUDSDK_COMPUTE_ZONE"), catalog=f"{catalog.name} ({catalog.date})",
+                  lines=lines, per_hour=per_hour, notes=notes)
+    if not result.project:
+        notes.append("no project is set (gcp.project or GOOGLE_CLOUD_PROJECT); the default project of Application "
+                     "Default Credentials will be used, if any.")
+    if not result.zone:
+        notes.append("no zone is set: set gcp.zone (or CLOUDSDK_COMPUTE_ZONE) before `dsctl up`.")
+    if n_workers:
+        fw = naming.firewall_name(run_id) if run_id != "<run>" else "dsctl-<run>-svc"
+        result.creates.append(f"firewall rule {fw} (tcp {', '.join(ports(g.dispatcher_port, g.worker_port))} "
+                              "between the run's VMs only)")
+    bucket = g.bucket or (f"{result.project}-dsctl" if result.project else "<project>-dsctl")
+    result.creates.append(f"staging objects under gs://{bucket}/dsctl/runs/{run_id}/ (the dsctl wheel, spec, code)")
+    if not g.public_ips:
+        result.creates.append("internal addresses only (dsctl must run inside the VPC to reach them)")
+
+    # The job's length, if it can be told.
+    t = spec.trainer
+    rate, lower = batches_per_s, False
+    if t.duration_s:
+        hours = t.duration_s / 3600.0
+        result.estimate_basis = f"trainer.duration_s = {t.duration_s:g} s"
+        rate = rate or 1.0  # any rate: the duration fixes the time
+    elif t.steps and rate:
+        result.estimate_basis = f"{t.steps:,} steps at {rate:g} batches/s"
+    elif t.steps and t.model.kind == "synthetic" and t.model.step_time_ms > 0:
+        rate, lower = 1000.0 / t.model.step_time_ms, True
+        result.estimate_basis = (f"{t.steps:,} steps at most {rate:.2f} batches/s (model step {t.model.step_time_ms:g} ms; "
+                                 "slower if input-bound)")
+    else:
+        result.estimate_basis = "the job's length depends on its throughput"
+        return result
+    if per_hour is None:
+        return result
+    try:
+        b = estimate(spec, catalog, batches_per_sec=rate, basis="vm-hours", workers=n_workers)
+    except SpecError as exc:
+        notes.append(f"cost estimate unavailable: {exc}")
+        return result
+    result.job_hours = b.job_time_s / 3600.0
+    result.job_cost = b.total
+    result.lower_bound = lower
+    return result

@@ -1,0 +1,230 @@
+"""The shell commands dsctl runs on the VMs, and the parsing of what they print.
+
+Every value that reaches a remote shell goes through shlex.quote here (paths,
+the Python executable, arguments, environment values); nothing else in the
+provider builds command lines.
+
+Each process has a directory on its VM, {remote_dir}/{run}/{vm name}/, holding
+  pid, rc       the Python process's pid, and its exit code once it has exited
+  out.log       its stdout and stderr
+  ready.json    written by a server when it serves (the runtime's --ready-file)
+  metrics.jsonl, ids.json, spec.json, code/, cache/   (trainers)
+  journal/      the dispatcher's fault-tolerance journal
+A process is started with setsid + nohup under a small `sh` that records its pid
+and exit code, so it outlives the SSH session and its end is known afterwards.
+It is identified by pid AND start time (from /proc), never by name.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+q = shlex.quote
+
+
+def node_dir(remote_dir: str, run_id: str, vm_name: str) -> str:
+    return str(PurePosixPath(remote_dir) / run_id / vm_name)
+
+
+@dataclass(frozen=True)
+class Layout:
+    dir: str
+
+    def __getattr__(self, name: str) -> str:  # pid, rc, log, ready, metrics, ids, spec, code, cache, journal
+        files = {"pid": "pid", "rc": "rc", "log": "out.log", "ready": "ready.json", "metrics": "metrics.jsonl",
+                 "ids": "ids.json", "spec": "spec.json", "code": "code", "cache": "cache", "journal": "journal"}
+        if name in files:
+            return str(PurePosixPath(self.dir) / files[name])
+        raise AttributeError(name)
+
+
+def _env_prefix(env: dict[str, str]) -> str:
+    return " ".join(f"{k}={q(v)}" for k, v in env.items())
+
+
+def launch(layout: Layout, python: str, module: str, args: list[str], env: dict[str, str] | None = None) -> str:
+    """Start `python -m module args` in the background; prints 'PID STARTTIME' once it runs."""
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **(env or {})}
+    program = " ".join([_env_prefix(env), q(python), "-m", q(module), *map(q, args)])
+    # Inside the session: run the program, record its pid, wait for it, record its exit code.
+    inner = (f"{program} > out.log 2>&1 < /dev/null & echo $! > pid.tmp && mv pid.tmp pid; "
+             "wait $!; echo $? > rc.tmp && mv rc.tmp rc")
+    d = q(layout.dir)
+    return (
+        f"mkdir -p {d} && cd {d} && rm -f pid rc ready.json && "
+        f"(setsid nohup sh -c {q(inner)} > /dev/null 2>&1 < /dev/null &) && "
+        "i=0; while [ ! -s pid ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; "
+        "pid=$(cat pid 2>/dev/null); [ -n \"$pid\" ] || { echo 'no pid recorded' >&2; exit 1; }; "
+        "st=$(sed 's/.*) //' /proc/$pid/stat 2>/dev/null | cut -d' ' -f20); echo \"$pid ${st:-0}\""
+    )
+
+
+def parse_launch(stdout: str) -> tuple[int, int]:
+    pid, start = stdout.strip().splitlines()[-1].split()
+    return int(pid), int(start)
+
+
+def stop(layout: Layout, start_time: int | None, grace_s: float = 8.0) -> str:
+    """SIGTERM the process (if it is still the one started), SIGKILL its group after grace_s."""
+    d = q(layout.dir)
+    start = q(str(start_time or ""))
+    ticks = max(int(grace_s * 10), 1)
+    return (
+        f"cd {d} 2>/dev/null || exit 0; pid=$(cat pid 2>/dev/null); [ -n \"$pid\" ] || exit 0; "
+        "st() { sed 's/.*) //' /proc/$pid/stat 2>/dev/null | cut -d' ' -f20; }; "
+        f"[ -n {start} ] && [ \"$(st)\" != {start} ] && exit 0; "
+        "pg=$(sed 's/.*) //' /proc/$pid/stat 2>/dev/null | cut -d' ' -f3); "
+        "kill -TERM $pid 2>/dev/null; i=0; "
+        f"while [ -n \"$(st)\" ] && [ $i -lt {ticks} ]; do sleep 0.1; i=$((i+1)); done; "
+        "if [ -n \"$(st)\" ]; then kill -KILL -- -$pg 2>/dev/null || kill -KILL $pid 2>/dev/null; fi; exit 0"
+    )
+
+
+def status(dirs: list[str]) -> str:
+    """One line per process dir: pid, exit code, /proc state and CPU ticks, RSS pages, ready file, metrics size."""
+    quoted = " ".join(q(d) for d in dirs)
+    return (
+        "T=$(getconf CLK_TCK); P=$(getconf PAGESIZE); "
+        f"for d in {quoted}; do "
+        "pid=$(cat \"$d/pid\" 2>/dev/null); rc=$(cat \"$d/rc\" 2>/dev/null); s=''; m=''; "
+        "if [ -n \"$pid\" ] && [ -r /proc/$pid/stat ]; then "
+        "s=$(sed 's/.*) //' /proc/$pid/stat | cut -d' ' -f1,12,13,20); m=$(cut -d' ' -f2 /proc/$pid/statm 2>/dev/null); fi; "
+        "r=$(cat \"$d/ready.json\" 2>/dev/null | tr -d '\\n\\t'); z=$(stat -c %s \"$d/metrics.jsonl\" 2>/dev/null); "
+        "printf 'S\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n' \"$d\" \"$pid\" \"$rc\" \"$s\" \"$m\" \"$r\" \"$z\" \"$T\" \"$P\"; "
+        "done"
+    )
+
+
+@dataclass
+class ProcStatus:
+    dir: str
+    pid: int | None
+    rc: int | None
+    state: str | None  # /proc state letter, None if no such process
+    cpu_ticks: int
+    start_time: int | None
+    rss_bytes: int
+    ready: dict | None
+    metrics_size: int | None
+    clk_tck: int
+    at: float = 0.0  # local monotonic time of the reading
+
+    def alive(self, start_time: int | None) -> bool:
+        """Still the process that was started (not gone, not a zombie, not a reused pid)."""
+        if self.state is None or self.state in ("Z", "X"):
+            return False
+        return start_time is None or self.start_time == start_time
+
+    @property
+    def cpu_seconds(self) -> float:
+        return self.cpu_ticks / (self.clk_tck or 100)
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def parse_status(stdout: str, at: float) -> dict[str, ProcStatus]:
+    out = {}
+    for line in stdout.splitlines():
+        parts = line.split("\t")
+        if len(parts) != 10 or parts[0] != "S":
+            continue
+        _, d, pid, rc, stat, statm, ready, size, tck, page = parts
+        fields = stat.split()
+        state = fields[0] if fields else None
+        ticks = (_int(fields[1]) or 0) + (_int(fields[2]) or 0) if len(fields) >= 3 else 0
+        start = _int(fields[3]) if len(fields) >= 4 else None
+        try:
+            ready_obj = json.loads(ready) if ready else None
+        except json.JSONDecodeError:
+            ready_obj = None
+        out[d] = ProcStatus(dir=d, pid=_int(pid), rc=_int(rc), state=state, cpu_ticks=ticks, start_time=start,
+                            rss_bytes=(_int(statm) or 0) * (_int(page) or 4096), ready=ready_obj,
+                            metrics_size=_int(size), clk_tck=_int(tck) or 100, at=at)
+    return out
+
+
+PROBE = r"""
+import json, platform, sys
+from importlib import metadata as md
+def version(*names):
+    for name in names:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    return None
+print(json.dumps({"node": sys.argv[1], "python": platform.python_version(),
+    "tensorflow": version("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tensorflow-intel", "tf-nightly", "tf-nightly-cpu"),
+    "dsctl": version("dsctl")}))
+"""
+
+
+def probe(python: str, label: str) -> str:
+    """Report the VM's TensorFlow and dsctl versions as one JSON line (does not import TensorFlow)."""
+    return f"{q(python)} -c {q(PROBE)} {q(label)}"
+
+
+def parse_probe(stdout: str) -> dict | None:
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(data, dict) and "tensorflow" in data:
+            return data
+    return None
+
+
+# Runs on a VM: download staged objects from Cloud Storage with the VM's service account (metadata
+# server token), or from STORAGE_EMULATOR_HOST without credentials. Archives (.tar.gz) are unpacked.
+FETCH = r"""
+import io, json, os, sys, tarfile, urllib.parse, urllib.request
+bucket, prefix, dest = sys.argv[1:4]
+host = os.environ.get("STORAGE_EMULATOR_HOST")
+headers = {}
+if not host:
+    host = "https://storage.googleapis.com"
+    req = urllib.request.Request("http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token",
+                                 headers={"Metadata-Flavor": "Google"})
+    headers["Authorization"] = "Bearer " + json.load(urllib.request.urlopen(req, timeout=10))["access_token"]
+os.makedirs(dest, exist_ok=True)
+for name in sys.argv[4:]:
+    url = "%s/storage/v1/b/%s/o/%s?alt=media" % (host.rstrip("/"), bucket, urllib.parse.quote(prefix + name, safe=""))
+    data = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=120).read()
+    if name.endswith(".tar.gz"):
+        target = os.path.join(dest, name[: -len(".tar.gz")])
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            for member in tar.getmembers():
+                path = os.path.realpath(os.path.join(target, member.name))
+                if not path.startswith(os.path.realpath(target) + os.sep) or not (member.isfile() or member.isdir()):
+                    raise SystemExit("refusing archive member %r" % member.name)
+            tar.extractall(target)
+    else:
+        with open(os.path.join(dest, name), "wb") as f:
+            f.write(data)
+print("fetched", len(sys.argv) - 4)
+"""
+
+
+def fetch(python: str, bucket: str, prefix: str, dest: str, objects: list[str], storage_host: str | None) -> str:
+    env = f"STORAGE_EMULATOR_HOST={q(storage_host)} " if storage_host else ""
+    return f"{env}{q(python)} -c {q(FETCH)} {q(bucket)} {q(prefix)} {q(dest)} " + " ".join(q(o) for o in objects)
+
+
+def tail(path: str, lines: int = 15) -> str:
+    return f"tail -n {int(lines)} {q(path)} 2>/dev/null"
+
+
+def wait_file(path: str, timeout_s: float) -> str:
+    """Wait for a file (e.g. the startup script's marker) and print it; exit 1 on timeout."""
+    ticks = max(int(timeout_s * 2), 1)
+    return (f"i=0; while [ ! -s {q(path)} ] && [ $i -lt {ticks} ]; do sleep 0.5; i=$((i+1)); done; "
+            f"cat {q(path)} 2>/dev/null || exit 1")

@@ -1,0 +1,91 @@
+"""Retry Google Cloud calls that were refused for load (429, 503), with bounded exponential backoff.
+
+Every API call dsctl makes goes through `call()`, with the client's own retry
+switched off, so there is one policy: up to ATTEMPTS tries, waits doubling from
+DSCTL_GCP_RETRY_BASE_S (default 0.5 s) up to 16 s, with jitter; about a minute in
+all. Inserts carry a request id, so a retried insert that had in fact succeeded
+is not done twice (the API answers with the first operation).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from typing import Callable, TypeVar
+
+from .errors import ApiUnavailable
+
+T = TypeVar("T")
+ATTEMPTS = 8
+MAX_WAIT_S = 16.0
+
+
+class Cancelled(Exception):
+    """The run is being torn down: stop waiting and return."""
+
+
+def base_wait_s() -> float:
+    try:
+        return max(float(os.environ.get("DSCTL_GCP_RETRY_BASE_S", "0.5")), 0.0)
+    except ValueError:
+        return 0.5
+
+
+def is_timeout(exc: Exception) -> bool:
+    from google.api_core import exceptions as gx
+
+    try:
+        import requests
+    except ImportError:  # pragma: no cover
+        return isinstance(exc, gx.DeadlineExceeded)
+    return isinstance(exc, (requests.Timeout, gx.DeadlineExceeded))
+
+
+def _retryable(exc: Exception, timeouts: bool) -> bool:
+    from google.api_core import exceptions as gx
+
+    if isinstance(exc, (gx.TooManyRequests, gx.ServiceUnavailable)):
+        return True
+    if is_timeout(exc):
+        return timeouts
+    try:
+        import requests
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(exc, requests.ConnectionError)
+
+
+def sleep(seconds: float, cancel: threading.Event | None) -> None:
+    if cancel is None:
+        time.sleep(seconds)
+    elif cancel.wait(seconds):
+        raise Cancelled()
+
+
+def call(fn: Callable[..., T], *args, doing: str, cancel: threading.Event | None = None,
+         retry_timeouts: bool = True, **kwargs) -> T:
+    """fn(*args, retry=None, timeout=60, **kwargs), retried on 429/503/connection errors (and
+    client-side timeouts unless retry_timeouts is false: then they are raised to the caller)."""
+    kwargs.setdefault("retry", None)
+    kwargs.setdefault("timeout", 60.0)
+    base = base_wait_s()
+    started = time.monotonic()
+    for attempt in range(1, ATTEMPTS + 1):
+        if cancel is not None and cancel.is_set():
+            raise Cancelled()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if not _retryable(exc, retry_timeouts):
+                raise
+            if attempt == ATTEMPTS:
+                raise ApiUnavailable(
+                    f"Google Cloud kept refusing {doing} ({type(exc).__name__}: {getattr(exc, 'message', exc)}) "
+                    f"after {ATTEMPTS} attempts over {time.monotonic() - started:.0f} s. The API is overloaded or "
+                    "the project's request rate quota is too low; try again later."
+                ) from exc
+            wait = min(base * 2 ** (attempt - 1), MAX_WAIT_S)
+            sleep(wait * random.uniform(0.8, 1.2), cancel)
+    raise AssertionError("unreachable")

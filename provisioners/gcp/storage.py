@@ -1,0 +1,123 @@
+"""Cloud Storage: stage what the VMs need, and keep what the run produced.
+
+Objects live under gs://<bucket>/dsctl/runs/<run>/:
+  staging/dsctl-<version>.whl   the dsctl wheel of this version (installed by the startup script)
+  staging/spec.json             the job spec, for the trainers
+  staging/code.tar.gz           the spec's folder (the user's pipeline and model code), if the spec uses it
+  results/...                   metrics and logs collected at the end of the run
+Staging objects are deleted with the run; results are kept.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+from dsctl.specs import SpecError
+
+from .clients import Clients
+from .errors import GcpError, from_api_error
+
+CODE_LIMIT_BYTES = 100 * 2**20
+SKIP_DIRS = {"__pycache__", "node_modules", ".git", ".venv", "venv", ".tox", ".mypy_cache", ".pytest_cache"}
+
+
+def run_prefix(run_id: str) -> str:
+    return f"dsctl/runs/{run_id}/"
+
+
+def code_archive(base_dir: Path, exclude: list[Path] = ()) -> bytes:
+    """tar.gz of the spec's folder: regular files only, no hidden or cache folders, no virtualenvs."""
+    base_dir = Path(base_dir).resolve()
+    excluded = [Path(e).resolve() for e in exclude]
+    buf = io.BytesIO()
+    total = 0
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for root, dirs, files in os.walk(base_dir, followlinks=False):
+            root_p = Path(root)
+            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIP_DIRS
+                             and not (root_p / d / "pyvenv.cfg").exists() and not (root_p / d).is_symlink()
+                             and (root_p / d).resolve() not in excluded)
+            for name in sorted(files):
+                path = root_p / name
+                if name.startswith(".") or path.is_symlink() or not path.is_file() or name.endswith(".pyc"):
+                    continue
+                total += path.stat().st_size
+                if total > CODE_LIMIT_BYTES:
+                    raise SpecError(
+                        f"the spec's folder {base_dir} holds more than {CODE_LIMIT_BYTES // 2**20} MB; trainers on "
+                        "Google Cloud get a copy of it (your pipeline and model code). Put the spec and its code in a "
+                        "folder of their own, and read large data from Cloud Storage instead.")
+                tar.add(path, arcname=str(path.relative_to(base_dir)), recursive=False)
+    return buf.getvalue()
+
+
+class Staging:
+    def __init__(self, clients: Clients, run_id: str):
+        self.clients = clients
+        self.run_id = run_id
+        self.bucket_name = clients.settings.bucket
+        self.prefix = run_prefix(run_id)
+
+    @property
+    def staging_prefix(self) -> str:
+        return self.prefix + "staging/"
+
+    def _bucket(self):
+        return self.clients.storage.bucket(self.bucket_name)
+
+    def ensure_bucket(self) -> None:
+        from google.api_core import exceptions as gx
+
+        storage = self.clients.storage
+        try:
+            if storage.lookup_bucket(self.bucket_name) is None:
+                storage.create_bucket(self.bucket_name, location=self.clients.settings.region)
+        except gx.Conflict:
+            pass  # created meanwhile, or exists in another project: the upload will tell
+        except gx.GoogleAPICallError as exc:
+            raise from_api_error(exc, doing=f"preparing the staging bucket gs://{self.bucket_name}") from exc
+
+    def upload(self, name: str, data: bytes | Path) -> str:
+        """Upload to staging/<name>; returns the object name relative to the staging prefix."""
+        from google.api_core import exceptions as gx
+
+        blob = self._bucket().blob(self.staging_prefix + name)
+        try:
+            if isinstance(data, Path):
+                blob.upload_from_filename(str(data))
+            else:
+                blob.upload_from_string(data)
+        except gx.GoogleAPICallError as exc:
+            raise from_api_error(exc, doing=f"uploading {name} to gs://{self.bucket_name}/{self.staging_prefix}") from exc
+        return name
+
+    def url(self, name: str) -> str:
+        return f"gs://{self.bucket_name}/{self.staging_prefix}{name}"
+
+    def collect(self, run_dir: Path, folders: tuple[str, ...] = ("metrics", "logs")) -> int:
+        """Copy the run's metrics and logs to results/ (kept after the run); returns the number of files."""
+        bucket = self._bucket()
+        n = 0
+        for folder in folders:
+            base = Path(run_dir) / folder
+            if not base.is_dir():
+                continue
+            for path in sorted(base.rglob("*")):
+                if path.is_file():
+                    bucket.blob(f"{self.prefix}results/{path.relative_to(run_dir).as_posix()}").upload_from_filename(str(path))
+                    n += 1
+        return n
+
+    def delete_staging(self) -> None:
+        bucket = self._bucket()
+        for blob in list(self.clients.storage.list_blobs(self.bucket_name, prefix=self.staging_prefix)):
+            try:
+                bucket.delete_blob(blob.name)
+            except Exception:
+                pass
+
+
+__all__ = ["GcpError", "Staging", "code_archive", "run_prefix"]
