@@ -64,7 +64,7 @@ class JobRunner:
     def __init__(self, loaded: LoadedSpec, *, mode: str = "service", workers: int | None = None,
                  store: RunStore | None = None, listener: Listener | None = None, kind: str = "job",
                  parent_id: str | None = None, run_id: str | None = None, detached: bool = False,
-                 duration_s: float | None = None, repeat: bool = False):
+                 duration_s: float | None = None, repeat: bool = False, record_steps: bool = False):
         self.loaded = loaded
         self.spec = loaded.spec
         self.mode = mode
@@ -80,6 +80,7 @@ class JobRunner:
         self.measured_from_wall: float | None = None
         self.detached = detached
         self.duration_s, self.repeat = duration_s, repeat  # overrides for measurements (sweep baselines)
+        self.record_steps = record_steps  # per-batch records (experiments model synchronous training from them)
 
     # -- events -----------------------------------------------------------------
     def _event(self, kind: str, message: str) -> None:
@@ -199,6 +200,7 @@ class JobRunner:
             mode=self.mode, spec_json=self.run_dir / "spec.json", metrics_dir=self.run_dir / "metrics",
             base_dir=self.loaded.base_dir, cache_dir=dsctl_home() / "cache", count=self.spec.trainer.count,
             record_ids=self._countable() and not self.repeat, duration_s=self.duration_s, repeat=self.repeat,
+            record_steps=self.record_steps, cpus=self.spec.trainer.cpus,
         )
         self.provisioner.start_trainers(dep, launch, self._event)
 

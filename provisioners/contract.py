@@ -73,6 +73,8 @@ class TrainerLaunch:
     record_ids: bool = False
     repeat: bool = False  # repeat a finite pipeline: steady-state measurements must not run out of data
     window_s: float | None = None  # metrics window override (sweeps align measurements to short windows)
+    record_steps: bool = False  # per-batch timings and token counts, for modelling synchronous training
+    cpus: list[int] | None = None  # pin trainer processes to these cores (local provider)
 
 
 @dataclass

@@ -9,7 +9,8 @@ runs the entry point's main() as if started with `python -m`. Each child is a
 separate OS process running TensorFlow's own server or the trainer harness.
 
 Requests are JSON files dropped into --requests DIR (written atomically):
-    {"id": "worker-3", "module": "dsctl.runtime.worker", "argv": [...], "log": "/path/worker-3.log"}
+    {"id": "worker-3", "module": "dsctl.runtime.worker", "argv": [...], "log": "/path/worker-3.log",
+     "cpus": [1]}            (optional: pin the child to these cores)
 The launcher answers with DIR/<id>.pid ({"pid": N}) and, when the child
 exits, DIR/exit-<pid>.json ({"code": C}).
 """
@@ -33,6 +34,8 @@ def _run_child(request: dict) -> None:
     code = 1
     try:
         os.setsid()
+        if request.get("cpus"):
+            os.sched_setaffinity(0, request["cpus"])
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

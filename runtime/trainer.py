@@ -89,8 +89,10 @@ class Harness:
     """Runs the training loop and turns timings into metrics windows."""
 
     def __init__(self, spec: JobSpec, writer: MetricsWriter, steps: int | None, duration_s: float | None,
-                 record_ids: str | None, window_s: float | None = None):
+                 record_ids: str | None, window_s: float | None = None, record_steps: str | None = None):
         self.spec = spec
+        self.record_steps = record_steps
+        self.steps_log: dict[str, list] = {k: [] for k in ("wait_s", "step_s", "tokens", "padded_tokens", "examples")}
         self.window_s = window_s or spec.trainer.window_s
         self.writer = writer
         self.steps = steps
@@ -116,6 +118,7 @@ class Harness:
         steps = self.steps if self.steps is not None else float("inf")
         deadline = float("inf")
         record_ids = self.record_ids is not None
+        log_steps = self.record_steps is not None
         batches = 0
         reason = "steps"
         # Kept on self: destroying a tf.data service iterator waits on its outstanding
@@ -145,6 +148,12 @@ class Harness:
             if record_ids and isinstance(batch, dict) and "id" in batch:
                 self.ids.extend(batch["id"].numpy().ravel().tolist())
             window.add(b - a, c - b, stats)
+            if log_steps:
+                log = self.steps_log
+                log["wait_s"].append(b - a)
+                log["step_s"].append(c - b)
+                for k in ("tokens", "padded_tokens", "examples"):
+                    log[k].append(int(stats.get(k, 0)))
             if window.warmup:
                 if batches >= warmup_left:
                     writer.emit("window", **window.as_fields(c, t0))
@@ -172,6 +181,8 @@ class Harness:
         )
         if self.record_ids:
             Path(self.record_ids).write_text(json.dumps(self.ids))
+        if self.record_steps:
+            Path(self.record_steps).write_text(json.dumps(self.steps_log))
         return reason
 
 
@@ -189,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--record-ids", default=None, help="write the ids of received synthetic elements here")
     ap.add_argument("--repeat", action="store_true", help="repeat a finite pipeline (steady-state measurements)")
     ap.add_argument("--window-s", type=float, default=None, help="override trainer.window_s")
+    ap.add_argument("--record-steps", default=None, help="write per-batch wait, step time and token counts here (JSON)")
     args = ap.parse_args(argv)
     if args.mode == "service" and not args.dispatcher:
         ap.error("--dispatcher is required in service mode")
@@ -200,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         steps, duration = spec.trainer.steps, spec.trainer.duration_s
     writer = MetricsWriter(args.metrics, args.index)
     writer.emit("start", pid=os.getpid(), mode=args.mode)
-    harness = Harness(spec, writer, steps, duration, args.record_ids, args.window_s)
+    harness = Harness(spec, writer, steps, duration, args.record_ids, args.window_s, args.record_steps)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: harness.stop.set())
     from dsctl.runtime.pipelines.errors import PipelineError

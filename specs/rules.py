@@ -6,8 +6,13 @@ at `dsctl validate` rather than hanging on a cluster (see docs/spec-reference.md
 
 from __future__ import annotations
 
+import os
+import re
+
 from .schema import JobSpec
 from .yamlsource import YamlSource
+
+TPU_MACHINE_RE = re.compile(r"^tpu-v[0-9]+[a-z]*-[0-9]+$")
 
 
 def _infinite(spec: JobSpec) -> bool | None:
@@ -18,6 +23,7 @@ def _infinite(spec: JobSpec) -> bool | None:
 
 
 def check_rules(spec: JobSpec, src: YamlSource) -> None:
+    _check_pinning(spec, src)
     svc, trainer, pipe = spec.service, spec.trainer, spec.pipeline
 
     if (trainer.steps is None) == (trainer.duration_s is None):
@@ -77,3 +83,41 @@ def check_rules(spec: JobSpec, src: YamlSource) -> None:
                 ("pipeline", "params", "epochs"),
                 "the cross-trainer cache needs an infinite dataset; set 'epochs: null' and bound the job with trainer.steps or trainer.duration_s.",
             )
+
+    if spec.provider == "gcp":
+        _check_gcp(spec, src)
+
+
+def _check_gcp(spec: JobSpec, src: YamlSource) -> None:
+    """What Google Cloud needs that field checks cannot see; project and zone may come from the
+    environment, so they are checked when a run starts, not here."""
+    gcp = spec.gcp
+    if gcp is not None and gcp.dispatcher_port and gcp.dispatcher_port == gcp.worker_port:
+        raise src.error(
+            ("gcp", "worker_port"),
+            f"the dispatcher and the workers both use port {gcp.worker_port}; give them different ports "
+            "(or 0 to let each VM choose), because the firewall rule and the trainers address them separately.",
+        )
+    machine = spec.trainer.machine
+    if machine.startswith("tpu") and not TPU_MACHINE_RE.match(machine):
+        raise src.error(
+            ("trainer", "machine"),
+            f"'{machine}' is not a TPU VM type; TPU trainers are named like tpu-v2-8, tpu-v3-8, tpu-v4-8 or "
+            "tpu-v5litepod-4 (tpu- followed by the accelerator type).",
+        )
+    if machine == "local":
+        raise src.error(("trainer", "machine"), "with provider: gcp the trainer is a VM: name a TPU VM type (tpu-v2-8), "
+                        "a GPU machine type (a2-highgpu-1g) or a CPU machine type (n2-standard-8).")
+
+
+def _check_pinning(spec: JobSpec, src: YamlSource) -> None:
+    """Core pinning (the way Cachew limits cores with taskset) exists only for local processes."""
+    available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    for loc, cores in ((("service", "worker_cpus"), spec.service.worker_cpus), (("trainer", "cpus"), spec.trainer.cpus)):
+        if cores is None:
+            continue
+        if spec.provider != "local":
+            raise src.error(loc, "pinning to cores applies to the local provider only; remove it for provider: gcp.")
+        missing = [c for c in cores if c not in available]
+        if missing:
+            raise src.error(loc, f"core(s) {missing} do not exist here; this machine has cores {available}.")

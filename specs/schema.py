@@ -56,6 +56,8 @@ class ServiceSpec(Strict):
     compression: Optional[Literal["AUTO", "SNAPPY"]] = None
     fault_tolerant: bool = True
     max_outstanding_requests: Optional[int] = Field(None, ge=1)
+    worker_cpus: Optional[list[int]] = Field(
+        None, min_length=1, description="local provider: pin workers and the dispatcher to these cores (like taskset)")
 
 
 class ModelSpec(Strict):
@@ -83,6 +85,7 @@ class TrainerSpec(Strict):
     duration_s: Optional[float] = Field(None, gt=0)
     warmup_batches: int = Field(5, ge=0, description="batches excluded from throughput")
     window_s: float = Field(1.0, gt=0, description="metrics window length")
+    cpus: Optional[list[int]] = Field(None, min_length=1, description="local provider: pin trainers to these cores")
 
 
 class PipelineSpec(Strict):
@@ -98,6 +101,63 @@ class PipelineSpec(Strict):
         return v
 
 
+GCP_ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+GCP_LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+GCP_LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+
+
+class GcpSpec(Strict):
+    """Where and how `provider: gcp` creates machines. Every field has a default; project and
+    zone may come from the environment instead (Application Default Credentials, CLOUDSDK_*)."""
+
+    project: Optional[str] = Field(None, min_length=1, description="default: GOOGLE_CLOUD_PROJECT or the ADC project")
+    zone: Optional[str] = Field(None, description="e.g. us-central1-a; default: CLOUDSDK_COMPUTE_ZONE")
+    network: str = Field("default", min_length=1, description="VPC network name or URL")
+    subnetwork: Optional[str] = Field(None, min_length=1, description="subnetwork name or URL (custom-mode VPCs)")
+    service_account: Optional[str] = Field(None, min_length=1, description="VM service account email; default: the Compute Engine default")
+    public_ips: bool = Field(False, description="give VMs external addresses (default: internal only)")
+    ssh_user: str = Field("dsctl", min_length=1, description="user the run's SSH key is installed for")
+    ssh_port: int = Field(22, ge=1, le=65535, description="overridden by DSCTL_SSH_PORT")
+    image: str = Field("projects/debian-cloud/global/images/family/debian-12", description="boot image of CPU VMs")
+    gpu_image: str = Field("projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11-py310",
+                           description="boot image of GPU trainer VMs (with NVIDIA drivers)")
+    tpu_runtime_version: str = Field("tpu-ubuntu2204-base", description="TPU VM software version")
+    boot_disk_gb: int = Field(50, ge=10)
+    boot_disk_type: str = "pd-balanced"
+    bucket: Optional[str] = Field(None, min_length=3, description="staging bucket; default: <project>-dsctl (created if missing)")
+    dispatcher_port: int = Field(5050, ge=0, le=65535, description="0: chosen on the VM")
+    worker_port: int = Field(5051, ge=0, le=65535, description="0: chosen on each VM")
+    tensorflow_version: Optional[str] = Field(None, description="TensorFlow for every VM; default: this machine's")
+    bootstrap: bool = Field(True, description="install TensorFlow and dsctl with a startup script; false: the image has them")
+    python: Optional[str] = Field(None, description="Python on the VMs; default: the bootstrap venv, or python3")
+    remote_dir: str = Field("/var/tmp/dsctl", min_length=1, description="working directory on the VMs")
+    running_timeout_s: float = Field(300.0, gt=0, description="for a VM to reach RUNNING (a TPU VM READY)")
+    ssh_timeout_s: float = Field(300.0, gt=0, description="for SSH to answer once a VM runs")
+    startup_timeout_s: float = Field(900.0, gt=0, description="for the startup script to install TensorFlow and dsctl")
+    ready_timeout_s: float = Field(300.0, gt=0, description="for the dispatcher and workers to serve once started")
+    labels: dict[str, str] = Field(default_factory=dict, description="extra labels on every resource")
+
+    @field_validator("zone")
+    @classmethod
+    def _zone(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not GCP_ZONE_RE.match(v):
+            raise ValueError(f"zone must look like 'us-central1-a', got {v!r}")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not GCP_LABEL_KEY_RE.match(key) or not GCP_LABEL_VALUE_RE.match(value):
+                raise ValueError(
+                    f"label {key}={value!r}: keys are 1-63 lower-case letters, digits, '-' or '_' starting with a "
+                    "letter; values are up to 63 of the same"
+                )
+            if key.startswith("dsctl-"):
+                raise ValueError(f"label {key}: keys starting with 'dsctl-' are set by dsctl itself")
+        return v
+
+
 class JobSpec(Strict):
     name: str = Field(description="lower-case letters, digits and dashes; names the run and its resources")
     provider: Literal["local", "gcp"] = "local"
@@ -106,6 +166,7 @@ class JobSpec(Strict):
     pipeline: PipelineSpec
     pricing: str = "paper-2023-06"
     cost_basis: Literal["utilization", "vm-hours"] = "utilization"
+    gcp: Optional[GcpSpec] = Field(None, description="Google Cloud settings, used with provider: gcp")
 
     @field_validator("name")
     @classmethod

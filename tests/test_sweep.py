@@ -52,7 +52,7 @@ def test_local_sweep_finds_the_knee_and_records_every_point(home, tmp_path):
 
 def test_simulated_m1_sweep_reproduces_the_papers_points(home):
     proc = dsctl("sweep", EXAMPLES / "gcp-resnet50.yaml", "--workers", "8..640", "--simulate",
-                 "--calibration", EXAMPLES / "paper-m1-calibration.yaml", "--json", check=True)
+                 "--calibration", EXAMPLES / "calibrations" / "paper-m1.yaml", "--json", check=True)
     s = json.loads(proc.stdout)["summary"]
     points = {p["workers"]: p for p in s["points"]}
     assert sorted(points) == [8, 16, 32, 64, 128, 256, 512, 640]

@@ -32,7 +32,7 @@ class Launcher:
         spawn(node, ["dsctl.runtime.launcher", "--requests", str(self.dir)], log)
         return node
 
-    def request(self, node: Node, module: str, argv: list[str], log: Path) -> None:
+    def request(self, node: Node, module: str, argv: list[str], log: Path, cpus: list[int] | None = None) -> None:
         """Ask for a fork; node.pid is filled in later by resolve()."""
         launch_id = f"{node.role}-{node.index}-{time.monotonic_ns()}"
         node.pid = node.pgid = node.create_time = None
@@ -40,7 +40,8 @@ class Launcher:
         node.extra["launch_id"] = launch_id
         log.parent.mkdir(parents=True, exist_ok=True)
         path = self.dir / f"{launch_id}.req"
-        write_json_atomic(path.with_suffix(".tmpreq"), {"id": launch_id, "module": module, "argv": argv, "log": str(log)})
+        write_json_atomic(path.with_suffix(".tmpreq"), {"id": launch_id, "module": module, "argv": argv, "log": str(log),
+                                                   "cpus": cpus})
         path.with_suffix(".tmpreq").rename(path)
 
     def resolve(self, node: Node) -> bool:

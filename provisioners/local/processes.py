@@ -26,13 +26,14 @@ def child_env() -> dict:
     return env
 
 
-def spawn(node: Node, args: list[str], log: Path) -> subprocess.Popen:
-    """Start `python -m <args>` for `node`, filling in its pid, pgid, start time and log."""
+def spawn(node: Node, args: list[str], log: Path, cpus: list[int] | None = None) -> subprocess.Popen:
+    """Start `python -m <args>` for `node` (pinned to `cpus` if given), filling in its pid, pgid, start time and log."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=child_env(),
+            start_new_session=True, env=child_env(), preexec_fn=pin,
         )
     node.pid = proc.pid
     node.pgid = proc.pid

@@ -62,6 +62,7 @@ class LocalProvisioner:
         self._sampler = ProcessSampler()
         self._cache_mb = 0
         self._launcher: Launcher | None = None
+        self._service_cpus: list[int] | None = None
 
     # -- checks -----------------------------------------------------------------
     def check(self, spec: JobSpec, workers: int) -> None:
@@ -107,12 +108,15 @@ class LocalProvisioner:
                 time.sleep(0.1)
         dep.save()
 
-    def _launch(self, dep: Deployment, node: Node, module: str, argv: list[str], log: Path) -> None:
+    def _launch(self, dep: Deployment, node: Node, module: str, argv: list[str], log: Path,
+                cpus: list[int] | None = None) -> None:
         """Start `python -m module argv` for node: forked by the launcher when it is up, else spawned."""
+        if cpus:
+            node.extra["cpus"] = cpus
         if self._launcher is not None and self._launcher_alive(dep):
-            self._launcher.request(node, module, argv, log)
+            self._launcher.request(node, module, argv, log, cpus)
         else:
-            self._procs[(node.role, node.index)] = spawn(node, [module, *argv], log)
+            self._procs[(node.role, node.index)] = spawn(node, [module, *argv], log, cpus)
         dep.save()
 
     def _launcher_alive(self, dep: Deployment) -> bool:
@@ -137,7 +141,8 @@ class LocalProvisioner:
                 "--port", str(node.extra["port"]), "--ready-file", str(ready)]
         if spec_cache_mb:
             args += ["--cross-trainer-cache-mb", str(spec_cache_mb)]
-        self._launch(dep, node, "dsctl.runtime.worker", args, Path(dep.run_dir) / "logs" / f"worker-{node.index}.log")
+        self._launch(dep, node, "dsctl.runtime.worker", args, Path(dep.run_dir) / "logs" / f"worker-{node.index}.log",
+                     self._service_cpus)
 
     def up(self, spec: JobSpec, dep: Deployment, workers: int, events: EventSink) -> None:
         """Start the dispatcher and workers together; wait_ready() waits for them.
@@ -148,6 +153,7 @@ class LocalProvisioner:
         """
         run_dir = Path(dep.run_dir)
         self._start_launcher(dep)
+        self._service_cpus = spec.service.worker_cpus
         port = pick_free_port()
         disp = Node(role="dispatcher", index=0, address=f"127.0.0.1:{port}",
                     extra={"port": port, "ready_file": str(run_dir / "ready" / "dispatcher.json"),
@@ -157,7 +163,7 @@ class LocalProvisioner:
         args = ["--port", str(port), "--ready-file", disp.extra["ready_file"], "--status-file", disp.extra["status_file"]]
         if spec.service.fault_tolerant:
             args += ["--fault-tolerant", "--work-dir", str(run_dir / "journal")]
-        self._launch(dep, disp, "dsctl.runtime.dispatcher", args, run_dir / "logs" / "dispatcher.log")
+        self._launch(dep, disp, "dsctl.runtime.dispatcher", args, run_dir / "logs" / "dispatcher.log", self._service_cpus)
         self._cache_mb = spec.service.cross_trainer_cache_mb if spec.service.cross_trainer_cache else 0
         self._add_workers(dep, workers)
         events("starting", f"dispatcher and {workers} worker(s) starting")
@@ -217,11 +223,14 @@ class LocalProvisioner:
                 args.append("--repeat")
             if launch.window_s:
                 args += ["--window-s", str(launch.window_s)]
+            if launch.record_steps:
+                node.extra["steps"] = str(launch.metrics_dir / f"trainer-{index}.steps.json")
+                args += ["--record-steps", node.extra["steps"]]
             if launch.record_ids:
                 node.extra["ids"] = str(launch.metrics_dir / f"trainer-{index}.ids.json")
                 args += ["--record-ids", node.extra["ids"]]
             dep.nodes.append(node)
-            self._launch(dep, node, "dsctl.runtime.trainer", args, launch.metrics_dir / f"trainer-{index}.log")
+            self._launch(dep, node, "dsctl.runtime.trainer", args, launch.metrics_dir / f"trainer-{index}.log", launch.cpus)
         events("training", f"{launch.count} trainer(s) started ({launch.mode})")
 
     def _exit_code(self, node: Node) -> int | None:
