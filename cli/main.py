@@ -46,10 +46,11 @@ def _sigterm_as_interrupt() -> None:
 @app.command()
 def validate(spec: Path = typer.Argument(..., metavar="JOB.yaml", help="job spec YAML")) -> None:
     """Check a job spec (schema, cross-field rules, and that user entrypoints import) without running anything."""
-    from dsctl.orchestrator.preflight import check_entrypoints
+    from dsctl.orchestrator.preflight import check_autoscale, check_entrypoints
 
     loaded = load_spec(spec)
     check_entrypoints(loaded)
+    check_autoscale(loaded)
     s = loaded.spec
     console.print(f"{spec}: ok — job '{s.name}', {s.service.workers} worker(s), {s.trainer.count} trainer(s), "
                   f"pipeline {s.pipeline.builtin or s.pipeline.entrypoint}, provider {s.provider}")
@@ -62,22 +63,26 @@ def up(
     mode: str = typer.Option("service", "--mode", help="service | colocated (pipeline on the trainer) | ideal (input never stalls)"),
     detach: bool = typer.Option(False, "--detach", "-d", help="leave the deployment running after the job (dsctl down removes it)"),
     json_out: bool = typer.Option(False, "--json", help="print the run record as JSON"),
+    autoscale: Optional[str] = typer.Option(None, "--autoscale", help="scale workers while it runs: cachew | cpu"),
     run_id: Optional[str] = typer.Option(None, "--run-id", hidden=True),
     detached_child: bool = typer.Option(False, "--detached-child", hidden=True),
 ) -> None:
     """Provision the service, run the trainers, measure, record the run, tear everything down."""
-    from dsctl.orchestrator.preflight import check_entrypoints
+    from dsctl.orchestrator.preflight import check_autoscale, check_entrypoints
     from dsctl.orchestrator.run import JobRunner
 
     if mode not in MODES:
         fail(f"--mode must be one of {', '.join(MODES)}, got '{mode}'.", EXIT_BAD_INPUT)
+    if autoscale is not None and autoscale not in ("cachew", "cpu"):
+        fail(f"--autoscale must be cachew or cpu, got '{autoscale}'.", EXIT_BAD_INPUT)
     loaded = load_spec(spec)
     check_entrypoints(loaded)
+    check_autoscale(loaded, autoscale)
     if detach and not detached_child:
-        _detach(spec, workers, mode)
+        _detach(spec, workers, mode, autoscale)
         return
     _sigterm_as_interrupt()
-    runner = JobRunner(loaded, mode=mode, workers=workers, run_id=run_id, detached=detached_child)
+    runner = JobRunner(loaded, mode=mode, workers=workers, run_id=run_id, detached=detached_child, autoscale=autoscale)
     try:
         with LiveView(enabled=not json_out) as view:
             runner.listener = view
@@ -96,7 +101,7 @@ def up(
         console.print(summary_table(record))
 
 
-def _detach(spec: Path, workers: Optional[int], mode: str) -> None:
+def _detach(spec: Path, workers: Optional[int], mode: str, autoscale: Optional[str]) -> None:
     """Re-run `dsctl up` in its own session; it keeps supervising the service until `dsctl down`."""
     from dsctl.orchestrator.run import new_run_id
     from dsctl.orchestrator.store import dsctl_home
@@ -108,6 +113,8 @@ def _detach(spec: Path, workers: Optional[int], mode: str) -> None:
     args = [sys.executable, "-m", "dsctl.cli.main", "up", str(spec), "--mode", mode, "--run-id", run_id, "--detached-child"]
     if workers:
         args += ["--workers", str(workers)]
+    if autoscale:
+        args += ["--autoscale", autoscale]
     with open(log, "ab") as out:
         subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     console.print(f"started run {run_id} in the background; `dsctl status` shows it, `dsctl down {run_id}` removes it. Log: {log}")
@@ -181,8 +188,13 @@ def runs(ctx: typer.Context, limit: int = typer.Option(20, "--limit", "-n"), jso
 
 
 @runs_app.command("show")
-def runs_show(run: str = typer.Argument(..., help="run id or unique prefix"), json_out: bool = typer.Option(False, "--json")) -> None:
-    """One run: its summary, events and per-window metrics."""
+def runs_show(
+    run: str = typer.Argument(..., help="run id or unique prefix"),
+    json_out: bool = typer.Option(False, "--json"),
+    timeline: bool = typer.Option(False, "--timeline", help="plot workers and batch time over time (PNG)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="where --timeline writes its PNG (default: the run dir)"),
+) -> None:
+    """One run: its summary, events and per-window metrics; --timeline plots them."""
     from dsctl.orchestrator.store import RunStore
 
     store = RunStore()
@@ -191,12 +203,27 @@ def runs_show(run: str = typer.Argument(..., help="run id or unique prefix"), js
         from dsctl.specs import SpecError
 
         raise SpecError(f"no run '{run}' is recorded; `dsctl runs` lists the recorded ones.")
+    if timeline:
+        _timeline(store, record, out)
     if json_out:
         print_json({**record.as_dict(), "windows": store.windows(record.id), "events": store.events(record.id)})
         return
     console.print(sweep_table(record) if record.kind == "sweep" else summary_table(record))
     for e in store.events(record.id):
         console.print(f"  {time.strftime('%H:%M:%S', time.localtime(e['t']))} {e['kind']}: {e['message']}")
+
+
+def _timeline(store, record, out: Optional[Path]) -> None:
+    from dsctl.orchestrator.timeline import plot_timeline, scaling_changes
+
+    windows = store.windows(record.id)
+    if not windows:
+        from dsctl.specs import SpecError
+
+        raise SpecError(f"run {record.id} has no metrics windows to plot.")
+    path = plot_timeline(windows, out or Path(record.run_dir or ".") / "timeline.png",
+                         f"run {record.id}: workers and batch time")
+    console.print(f"timeline: {path} ({len(windows)} windows, {len(scaling_changes(windows))} change(s) of worker count)")
 
 
 def main() -> None:

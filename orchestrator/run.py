@@ -19,6 +19,7 @@ from typing import Callable
 from dsctl.provisioners import Deployment, Node, TrainerLaunch, get_provisioner
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 
+from .preflight import check_autoscale
 from .pricing import cost_summary
 from .store import RunStore, dsctl_home
 from .summary import summarize
@@ -64,11 +65,17 @@ class JobRunner:
     def __init__(self, loaded: LoadedSpec, *, mode: str = "service", workers: int | None = None,
                  store: RunStore | None = None, listener: Listener | None = None, kind: str = "job",
                  parent_id: str | None = None, run_id: str | None = None, detached: bool = False,
-                 duration_s: float | None = None, repeat: bool = False, record_steps: bool = False):
+                 duration_s: float | None = None, repeat: bool = False, record_steps: bool = False,
+                 autoscale: str | None = None):
         self.loaded = loaded
         self.spec = loaded.spec
         self.mode = mode
         self.workers = (workers if workers is not None else self.spec.service.workers) if mode == "service" else 0
+        # A scaling policy (spec `autoscale:` or --autoscale) decides the worker count from here on.
+        self.policy = check_autoscale(loaded, autoscale) if mode == "service" else None
+        if self.policy is not None:
+            self.workers = self.policy.initial_workers
+        self._worker_util: float | None = None
         self.store = store or RunStore()
         self.listener = listener or (lambda p: None)
         self.provisioner = get_provisioner(self.spec.provider)
@@ -99,7 +106,7 @@ class JobRunner:
     # -- the run ------------------------------------------------------------------
     def prepare(self) -> Deployment:
         if self.mode == "service":
-            self.provisioner.check(self.spec, self.workers)
+            self.provisioner.check(self.spec, max(self.workers, self.spec.autoscale.max_workers if self.policy and self.spec.autoscale else 0))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         spec_json = self.spec.model_dump_json(indent=1)
         (self.run_dir / "spec.json").write_text(spec_json)
@@ -180,6 +187,8 @@ class JobRunner:
         summary = summarize(self.store.trainer_results(self.run_id), self.store.utilization(self.run_id),
                             started, ended, self.first_batch_wall, self.measured_from_wall)
         summary.update(self._element_accounting())
+        if self.policy is not None:
+            summary.update(self._scaling_summary())
         self.store.update_run(self.run_id, status=status, ended_at=ended, error=error, summary=summary)
         summary["cost"] = cost_summary(self.store.get(self.run_id))
         self.store.update_run(self.run_id, summary=summary)
@@ -220,7 +229,11 @@ class JobRunner:
             now = time.monotonic()
             if now - last_sample >= SAMPLE_S:
                 last_sample = now
-                self.store.add_utilization(self.run_id, time.time(), self.provisioner.sample(dep))
+                samples = self.provisioner.sample(dep)
+                self.store.add_utilization(self.run_id, time.time(), samples)
+                workers = [x.cpu_cores for x in samples if x.role == "worker"]
+                # A local worker is granted one core; its utilization is the share of it in use.
+                self._worker_util = min(sum(workers) / len(workers), 1.0) if workers else None
                 self.progress.batches = sum(batches.values())
                 self.progress.batches_per_s = sum(rates.values()) / len(rates) if rates else None
                 self.listener(self.progress)
@@ -241,6 +254,8 @@ class JobRunner:
             batches[index] += rec.get("batches", 0)
             if not rec.get("warmup"):
                 rates[index] = rec.get("batches_per_s") or 0.0
+                if self.policy is not None:
+                    self._autoscale(rec)
         elif event == "first_batch":
             if self.first_batch_wall is None or rec["wall"] < self.first_batch_wall:
                 self.first_batch_wall = rec["wall"]
@@ -251,6 +266,34 @@ class JobRunner:
             self.store.set_trainer_result(self.run_id, index, rec)
         elif event == "error":
             errors[index] = rec
+
+    def _autoscale(self, window: dict) -> None:
+        """Feed one metrics window to the policy; apply an add or remove, and record why."""
+        from .policies import Observation
+
+        elapsed = window["t_end"] - window["t_start"]
+        if not window.get("batches") or elapsed <= 0 or not window.get("mean_batch_time_s"):
+            return
+        obs = Observation(t=window["t_end"], workers=self.workers, batch_time_s=window["mean_batch_time_s"],
+                          input_stall_frac=min(window["input_wait_s"] / elapsed, 1.0), batches=window["batches"],
+                          worker_cpu_util=self._worker_util)
+        decision = self.policy.observe(obs)
+        if decision.action == "hold" or decision.target == self.workers:
+            return
+        self._event("autoscale", f"{decision.action} → {decision.target} worker(s): {decision.reason}")
+        self.provisioner.scale_workers(self.deployment, decision.target, self._event)
+        self.workers = decision.target
+        self.progress.workers_wanted = self.progress.workers_ready = decision.target
+
+    def _scaling_summary(self) -> dict:
+        """Time-weighted worker count of an autoscaled run; the record's worker count becomes its rounding,
+        so pricing charges about the workers the run held on average."""
+        windows = [w for w in self.store.windows(self.run_id) if w["trainer"] == 0 and w["t_end"] > w["t_start"]]
+        held = sum((w["t_end"] - w["t_start"]) * (w["workers"] or 0) for w in windows)
+        total = sum(w["t_end"] - w["t_start"] for w in windows)
+        mean_workers = held / total if total else self.workers
+        self.store.update_run(self.run_id, workers=max(1, round(mean_workers)))
+        return {"autoscale_policy": self.policy.name, "mean_workers": mean_workers, "final_workers": self.workers}
 
     def _check_exits(self, codes: dict[int, int], errors: dict[int, dict]) -> None:
         for index, code in sorted(codes.items()):

@@ -23,14 +23,25 @@ class ModelError(Exception):
     """The model entrypoint could not be loaded; the message is for the user."""
 
 
-def synthetic_step_seconds(model: ModelSpec, stats: dict) -> float:
-    return model.step_time_ms / 1e3 + stats.get("padded_tokens", 0) * model.padded_token_time_us / 1e6
+def synthetic_step_seconds(model: ModelSpec, stats: dict, elapsed_s: float = 0.0) -> float:
+    """Step time now: the base costs, or those of the latest phase whose after_s has passed."""
+    step_ms, token_us = model.step_time_ms, model.padded_token_time_us
+    for phase in model.phases:
+        if elapsed_s < phase.after_s:
+            break
+        step_ms = phase.step_time_ms if phase.step_time_ms is not None else step_ms
+        token_us = phase.padded_token_time_us if phase.padded_token_time_us is not None else token_us
+    return step_ms / 1e3 + stats.get("padded_tokens", 0) * token_us / 1e6
 
 
 def make_step(model: ModelSpec, base_dir: Path | None = None) -> StepFn:
     if model.kind == "synthetic":
+        started: list[float] = []
+
         def step(batch: Any, stats: dict) -> None:
-            seconds = synthetic_step_seconds(model, stats)
+            if not started:
+                started.append(time.perf_counter())
+            seconds = synthetic_step_seconds(model, stats, time.perf_counter() - started[0])
             if seconds > 0:
                 time.sleep(seconds)
         return step

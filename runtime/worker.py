@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cross-trainer-cache-mb", type=int, default=0)
     ap.add_argument("--heartbeat-ms", type=int, default=1000)
     ap.add_argument("--ready-file", default=None)
+    ap.add_argument("--shutdown-quiet-ms", type=int, default=1000, help="time to answer in-flight requests on stop")
     args = ap.parse_args(argv)
 
     refuse_taken_port("worker", args.port)
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> None:
         protocol="grpc",
         heartbeat_interval_ms=args.heartbeat_ms,
         cross_trainer_cache_size_bytes=args.cross_trainer_cache_mb * 1024 * 1024,
+        # On SIGTERM (a scale-down), answer the requests in flight before the server goes away.
+        shutdown_quiet_period_ms=args.shutdown_quiet_ms,
     )
     server = tf.data.experimental.service.WorkerServer(config)
     port = int(server._address.rsplit(":", 1)[1])

@@ -24,6 +24,7 @@ def _infinite(spec: JobSpec) -> bool | None:
 
 def check_rules(spec: JobSpec, src: YamlSource) -> None:
     _check_pinning(spec, src)
+    _check_autoscale(spec, src)
     svc, trainer, pipe = spec.service, spec.trainer, spec.pipeline
 
     if (trainer.steps is None) == (trainer.duration_s is None):
@@ -121,3 +122,18 @@ def _check_pinning(spec: JobSpec, src: YamlSource) -> None:
         missing = [c for c in cores if c not in available]
         if missing:
             raise src.error(loc, f"core(s) {missing} do not exist here; this machine has cores {available}.")
+
+
+def _check_autoscale(spec: JobSpec, src: YamlSource) -> None:
+    auto = spec.autoscale
+    if auto is None:
+        return
+    if auto.max_workers < auto.min_workers:
+        raise src.error(("autoscale", "max_workers"),
+                        f"max_workers ({auto.max_workers}) is below min_workers ({auto.min_workers}).")
+    if spec.service.processing_mode not in ("parallel_epochs", "off"):
+        raise src.error(("service", "processing_mode"),
+                        "autoscaling adds and removes workers while the job runs; with distributed_epoch a removed "
+                        "worker's in-flight splits would be lost. Use processing_mode: parallel_epochs.")
+    if spec.service.coordinated_reads is not None:
+        raise src.error(("autoscale",), "coordinated reads pin each round to one worker; autoscaling cannot be combined with them.")

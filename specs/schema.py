@@ -60,6 +60,14 @@ class ServiceSpec(Strict):
         None, min_length=1, description="local provider: pin workers and the dispatcher to these cores (like taskset)")
 
 
+class ModelPhase(Strict):
+    """From `after_s` seconds after the first batch on, the step costs this instead (a spec'd phase change)."""
+
+    after_s: float = Field(gt=0)
+    step_time_ms: Optional[float] = Field(None, ge=0)
+    padded_token_time_us: Optional[float] = Field(None, ge=0)
+
+
 class ModelSpec(Strict):
     """What one training step costs. `synthetic` sleeps like an accelerator busy on the step."""
 
@@ -67,6 +75,7 @@ class ModelSpec(Strict):
     step_time_ms: float = Field(0.0, ge=0, description="fixed time per step")
     padded_token_time_us: float = Field(0.0, ge=0, description="extra time per padded token in the batch")
     entrypoint: Optional[str] = Field(None, description="'module:function' called with each batch (kind: python)")
+    phases: list[ModelPhase] = Field(default_factory=list, description="later step costs (synthetic model)")
 
     @field_validator("entrypoint")
     @classmethod
@@ -74,6 +83,22 @@ class ModelSpec(Strict):
         if v is not None and not ENTRYPOINT_RE.match(v):
             raise ValueError(f"entrypoint must look like 'package.module:function', got {v!r}")
         return v
+
+    @field_validator("phases")
+    @classmethod
+    def _phases_in_order(cls, v: list[ModelPhase]) -> list[ModelPhase]:
+        if any(b.after_s <= a.after_s for a, b in zip(v, v[1:])):
+            raise ValueError("phases must be listed in increasing after_s")
+        return v
+
+
+class AutoscaleSpec(Strict):
+    """Scale workers while the job runs (Cachew's policy, or the CPU-utilization baseline)."""
+
+    policy: Literal["cachew", "cpu"] = "cachew"
+    min_workers: int = Field(1, ge=1, description="the job starts here")
+    max_workers: int = Field(8, ge=1)
+    settings: dict = Field(default_factory=dict, description="policy constants, e.g. threshold, pause_batches")
 
 
 class TrainerSpec(Strict):
@@ -164,6 +189,7 @@ class JobSpec(Strict):
     service: ServiceSpec = Field(default_factory=ServiceSpec)
     trainer: TrainerSpec
     pipeline: PipelineSpec
+    autoscale: Optional[AutoscaleSpec] = None
     pricing: str = "paper-2023-06"
     cost_basis: Literal["utilization", "vm-hours"] = "utilization"
     gcp: Optional[GcpSpec] = Field(None, description="Google Cloud settings, used with provider: gcp")
