@@ -26,7 +26,7 @@ def run_app(app: typer.Typer) -> None:
 
     Typer itself turns usage errors into exit 2 and Ctrl-C into exit 130.
     """
-    from dsctl.orchestrator.run import RunFailed
+    from dsctl.orchestrator.outcome import RunFailed
 
     try:
         app()

@@ -19,6 +19,7 @@ from typing import Callable
 from dsctl.provisioners import Deployment, Node, TrainerLaunch, get_provisioner
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 
+from .outcome import Outcome, RunFailed
 from .preflight import check_autoscale
 from .pricing import cost_summary
 from .store import RunStore, dsctl_home
@@ -28,14 +29,6 @@ from .tail import JsonlTail
 POLL_S = 0.2
 SAMPLE_S = 0.5
 STALL_TIMEOUT_S = 180.0  # a trainer with no new batch this long is stuck (e.g. a worker lost for good)
-
-
-class RunFailed(RuntimeError):
-    """The run failed at runtime (exit 1); it is recorded, and the deployment is gone."""
-
-    def __init__(self, message: str, run_id: str | None = None):
-        super().__init__(message)
-        self.run_id = run_id
 
 
 @dataclass
@@ -154,32 +147,26 @@ class JobRunner:
         """Run to the end; returns the summary. Raises RunFailed, SpecError or KeyboardInterrupt."""
         dep = self.prepare()
         started = self.store.get(self.run_id).created_at
-        status, error = "failed", None
+        outcome = Outcome()
         try:
-            if self.mode == "service":
-                self._phase("provisioning")
-                self.provisioner.up(self.spec, dep, self.workers, self._event)
-            # Trainers start while the servers import TensorFlow; their clients wait for the dispatcher.
-            self._start_trainers(dep)
-            if self.mode == "service":
-                self.provisioner.wait_ready(dep, self._event)
-                dep.status = "up"
-                dep.save()
-            self._phase("training")
-            self._train(dep)
-            status = "succeeded"
-        except KeyboardInterrupt:
-            status, error = "interrupted", "interrupted by the user"
-            raise
-        except SpecError as exc:
-            error = str(exc)
-            raise
-        except Exception as exc:
-            error = str(exc)
-            raise RunFailed(error, self.run_id) from exc
+            with outcome.classify(self.run_id):
+                self._provision_and_train(dep)
         finally:
-            self._finish(dep, status, error, started, keep_up)
+            self._finish(dep, outcome.status, outcome.error, started, keep_up)
         return self.store.get(self.run_id).summary
+
+    def _provision_and_train(self, dep: Deployment) -> None:
+        if self.mode == "service":
+            self._phase("provisioning")
+            self.provisioner.up(self.spec, dep, self.workers, self._event)
+        # Trainers start while the servers import TensorFlow; their clients wait for the dispatcher.
+        self._start_trainers(dep)
+        if self.mode == "service":
+            self.provisioner.wait_ready(dep, self._event)
+            dep.status = "up"
+            dep.save()
+        self._phase("training")
+        self._train(dep)
 
     def _finish(self, dep: Deployment, status: str, error: str | None, started: float, keep_up: bool) -> None:
         # Teardown must survive a second Ctrl-C: the record is written first, then processes are stopped.

@@ -26,7 +26,8 @@ from .handles import AttachedDeployment, OwnedDeployment
 from .plots import plot_sweep
 from .pricing import price_record
 from .recommend import recommend
-from .run import JobRunner, Progress, RunFailed, new_run_id
+from .outcome import Outcome, RunFailed
+from .run import JobRunner, Progress, new_run_id
 from .store import RunStore, dsctl_home
 from .summary import utilization_summary
 from .tail import JsonlTail
@@ -148,34 +149,30 @@ class SweepRunner:
             spec_hash=spec_hash(self.spec), workers=max(self.opt.counts), trainers=self.spec.trainer.count,
             run_dir=str(self.run_dir),
         )
-        status, error = "failed", None
+        outcome = Outcome()
         try:
-            if self.opt.calibration is not None:
-                self._calibrated_baselines()
-            if self.opt.strategy == "restart":
-                for mode in ("colocated", "ideal"):
-                    if mode not in self.baselines:
-                        self._phase(f"baseline: {mode}")
-                        self.baselines[mode] = self._baseline(mode)
-                t_points = time.monotonic()
-                self._measure_restarting(measured)
-            else:
-                t_points = self._measure_in_place(measured)
-            self.timings["points_s"] = time.monotonic() - t_points
-            status = "succeeded"
-        except KeyboardInterrupt:
-            status, error = "interrupted", "interrupted by the user; the finished points are kept"
-            raise
-        except SpecError as exc:
-            error = str(exc)
-            raise
-        except Exception as exc:
-            error = str(exc)
-            raise RunFailed(error, self.sweep_id) from exc
+            with outcome.classify(self.sweep_id, "interrupted by the user; the finished points are kept"):
+                self._measure(measured)
         finally:
-            summary = self._conclude(predicted if status == "succeeded" else [])
-            self.store.update_run(self.sweep_id, status=status, ended_at=time.time(), error=error, summary=summary)
+            succeeded = outcome.status == "succeeded"
+            summary = self._conclude(predicted if succeeded else [])
+            self.store.update_run(self.sweep_id, status=outcome.status, ended_at=time.time(), error=outcome.error,
+                                  summary=summary)
         return self.store.get(self.sweep_id).summary
+
+    def _measure(self, measured: list[int]) -> None:
+        if self.opt.calibration is not None:
+            self._calibrated_baselines()
+        if self.opt.strategy == "restart":
+            for mode in ("colocated", "ideal"):
+                if mode not in self.baselines:
+                    self._phase(f"baseline: {mode}")
+                    self.baselines[mode] = self._baseline(mode)
+            t_points = time.monotonic()
+            self._measure_restarting(measured)
+        else:
+            t_points = self._measure_in_place(measured)
+        self.timings["points_s"] = time.monotonic() - t_points
 
     def _baseline(self, mode: str) -> dict:
         runner = JobRunner(self.loaded, mode=mode, store=self.store, kind="point", parent_id=self.sweep_id,

@@ -1,0 +1,48 @@
+"""How a run ended, classified the same way for jobs and sweeps.
+
+    outcome = Outcome()
+    try:
+        with outcome.classify(run_id, interrupted="..."):
+            ...the run...
+    finally:
+        record(outcome.status, outcome.error)   # always, even on Ctrl-C
+
+Bad input stays a SpecError (exit 2), Ctrl-C stays KeyboardInterrupt (exit 130),
+anything else becomes RunFailed (exit 1) carrying the run id.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from dsctl.specs import SpecError
+
+
+class RunFailed(RuntimeError):
+    """The run failed at runtime (exit 1); it is recorded, and the deployment is gone."""
+
+    def __init__(self, message: str, run_id: str | None = None):
+        super().__init__(message)
+        self.run_id = run_id
+
+
+@dataclass
+class Outcome:
+    status: str = "failed"  # succeeded | failed | interrupted
+    error: str | None = None
+
+    @contextmanager
+    def classify(self, run_id: str, interrupted: str = "interrupted by the user"):
+        try:
+            yield self
+        except KeyboardInterrupt:
+            self.status, self.error = "interrupted", interrupted
+            raise
+        except (SpecError, RunFailed) as exc:
+            self.error = str(exc)
+            raise
+        except Exception as exc:
+            self.error = str(exc)
+            raise RunFailed(self.error, run_id) from exc
+        self.status = "succeeded"
