@@ -30,6 +30,7 @@ WORKER_MEMORY_BYTES = 500 * 2**20
 OTHER_PROCESS_MEMORY_BYTES = 900 * 2**20
 READY_TIMEOUT_S = 120.0
 MAX_RESTARTS_PER_WORKER = 5
+EXIT_STATUS_GRACE_S = 10.0
 
 
 class ProcessFailed(RuntimeError):
@@ -63,6 +64,7 @@ class LocalProvisioner:
         self._cache_mb = 0
         self._launcher: Launcher | None = None
         self._service_cpus: list[int] | None = None
+        self._vanished: dict[int, float] = {}  # pid -> when it was first seen gone without an exit code
 
     # -- checks -----------------------------------------------------------------
     def check(self, spec: JobSpec, workers: int) -> None:
@@ -234,17 +236,22 @@ class LocalProvisioner:
         events("training", f"{launch.count} trainer(s) started ({launch.mode})")
 
     def _exit_code(self, node: Node) -> int | None:
-        """None while the node's process runs (or is not forked yet); its exit code after."""
+        """None while the node's process runs (or is not forked yet); its exit code after.
+
+        A process the launcher forked is reaped by the launcher, which then writes its exit code;
+        on a loaded machine that can lag behind the process's end, so a vanished process without
+        an exit file counts as running for a grace period before it is reported lost (-1).
+        """
         proc = self._procs.get((node.role, node.index))
         if proc is not None and proc.pid == node.pid:
             return proc.poll()
         if node.pid is None or is_ours(node):
             return None
         code = self._launcher.exit_code(node) if self._launcher else None
-        if code is None:  # the launcher may not have reaped it yet
-            time.sleep(0.05)
-            code = self._launcher.exit_code(node) if self._launcher else None
-        return -1 if code is None else code
+        if code is not None:
+            return code
+        vanished = self._vanished.setdefault(node.pid, time.monotonic())
+        return None if time.monotonic() - vanished < EXIT_STATUS_GRACE_S else -1
 
     def poll(self, dep: Deployment, events: EventSink) -> TrainerState:
         self._resolve(dep)
