@@ -27,6 +27,7 @@ def run_app(app: typer.Typer) -> None:
     Typer itself turns usage errors into exit 2 and Ctrl-C into exit 130.
     """
     from dsctl.orchestrator.outcome import RunFailed
+    from dsctl.provisioners.gcp.errors import GcpError
 
     try:
         app()
@@ -36,4 +37,7 @@ def run_app(app: typer.Typer) -> None:
     except RunFailed as exc:
         hint = f" (run {exc.run_id}; `dsctl runs show {exc.run_id}` has what was measured)" if exc.run_id else ""
         err_console.print(f"[bold red]error:[/] {escape(str(exc) + hint)}")
+        sys.exit(EXIT_FAILED)
+    except GcpError as exc:
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
         sys.exit(EXIT_FAILED)

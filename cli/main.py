@@ -15,6 +15,7 @@ import typer
 from dsctl.specs import load_spec
 
 from .cost import cost_app
+from .experiments import experiments_app
 from .sweep import sweep
 from .errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, err_console, fail, run_app
 from .live import LiveView
@@ -31,6 +32,7 @@ app = typer.Typer(
 runs_app = typer.Typer(help="Recorded runs.", no_args_is_help=False, invoke_without_command=True)
 app.add_typer(runs_app, name="runs")
 app.add_typer(cost_app, name="cost")
+app.add_typer(experiments_app, name="experiments")
 app.command("sweep")(sweep)
 
 MODES = ("service", "colocated", "ideal")
@@ -64,6 +66,8 @@ def up(
     detach: bool = typer.Option(False, "--detach", "-d", help="leave the deployment running after the job (dsctl down removes it)"),
     json_out: bool = typer.Option(False, "--json", help="print the run record as JSON"),
     autoscale: Optional[str] = typer.Option(None, "--autoscale", help="scale workers while it runs: cachew | cpu"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the plan and its price; create nothing"),
+    yes: bool = typer.Option(False, "--yes", "-y", help="create cloud machines without asking"),
     run_id: Optional[str] = typer.Option(None, "--run-id", hidden=True),
     detached_child: bool = typer.Option(False, "--detached-child", hidden=True),
 ) -> None:
@@ -78,6 +82,8 @@ def up(
     loaded = load_spec(spec)
     check_entrypoints(loaded)
     check_autoscale(loaded, autoscale)
+    if not _plan_approved(loaded.spec, workers, dry_run=dry_run, yes=yes or detached_child):
+        return
     if detach and not detached_child:
         _detach(spec, workers, mode, autoscale)
         return
@@ -99,6 +105,25 @@ def up(
         print_json(record.as_dict())
     else:
         console.print(summary_table(record))
+
+
+def _plan_approved(spec, workers: Optional[int], *, dry_run: bool, yes: bool) -> bool:
+    """Show what a run would create and cost; on the cloud, ask before anything bills."""
+    if spec.provider != "gcp":
+        if dry_run:
+            console.print(f"provider {spec.provider}: {workers or spec.service.workers} worker process(es), "
+                          f"{spec.trainer.count} trainer(s) on this machine; nothing bills. Nothing was started.")
+        return not dry_run
+    from dsctl.provisioners.gcp import confirm_up, up_plan
+
+    if dry_run:
+        console.print(up_plan(spec, workers).render())
+        console.print("dry run: nothing was created.")
+        return False
+    if not confirm_up(spec, workers, yes=yes, ask=typer.confirm, echo=console.print):
+        console.print("nothing was created.")
+        return False
+    return True
 
 
 def _detach(spec: Path, workers: Optional[int], mode: str, autoscale: Optional[str]) -> None:
@@ -149,14 +174,17 @@ def status(json_out: bool = typer.Option(False, "--json")) -> None:
 def down(
     run: Optional[str] = typer.Argument(None, help="run id (or a unique prefix); default: the only deployment up"),
     all_: bool = typer.Option(False, "--all", help="take down every deployment that is up"),
+    project: Optional[str] = typer.Option(None, "--project", help="Google Cloud project to search when RUN has no local state"),
+    zone: Optional[str] = typer.Option(None, "--zone", help="Google Cloud zone to search when RUN has no local state"),
 ) -> None:
-    """Stop and remove everything a run started, even if `dsctl up` was killed."""
+    """Stop and remove everything a run started, even if `dsctl up` was killed or its state is gone."""
     from dsctl.orchestrator.deployments import active_deployments, find, take_down
 
     if run:
         dep = find(run)
         if dep is None:
-            fail(f"no deployment found for run '{run}'; `dsctl status` lists the ones that are up.", EXIT_BAD_INPUT)
+            _down_by_label(run, project, zone)
+            return
         targets = [dep]
     else:
         targets = active_deployments()
@@ -169,6 +197,18 @@ def down(
     for dep in targets:
         take_down(dep)
         console.print(f"{dep.run_id}: down")
+
+
+def _down_by_label(run: str, project: Optional[str], zone: Optional[str]) -> None:
+    """No local state for RUN: on Google Cloud its resources still carry its label."""
+    if not (project or zone or os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("CLOUDSDK_COMPUTE_ZONE")):
+        fail(f"no deployment found for run '{run}' on this machine; `dsctl status` lists the ones that are up. "
+             "For a Google Cloud run whose local state is gone, add --project P --zone Z to find it by label.",
+             EXIT_BAD_INPUT)
+    from dsctl.provisioners.gcp import down_without_state
+
+    found = down_without_state(run, project, zone, log=lambda msg: console.print(msg))
+    console.print(f"{run}: nothing found on Google Cloud." if found.empty else f"{run}: deleted {found.summary()}")
 
 
 @runs_app.callback()

@@ -202,11 +202,28 @@ class JobRunner:
 
     def _train(self, dep: Deployment) -> None:
         tails = {n.index: JsonlTail(n.extra["metrics"]) for n in dep.by_role("trainer")}
-        last_sample = 0.0
-        last_progress = time.monotonic()
         batches: dict[int, int] = {i: 0 for i in tails}
         rates: dict[int, float] = {}
         errors: dict[int, dict] = {}
+        try:
+            state = self._follow(dep, tails, batches, rates, errors)
+        finally:
+            # Whatever the trainers wrote before an interrupt or failure is kept in the record.
+            for index, tail in tails.items():
+                for rec in tail.read():
+                    self._record(index, rec, batches, rates, errors, scale=False)
+            ended = self.store.trainer_results(self.run_id)
+            for index in tails:
+                if index not in ended and batches[index]:
+                    # Stopped before its final record: keep what its windows measured.
+                    self.store.set_trainer_result(self.run_id, index, {
+                        "batches": batches[index], "batches_per_s": rates.get(index), "partial": True})
+        self._check_exits(state.exit_codes, errors)
+
+    def _follow(self, dep: Deployment, tails: dict, batches: dict, rates: dict, errors: dict):
+        """Read metrics, sample utilization and report progress until every trainer has exited."""
+        last_sample = 0.0
+        last_progress = time.monotonic()
         while True:
             state = self.provisioner.poll(dep, self._event)
             for index, tail in tails.items():
@@ -229,19 +246,17 @@ class JobRunner:
             if now - last_progress > STALL_TIMEOUT_S:
                 raise RunFailed(f"no trainer made progress for {STALL_TIMEOUT_S:.0f} s; see the logs in {self.run_dir}.")
             time.sleep(POLL_S)
-        for index, tail in tails.items():
-            for rec in tail.read():
-                self._record(index, rec, batches, rates, errors)
-        self._check_exits(state.exit_codes, errors)
+        return state
 
-    def _record(self, index: int, rec: dict, batches: dict, rates: dict, errors: dict) -> None:
+    def _record(self, index: int, rec: dict, batches: dict, rates: dict, errors: dict,
+                scale: bool = True) -> None:
         event = rec.get("event")
         if event == "window":
             self.store.add_window(self.run_id, rec, self.workers)
             batches[index] += rec.get("batches", 0)
             if not rec.get("warmup"):
                 rates[index] = rec.get("batches_per_s") or 0.0
-                if self.policy is not None:
+                if self.policy is not None and scale:
                     self._autoscale(rec)
         elif event == "first_batch":
             if self.first_batch_wall is None or rec["wall"] < self.first_batch_wall:

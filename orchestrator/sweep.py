@@ -265,7 +265,6 @@ class SweepRunner:
             workers=workers, trainers=self.spec.trainer.count, run_dir=str(self.run_dir), created_at=start,
         )
         per_trainer = {i: {"batches": 0, "seconds": 0.0, "wait": 0.0, "step": 0.0} for i in tails}
-        util: list = []
         last_sample = 0.0
         while True:
             state = handle.poll(self._event)

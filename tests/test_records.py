@@ -11,7 +11,6 @@ from dsctl.orchestrator.pricing import price_record, usage_from_record
 from dsctl.orchestrator.store import RunStore
 from dsctl.orchestrator.summary import summarize
 from dsctl.orchestrator.tail import JsonlTail
-from dsctl.runtime.sampler import Sample
 from dsctl.specs import load_spec_text, spec_hash
 
 from helpers import dsctl

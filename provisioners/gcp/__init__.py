@@ -3,6 +3,7 @@
     provisioner.py  the provisioner contract (check, up, start_trainers, wait_ready, poll, sample, down)
     plan.py         what `dsctl up --dry-run` shows: machines, zone, $/hour, estimated cost
     sweep.py        find_by_label / down_by_label: remove a run's resources with no local state
+    commands.py     what the CLI calls: up_plan (--dry-run), confirm_up, down_without_state
     resources.py    parallel create (one bulk insert for workers), wait for RUNNING, confirmed delete
     compute.py, tpu.py, firewall.py, storage.py   one Google Cloud API each
     operations.py, retry.py, errors.py            waiting, retrying and classifying
@@ -14,9 +15,11 @@ Nothing here imports the Google Cloud libraries at import time (they take about 
 each module imports them where it calls them.
 """
 
+from .commands import confirm_up, down_without_state, up_plan
 from .errors import GcpError
 from .plan import Plan, plan
 from .provisioner import GcpProvisioner
 from .sweep import down_by_label, find_by_label
 
-__all__ = ["GcpError", "GcpProvisioner", "Plan", "down_by_label", "find_by_label", "plan"]
+__all__ = ["GcpError", "GcpProvisioner", "Plan", "confirm_up", "down_by_label", "down_without_state", "find_by_label",
+           "plan", "up_plan"]

@@ -56,26 +56,40 @@ def describe(count: int, what: str) -> str:
 def from_operation_error(code: str, message: str, *, resource: str, zone: str, count: int) -> GcpError:
     """Classify an operation's error (`error.errors[0].code`) for `count` of `resource` in `zone`."""
     asked = f"{describe(count, resource)} in zone {zone}"
+    message = message.strip().rstrip(".")
+    were = f"{count} {'was' if count == 1 else 'were'} asked for"
     if code == "QUOTA_EXCEEDED":
         return QuotaExceeded(
-            f"Google Cloud refused to create {asked}: the project's quota is too small ({message.strip()}). "
-            f"{count} were asked for. Ask for more quota (console: IAM & Admin > Quotas, the metric named above), "
+            f"Google Cloud refused to create {asked}: the project's quota is too small ({message}). "
+            f"{were}. Ask for more quota (console: IAM & Admin > Quotas, the metric named above), "
             "or ask for fewer or smaller machines (service.workers, service.worker_machine, trainer.machine), "
             "or use a zone in another region (gcp.zone)."
         )
     if code in ("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "RESOURCE_EXHAUSTED"):
         return ZoneExhausted(
-            f"zone {zone} has no capacity for {describe(count, resource)} right now ({code}: {message.strip()}). "
-            f"{count} were asked for. Try another zone (gcp.zone), another machine type, or again later."
+            f"zone {zone} has no capacity for {describe(count, resource)} right now ({code}: {message}). "
+            f"{were}. Try another zone (gcp.zone), another machine type, or again later."
         )
-    return OperationFailed(f"Google Cloud could not create {asked}: {code}: {message.strip()}")
+    return OperationFailed(f"Google Cloud could not create {asked}: {code}: {message}.")
 
 
-def from_api_error(exc: Exception, *, doing: str) -> GcpError:
-    """A google.api_core exception raised while `doing` something, as a GcpError."""
+def from_api_error(exc: Exception, *, doing: str, resource: str | None = None, zone: str | None = None,
+                   count: int = 1) -> GcpError:
+    """A google.api_core exception raised while `doing` something, as a GcpError.
+
+    With resource/zone/count (a create call refused outright), quota and capacity errors read
+    like the same errors reported by an operation.
+    """
     from google.api_core import exceptions as gx
 
     detail = getattr(exc, "message", None) or str(exc)
+    if resource and zone:
+        reasons = {e.get("reason", "") for e in (getattr(exc, "errors", None) or []) if isinstance(e, dict)}
+        text = f"{detail} {' '.join(reasons)}".lower()
+        if "quota" in text:
+            return from_operation_error("QUOTA_EXCEEDED", detail, resource=resource, zone=zone, count=count)
+        if "resource_pool_exhausted" in text or "does not have enough resources" in text or isinstance(exc, gx.ResourceExhausted):
+            return from_operation_error("ZONE_RESOURCE_POOL_EXHAUSTED", detail, resource=resource, zone=zone, count=count)
     if isinstance(exc, gx.PermissionDenied) or isinstance(exc, gx.Forbidden):
         if "quota" in detail.lower():
             return QuotaExceeded(f"Google Cloud refused {doing}: quota exceeded ({detail}).")

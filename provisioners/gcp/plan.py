@@ -70,7 +70,9 @@ class Plan:
         out = [f"Plan for job '{self.job}' on Google Cloud ({where}); prices: {self.catalog}", *map(fmt, rows)]
         if self.job_cost is not None:
             bound = "at least " if self.lower_bound else ""
-            out.append(f"Estimated job: {self.estimate_basis}: {bound}{self.job_hours:.2f} h, {bound}${self.job_cost:,.2f} "
+            length = f"{self.job_hours:.2f} h" if self.job_hours >= 1 else f"{self.job_hours * 60:.1f} min"
+            cost = f"${self.job_cost:,.2f}" if self.job_cost >= 0.01 else "under $0.01"
+            out.append(f"Estimated job: {self.estimate_basis}: {bound}{length}, {bound}{cost} "
                        "(vm-hours: every machine for the whole job; VM start-up not included).")
         elif self.per_hour is not None:
             out.append(f"Estimated job: {self.estimate_basis}; it costs ${self.per_hour:.2f} per hour it runs.")
@@ -86,7 +88,7 @@ def _kind_label(machine: str) -> str:
 
 
 def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | None = None,
-         run_id: str = "<run>") -> Plan:
+         run_id: str = "<run>", project: str | None = None, zone: str | None = None) -> Plan:
     """The machines `dsctl up` would create for `spec` (with `workers` workers), priced; creates nothing."""
     from dsctl.costmodel import estimate, load_catalog
 
@@ -112,8 +114,9 @@ def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | No
                           price(spec.trainer.machine)))
     per_hour = None if any(l.per_hour is None for l in lines) else sum(l.per_hour for l in lines)
 
-    result = Plan(job=spec.name, project=g.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("CLOUDSDK_CORE_PROJECT"),
-                  zone=g.zone or os.environ.get("CLOUDSDK_COMPUTE_ZONE"), catalog=f"{catalog.name} ({catalog.date})",
+    project = project or g.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("CLOUDSDK_CORE_PROJECT")
+    result = Plan(job=spec.name, project=project, zone=zone or g.zone or os.environ.get("CLOUDSDK_COMPUTE_ZONE"),
+                  catalog=f"{catalog.name} ({catalog.date})",
                   lines=lines, per_hour=per_hour, notes=notes)
     if not result.project:
         notes.append("no project is set (gcp.project or GOOGLE_CLOUD_PROJECT); the default project of Application "
@@ -125,7 +128,10 @@ def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | No
         result.creates.append(f"firewall rule {fw} (tcp {', '.join(ports(g.dispatcher_port, g.worker_port))} "
                               "between the run's VMs only)")
     bucket = g.bucket or (f"{result.project}-dsctl" if result.project else "<project>-dsctl")
-    result.creates.append(f"staging objects under gs://{bucket}/dsctl/runs/{run_id}/ (the dsctl wheel, spec, code)")
+    staged = "the dsctl wheel, the spec" if g.bootstrap else "the spec"
+    if spec.pipeline.entrypoint or spec.trainer.model.kind == "python":
+        staged += " and the spec's folder (your code)"
+    result.creates.append(f"staging objects under gs://{bucket}/dsctl/runs/{run_id}/ ({staged})")
     if not g.public_ips:
         result.creates.append("internal addresses only (dsctl must run inside the VPC to reach them)")
 
@@ -133,7 +139,6 @@ def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | No
     t = spec.trainer
     rate, lower = batches_per_s, False
     if t.duration_s:
-        hours = t.duration_s / 3600.0
         result.estimate_basis = f"trainer.duration_s = {t.duration_s:g} s"
         rate = rate or 1.0  # any rate: the duration fixes the time
     elif t.steps and rate:

@@ -27,7 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dsctl.runtime.sampler import Sample
-from dsctl.specs import SpecError
 from dsctl.specs.schema import JobSpec
 
 from ..contract import Deployment, EventSink, Node, TrainerLaunch, TrainerState
@@ -37,7 +36,7 @@ from .errors import CloudTimeout, GcpError, RemoteError
 from .keys import ensure_key_pair, key_dir, load_key_pair
 from .resources import Fleet, Machine
 from .retry import Cancelled
-from .settings import GcpSettings, local_tensorflow_version, resolve
+from .settings import GcpSettings, check_credentials, resolve
 from .ssh import Ssh
 from .storage import Staging, code_archive
 from .watch import Watched, Watcher
@@ -58,23 +57,32 @@ def _dsctl_version() -> str | None:
 
 
 def parallel(fn, items: list, *, threads: int = SSH_THREADS, cancel: threading.Event | None = None) -> list:
-    """fn(item) for every item in threads; the first exception is raised after the others are told to stop."""
+    """fn(item) for every item in threads; the first exception is raised once every thread has returned.
+
+    On an exception (or Ctrl-C) `cancel` is set first, so the others stop waiting and return quickly.
+    """
     if not items:
         return []
-    with ThreadPoolExecutor(max_workers=min(len(items), threads), thread_name_prefix="dsctl-ssh") as pool:
-        futures = [pool.submit(fn, item) for item in items]
-        results, first = [], None
+    pool = ThreadPoolExecutor(max_workers=min(len(items), threads), thread_name_prefix="dsctl-ssh")
+    futures = [pool.submit(fn, item) for item in items]
+    errors: list[Exception] = []
+    try:
         for f in futures:
             try:
-                results.append(f.result())
-            except BaseException as exc:  # noqa: BLE001 - re-raised below
-                if first is None:
-                    first = exc
-                    if cancel is not None:
-                        cancel.set()
-        if first is not None:
-            raise first
-        return results
+                f.result()
+            except Exception as exc:  # noqa: BLE001 - re-raised below
+                errors.append(exc)
+                if cancel is not None:
+                    cancel.set()
+    except BaseException:  # Ctrl-C in the waiting thread
+        if cancel is not None:
+            cancel.set()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    if errors:  # the first real one: the others may only say they were cancelled because of it
+        raise next((e for e in errors if not isinstance(e, Cancelled)), errors[0])
+    return [f.result() for f in futures]
 
 
 class GcpProvisioner:
@@ -87,7 +95,6 @@ class GcpProvisioner:
         self._ssh: Ssh | None = None
         self._watcher: Watcher | None = None
         self._restarts: dict[int, int] = {}
-        self._last_sample: dict[tuple[str, int], tuple[float, float]] = {}
         self._cancel = threading.Event()
         self._state_lock = threading.Lock()
         self._staged_wheel_version: str | None = None
@@ -106,6 +113,7 @@ class GcpProvisioner:
             node = self._gcp_node(dep)
             if node is not None:
                 self._settings = GcpSettings.from_dict(node.extra["settings"]).with_env_endpoints()
+                check_credentials(self._settings)
             elif spec is not None:
                 self._settings = resolve(spec)
             else:
@@ -157,17 +165,40 @@ class GcpProvisioner:
         out = []
         for i in indices:
             name = naming.instance_name(dep.run_id, role, i)
-            labels = naming.labels(dep.run_id, spec.name, role, s.labels, index=i)
+            # Workers share one bulk insert, hence one set of labels: their index is in their names only.
+            labels = naming.labels(dep.run_id, spec.name, role, s.labels, index=None if role == "worker" else i)
             vm = compute.VmConfig(machine=machine, labels=labels, tag=tag, metadata=metadata)
             node = Node(role=role, index=i, extra={
                 "instance": name, "kind": kind.kind, "machine": machine, "state": "creating",
                 "dir": remote.node_dir(s.remote_dir, dep.run_id, name)})
             dep.nodes.append(node)
+            if role == "trainer":
+                self._register_trainer_vm(dep, node)
             out.append(Machine(role=role, index=i, name=name, vm=vm, kind=kind.kind))
         return out
 
     def _node_of(self, dep: Deployment, m: Machine) -> Node:
         return next(n for n in dep.nodes if n.role == m.role and n.index == m.index)
+
+    # Trainer VMs outlive one measurement: the orchestrator drops trainer nodes after stop_trainers (sweeps
+    # measure several times on one deployment), so the VMs are also registered in the `gcp` node, from
+    # which start_trainers brings their nodes back and `down` deletes them.
+    def _register_trainer_vm(self, dep: Deployment, node: Node) -> None:
+        keep = ("instance", "kind", "machine", "state", "dir", "internal_ip", "host", "tensorflow")
+        with self._state_lock:
+            self._gcp_node(dep).extra.setdefault("trainer_vms", {})[str(node.index)] = {
+                k: node.extra[k] for k in keep if k in node.extra}
+
+    def _restore_trainer_nodes(self, dep: Deployment, count: int) -> None:
+        have = {n.index for n in dep.by_role("trainer")}
+        for key, extra in sorted(self._gcp_node(dep).extra.get("trainer_vms", {}).items(), key=lambda kv: int(kv[0])):
+            if int(key) not in have and int(key) < count:
+                dep.nodes.append(Node(role="trainer", index=int(key), extra=dict(extra)))
+
+    def _forget_trainer_vm(self, dep: Deployment, name: str) -> None:
+        vms = self._gcp_node(dep).extra.get("trainer_vms", {})
+        for key in [k for k, v in vms.items() if v.get("instance") == name]:
+            del vms[key]
 
     def _create(self, dep: Deployment, machines: list[Machine], firewall: bool, events: EventSink) -> dict[str, dict]:
         """Create machines (and the firewall rule), wait for RUNNING and SSH, probe versions. Returns probe reports."""
@@ -194,6 +225,10 @@ class GcpProvisioner:
         self._save(dep)
         events("cloud", f"{len(machines)} VM(s) running after {time.monotonic() - t0:.1f} s; connecting over SSH")
         reports = parallel(lambda m: self._prepare_vm(self._node_of(dep, m)), machines, cancel=self._cancel)
+        for m in machines:
+            if m.role == "trainer":
+                self._register_trainer_vm(dep, self._node_of(dep, m))
+        self._save(dep)
         return dict(zip((f"{m.role}-{m.index}" for m in machines), reports))
 
     def _prepare_vm(self, node: Node) -> dict:
@@ -203,8 +238,15 @@ class GcpProvisioner:
         what = f"{node.role} {node.index} ({node.extra['instance']})"
         self._ssh.wait_reachable(host, timeout_s=s.ssh_timeout_s, what=what, cancel=self._cancel)
         if s.bootstrap:
-            res = self._ssh.run(host, remote.wait_file(startup.MARKER, s.startup_timeout_s),
-                                doing="waiting for the startup script", timeout=s.startup_timeout_s + 30)
+            deadline = time.monotonic() + s.startup_timeout_s
+            while True:  # in short waits, so a teardown does not wait for the whole install
+                if self._cancel.is_set():
+                    raise Cancelled()
+                chunk = min(20.0, max(deadline - time.monotonic(), 1.0))
+                res = self._ssh.run(host, remote.wait_file(startup.MARKER, chunk),
+                                    doing="waiting for the startup script", timeout=chunk + 30)
+                if res.code == 0 or time.monotonic() >= deadline:
+                    break
             try:
                 marker = json.loads(res.stdout.strip().splitlines()[-1]) if res.code == 0 else None
             except (json.JSONDecodeError, IndexError):
@@ -220,7 +262,8 @@ class GcpProvisioner:
         if report is None:
             raise RemoteError(f"could not run {s.python} on {what} (exit {res.code}): {res.stderr.strip()[-300:]}. "
                               "Set gcp.python to the VM's Python that has TensorFlow and dsctl.")
-        node.extra["tensorflow"] = report.get("tensorflow")
+        with self._state_lock:
+            node.extra["tensorflow"] = report.get("tensorflow")
         return report
 
     def _check_versions(self, dep: Deployment, reports: dict[str, dict]) -> None:
@@ -250,11 +293,12 @@ class GcpProvisioner:
                               f"{(res.stderr or res.stdout).strip()[-300:]}")
         pid, start = remote.parse_launch(res.stdout)
         launched = time.monotonic()
-        node.extra.update(remote_pid=pid, start_time=start, launched_at=launched, ready=False)
-        node.log = str(Path(dep.run_dir) / "logs" / f"{node.role}-{node.index}.log")
+        with self._state_lock:  # several launches run in parallel; state is saved whole
+            node.extra.update(remote_pid=pid, start_time=start, launched_at=launched, ready=False)
+            node.log = str(Path(dep.run_dir) / "logs" / f"{node.role}-{node.index}.log")
+            dep.save()
         self._watcher.watch(Watched(key=(node.role, node.index), host=node.extra["host"], layout=layout,
-                                    launched_at=launched - 0.5, metrics_local=metrics_local, on_exit=on_exit or []))
-        self._save(dep)
+                                    launched_at=launched, metrics_local=metrics_local, on_exit=on_exit or []))
 
     def _ensure_watcher(self) -> None:
         if self._watcher is None:
@@ -276,9 +320,10 @@ class GcpProvisioner:
 
     def _start_worker(self, dep: Deployment, node: Node) -> None:
         s = self._settings
-        if not node.extra.get("port"):
-            node.extra["port"] = s.worker_port or self._free_port(node)
-        node.address = f"{node.extra['internal_ip']}:{node.extra['port']}"
+        port = node.extra.get("port") or s.worker_port or self._free_port(node)
+        with self._state_lock:
+            node.extra["port"] = port
+            node.address = f"{node.extra['internal_ip']}:{port}"
         layout = self._layout(dep, node)
         args = ["--dispatcher", dep.dispatcher_address, "--host", node.extra["internal_ip"],
                 "--port", str(node.extra["port"]), "--ready-file", layout.ready]
@@ -349,6 +394,7 @@ class GcpProvisioner:
         spec = self._spec_for(launch)
         self._cancel.clear()
         self._context(dep, spec)
+        self._restore_trainer_nodes(dep, launch.count)
         try:
             if len(dep.by_role("trainer")) < launch.count or any(
                     not n.extra.get("host") for n in dep.by_role("trainer")):
@@ -362,6 +408,7 @@ class GcpProvisioner:
         staging = Staging(self._clients, dep.run_id)
         staging.ensure_bucket()
         objects = [staging.upload("spec.json", Path(launch.spec_json))]
+        self._gcp_node(dep).extra["staged"] = True
         uses_code = bool(spec.pipeline.entrypoint or spec.trainer.model.kind == "python")
         if uses_code:
             objects.append(staging.upload("code.tar.gz", code_archive(launch.base_dir, exclude=[Path(dep.run_dir).parent.parent])))
@@ -378,7 +425,8 @@ class GcpProvisioner:
                                   f"{' and code' if uses_code else ''} from {staging.url('')}: "
                                   f"{(res.stderr or res.stdout).strip()[-400:]}")
             metrics_local = str(launch.metrics_dir / f"trainer-{node.index}.jsonl")
-            node.extra["metrics"] = metrics_local
+            with self._state_lock:
+                node.extra["metrics"] = metrics_local
             args = ["--spec", layout.spec, "--mode", launch.mode, "--index", str(node.index),
                     "--metrics", layout.metrics, "--cache-dir", layout.cache,
                     "--base-dir", layout.code if uses_code else layout.dir]
@@ -388,14 +436,25 @@ class GcpProvisioner:
                 args += ["--steps", str(launch.steps)]
             if launch.duration_s is not None:
                 args += ["--duration-s", str(launch.duration_s)]
+            if launch.repeat:
+                args.append("--repeat")
+            if launch.window_s:
+                args += ["--window-s", str(launch.window_s)]
+            # launch.cpus pins local processes to cores; a trainer VM has its cores to itself.
             on_exit = [(layout.log, str(launch.metrics_dir / f"trainer-{node.index}.log"))]
+            if launch.record_steps:
+                with self._state_lock:
+                    node.extra["steps"] = str(launch.metrics_dir / f"trainer-{node.index}.steps.json")
+                args += ["--record-steps", f"{layout.dir}/steps.json"]
+                on_exit.append((f"{layout.dir}/steps.json", node.extra["steps"]))
             if launch.record_ids:
-                node.extra["ids"] = str(launch.metrics_dir / f"trainer-{node.index}.ids.json")
+                with self._state_lock:
+                    node.extra["ids"] = str(launch.metrics_dir / f"trainer-{node.index}.ids.json")
                 args += ["--record-ids", layout.ids]
                 on_exit.append((layout.ids, node.extra["ids"]))
             self._launch(dep, node, "dsctl.runtime.trainer", args, metrics_local=metrics_local, on_exit=on_exit)
 
-        parallel(start, dep.by_role("trainer")[: launch.count])
+        parallel(start, dep.by_role("trainer")[: launch.count], cancel=self._cancel)
         events("training", f"{launch.count} trainer(s) started ({launch.mode}) on Google Cloud")
 
     def _create_trainers(self, dep: Deployment, spec: JobSpec, count: int, events: EventSink) -> None:
@@ -433,9 +492,9 @@ class GcpProvisioner:
                     node.extra.update(ready=True, port=st.ready["port"])
                     node.address = f"{node.extra['internal_ip']}:{st.ready['port']}"
                     pending.remove(node)
-                elif not st.alive(node.extra.get("start_time")):
+                elif not st.running(node.extra.get("start_time")):
                     raise RemoteError(
-                        f"the {node.role} {node.index} on {node.extra['instance']} exited (code {st.rc}) before it "
+                        f"the {node.role} {node.index} on {node.extra['instance']} exited (code {st.exit_code}) before it "
                         f"was ready. Its log ({node.extra['dir']}/out.log on the VM) ends with:\n{self._log_tail(node)}")
             if pending and time.monotonic() > deadline:
                 names = ", ".join(f"{n.role} {n.index}" for n in pending[:8])
@@ -462,10 +521,10 @@ class GcpProvisioner:
                 codes[node.index] = -1
                 events("trainer-lost", f"trainer {node.index} ({node.extra['instance']}) has not answered SSH for "
                                        f"{UNREACHABLE_S:.0f} s")
-            elif st is None or st.alive(node.extra.get("start_time")):
+            elif st is None or st.running(node.extra.get("start_time")):
                 running.append(node.index)
             else:
-                codes[node.index] = st.rc if st.rc is not None else -9
+                codes[node.index] = st.exit_code
         return TrainerState(running=running, exit_codes=codes)
 
     def _supervise_workers(self, dep: Deployment, snap: dict, lost: dict, events: EventSink) -> None:
@@ -476,29 +535,26 @@ class GcpProvisioner:
                 raise RemoteError(f"worker {node.index} ({node.extra['instance']}) has not answered SSH for "
                                   f"{UNREACHABLE_S:.0f} s; its VM may have been preempted or stopped.")
             st = snap.get(("worker", node.index))
-            if st is None or st.at < node.extra.get("launched_at", 0) or st.alive(node.extra.get("start_time")):
+            if st is None or st.at < node.extra.get("launched_at", 0) or st.running(node.extra.get("start_time")):
                 continue
             count = self._restarts.get(node.index, 0) + 1
             self._restarts[node.index] = count
             if count > MAX_RESTARTS_PER_WORKER:
                 raise RemoteError(f"worker {node.index} died {count} times; giving up. Its log ends with:\n"
                                   f"{self._log_tail(node)}")
-            events("worker-restarted", f"worker {node.index} exited (code {st.rc}); restarting it at {node.address}")
+            events("worker-restarted", f"worker {node.index} exited (code {st.exit_code}); restarting it at {node.address}")
             self._start_worker(dep, node)
 
     def sample(self, dep: Deployment) -> list[Sample]:
+        """CPU (cores busy over the watcher's last interval) and RSS of every remote process."""
         if self._watcher is None:
             return []
         out = []
-        for (role, index), st in self._watcher.snapshot().items():
-            if st.state is None or st.pid is None:
+        for (role, index), (prev, cur) in self._watcher.readings().items():
+            if cur.state is None or cur.pid is None or cur.state in ("Z", "X"):
                 continue
-            prev = self._last_sample.get((role, index))
-            self._last_sample[(role, index)] = (st.at, st.cpu_seconds)
-            if prev is None or st.at <= prev[0]:
-                continue
-            cores = max((st.cpu_seconds - prev[1]) / (st.at - prev[0]), 0.0)
-            out.append(Sample(role, index, st.pid, cores, st.rss_bytes, st.cpu_seconds))
+            cores = max((cur.cpu_seconds - prev.cpu_seconds) / (cur.at - prev.at), 0.0)
+            out.append(Sample(role, index, cur.pid, cores, cur.rss_bytes, cur.cpu_seconds))
         return out
 
     def scale_workers(self, dep: Deployment, workers: int, events: EventSink) -> None:
@@ -521,7 +577,7 @@ class GcpProvisioner:
             cache_mb = spec.service.cross_trainer_cache_mb if spec.service.cross_trainer_cache else 0
             for n in new:
                 n.extra["cache_mb"] = cache_mb
-            parallel(lambda n: self._start_worker(dep, n), new)
+            parallel(lambda n: self._start_worker(dep, n), new, cancel=self._cancel)
             events("starting", f"starting {len(new)} worker(s)")
             self._wait_servers(dep, new)
             events("scaled", f"{workers} worker(s) ready")
@@ -532,12 +588,13 @@ class GcpProvisioner:
             events("scaled", f"removed {len(leaving)} worker(s); {workers} remain")
 
     def stop_trainers(self, dep: Deployment) -> None:
+        """Stop the trainer processes and bring their last metrics and logs home. The trainer VMs stay
+        (a sweep measures again on them); `down` deletes them with the rest."""
         trainers = [n for n in dep.by_role("trainer") if "remote_pid" in n.extra]
-        self._stop_processes(trainers, grace_s=5.0)
         if self._watcher is not None:
-            self._watcher.cycle()  # final metrics and logs
-        # The trainer VMs (TPU VMs bill most) are deleted now; the service stays up.
-        self._delete_nodes(dep, dep.by_role("trainer"), lambda kind, msg: None)
+            self._watcher.cycle()  # the last metrics lines first
+        self._stop_processes(trainers, grace_s=5.0)
+        self._collect_logs(dep, trainers)
 
     # -- the contract: down ------------------------------------------------------------------------------
     def _stop_processes(self, nodes: list[Node], grace_s: float) -> None:
@@ -556,15 +613,22 @@ class GcpProvisioner:
             parallel(stop, live)
 
     def _collect_logs(self, dep: Deployment, nodes: list[Node]) -> None:
-        logs = Path(dep.run_dir) / "logs"
+        """Servers' logs to <run>/logs, trainers' to <run>/metrics (unless the watcher already brought them)."""
+        run_dir = Path(dep.run_dir)
 
         def get(node: Node) -> None:
+            if node.role == "trainer":
+                local = run_dir / "metrics" / f"trainer-{node.index}.log"
+                if local.exists():
+                    return
+            else:
+                local = run_dir / "logs" / f"{node.role}-{node.index}.log"
             try:
-                self._ssh.get(node.extra["host"], f"{node.extra['dir']}/out.log", logs / f"{node.role}-{node.index}.log")
+                self._ssh.get(node.extra["host"], remote.Layout(node.extra["dir"]).log, local)
             except RemoteError:
                 pass
 
-        live = [n for n in nodes if n.extra.get("remote_pid") and n.extra.get("host") and n.role != "trainer"]
+        live = [n for n in nodes if n.extra.get("remote_pid") and n.extra.get("host")]
         if live and self._ssh is not None:
             parallel(get, live)
 
@@ -580,6 +644,7 @@ class GcpProvisioner:
                 for fw in dep.by_role("firewall"):
                     if fw.extra.get("name") == name:
                         dep.nodes.remove(fw)
+                self._forget_trainer_vm(dep, name)
                 dep.save()
 
         instances = [name for name, n in by_name.items() if n.extra.get("kind") != "tpu"]
@@ -597,6 +662,7 @@ class GcpProvisioner:
         self._cancel.set()  # anything still waiting on the way up stops
         if self._watcher is not None:
             self._watcher.stop()
+        self._restore_trainer_nodes(dep, 10**6)  # trainer VMs the orchestrator no longer lists are still ours
         machines = [n for n in dep.nodes if n.role in ("trainer", "worker", "dispatcher")]
         t0 = time.monotonic()
         if self._ssh is not None:
@@ -607,6 +673,7 @@ class GcpProvisioner:
                 self._collect_logs(dep, machines)
             except Exception as exc:  # best effort: the VMs are deleted below either way
                 events("cloud", f"stopping processes: {exc}")
+            self._ssh.close()
         try:
             staging = Staging(self._clients, dep.run_id)
             if self._gcp_node(dep).extra.get("staged") or any(n.extra.get("remote_pid") for n in machines):
@@ -617,8 +684,6 @@ class GcpProvisioner:
         self._delete_nodes(dep, machines, events, firewall=True)
         fleet = Fleet(self._clients, dep.run_id, log=lambda msg: events("cloud", msg))
         found = fleet.sweep()
-        if self._ssh is not None:
-            self._ssh.close()
         dep.status = "down"
         self._save(dep)
         extra = f"; also removed {found.summary()} found by label" if not found.empty else ""

@@ -6,6 +6,7 @@ provider builds command lines.
 
 Each process has a directory on its VM, {remote_dir}/{run}/{vm name}/, holding
   pid, rc       the Python process's pid, and its exit code once it has exited
+  shpid         the pid of the wrapper that records the exit code
   out.log       its stdout and stderr
   ready.json    written by a server when it serves (the runtime's --ready-file)
   metrics.jsonl, ids.json, spec.json, code/, cache/   (trainers)
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 q = shlex.quote
@@ -50,11 +51,13 @@ def launch(layout: Layout, python: str, module: str, args: list[str], env: dict[
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **(env or {})}
     program = " ".join([_env_prefix(env), q(python), "-m", q(module), *map(q, args)])
     # Inside the session: run the program, record its pid, wait for it, record its exit code.
-    inner = (f"{program} > out.log 2>&1 < /dev/null & echo $! > pid.tmp && mv pid.tmp pid; "
+    # (The wrapper's own pid goes to shpid: between the program's end and `rc` being written, a process
+    # that is gone but whose wrapper still runs is exiting, not killed.)
+    inner = (f"echo $$ > shpid; {program} > out.log 2>&1 < /dev/null & echo $! > pid.tmp && mv pid.tmp pid; "
              "wait $!; echo $? > rc.tmp && mv rc.tmp rc")
     d = q(layout.dir)
     return (
-        f"mkdir -p {d} && cd {d} && rm -f pid rc ready.json && "
+        f"mkdir -p {d} && cd {d} && rm -f pid shpid rc ready.json metrics.jsonl ids.json && "
         f"(setsid nohup sh -c {q(inner)} > /dev/null 2>&1 < /dev/null &) && "
         "i=0; while [ ! -s pid ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; "
         "pid=$(cat pid 2>/dev/null); [ -n \"$pid\" ] || { echo 'no pid recorded' >&2; exit 1; }; "
@@ -93,7 +96,10 @@ def status(dirs: list[str]) -> str:
         "if [ -n \"$pid\" ] && [ -r /proc/$pid/stat ]; then "
         "s=$(sed 's/.*) //' /proc/$pid/stat | cut -d' ' -f1,12,13,20); m=$(cut -d' ' -f2 /proc/$pid/statm 2>/dev/null); fi; "
         "r=$(cat \"$d/ready.json\" 2>/dev/null | tr -d '\\n\\t'); z=$(stat -c %s \"$d/metrics.jsonl\" 2>/dev/null); "
-        "printf 'S\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n' \"$d\" \"$pid\" \"$rc\" \"$s\" \"$m\" \"$r\" \"$z\" \"$T\" \"$P\"; "
+        "w=$(cat \"$d/shpid\" 2>/dev/null); wa=0; "
+        "if [ -n \"$w\" ]; then ws=$(sed 's/.*) //' /proc/$w/stat 2>/dev/null | cut -d' ' -f1); "
+        "case \"$ws\" in ''|Z|X) ;; *) wa=1;; esac; fi; "
+        "printf 'S\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n' \"$d\" \"$pid\" \"$rc\" \"$s\" \"$m\" \"$r\" \"$z\" \"$T\" \"$P\" \"$wa\"; "
         "done"
     )
 
@@ -110,13 +116,23 @@ class ProcStatus:
     ready: dict | None
     metrics_size: int | None
     clk_tck: int
+    wrapper_alive: bool = False  # the sh that waits for the process and records its exit code
     at: float = 0.0  # local monotonic time of the reading
 
-    def alive(self, start_time: int | None) -> bool:
-        """Still the process that was started (not gone, not a zombie, not a reused pid)."""
-        if self.state is None or self.state in ("Z", "X"):
+    def running(self, start_time: int | None) -> bool:
+        """Not finished: the process started is there (not a zombie, not a reused pid), or it has just
+        ended and its wrapper is still writing the exit code."""
+        if self.rc is not None:
             return False
-        return start_time is None or self.start_time == start_time
+        if self.state is not None and self.state not in ("Z", "X") and (
+                start_time is None or self.start_time == start_time):
+            return True
+        return self.wrapper_alive
+
+    @property
+    def exit_code(self) -> int:
+        """The recorded exit code; -9 for a process that vanished without one (killed with its wrapper)."""
+        return self.rc if self.rc is not None else -9
 
     @property
     def cpu_seconds(self) -> float:
@@ -134,9 +150,9 @@ def parse_status(stdout: str, at: float) -> dict[str, ProcStatus]:
     out = {}
     for line in stdout.splitlines():
         parts = line.split("\t")
-        if len(parts) != 10 or parts[0] != "S":
+        if len(parts) != 11 or parts[0] != "S":
             continue
-        _, d, pid, rc, stat, statm, ready, size, tck, page = parts
+        _, d, pid, rc, stat, statm, ready, size, tck, page, wrapper = parts
         fields = stat.split()
         state = fields[0] if fields else None
         ticks = (_int(fields[1]) or 0) + (_int(fields[2]) or 0) if len(fields) >= 3 else 0
@@ -147,7 +163,7 @@ def parse_status(stdout: str, at: float) -> dict[str, ProcStatus]:
             ready_obj = None
         out[d] = ProcStatus(dir=d, pid=_int(pid), rc=_int(rc), state=state, cpu_ticks=ticks, start_time=start,
                             rss_bytes=(_int(statm) or 0) * (_int(page) or 4096), ready=ready_obj,
-                            metrics_size=_int(size), clk_tck=_int(tck) or 100, at=at)
+                            metrics_size=_int(size), clk_tck=_int(tck) or 100, wrapper_alive=wrapper == "1", at=at)
     return out
 
 

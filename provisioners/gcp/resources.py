@@ -153,6 +153,21 @@ class Fleet:
         tpu.wait_created(self.clients, lro, m.name, accelerator, timeout_s=self.clients.settings.running_timeout_s,
                          cancel=self.cancel)
 
+    def _classified(self, fn: Callable, args: tuple) -> None:
+        """Run one creation job; an API error raised by the call itself is classified like an operation's."""
+        from google.api_core import exceptions as gx
+
+        try:
+            fn(*args)
+        except gx.GoogleAPICallError as exc:
+            if fn == self._firewall:
+                raise from_api_error(exc, doing=f"creating firewall rule {args[0]}") from exc
+            ms = args[0] if isinstance(args[0], list) else [args[0]]
+            kind = "TPU VM" if ms[0].kind == "tpu" else "VM"
+            raise from_api_error(exc, doing=f"creating {describe(len(ms), f'{ms[0].role} {kind}')}",
+                                 resource=f"{ms[0].vm.machine} {ms[0].role} {kind}", zone=self.zone,
+                                 count=len(ms)) from exc
+
     def create(self, machines: list[Machine], firewall_rule: tuple[str, str] | None) -> None:
         """Create the firewall rule (name, tag) and every machine, in parallel; raise the first real failure.
 
@@ -174,7 +189,7 @@ class Fleet:
         summary = ", ".join(filter(None, (_describe_machines(machines, r) for r in ("dispatcher", "worker", "trainer"))))
         self.log(f"creating {summary} in {self.zone}")
         pool = ThreadPoolExecutor(max_workers=max(len(jobs), 1), thread_name_prefix="dsctl-create")
-        futures = [pool.submit(fn, *args) for fn, args in jobs]
+        futures = [pool.submit(self._classified, fn, args) for fn, args in jobs]
         try:
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
             errors = [f.exception() for f in done if f.exception() is not None]
@@ -282,15 +297,15 @@ class Fleet:
                 + [(self._delete_firewall, n) for n in firewalls])
         if not jobs:
             return
-        errors: list[str] = []
+        errors: dict[str, str] = {}
         with ThreadPoolExecutor(max_workers=min(len(jobs), MAX_THREADS), thread_name_prefix="dsctl-delete") as pool:
             futures = {pool.submit(fn, name): name for fn, name in jobs}
             for fut, name in futures.items():
                 exc = fut.exception()
                 if exc is not None:
-                    errors.append(f"{name}: {exc}")
-        # Confirm: only what the API no longer lists is forgotten.
-        want_i, want_t, want_f = set(instances), set(tpus), set(firewalls)
+                    errors[name] = f"{name}: {exc}"
+        # Confirm: only what the API no longer lists is forgotten. What could not even be deleted is not waited for.
+        want_i, want_t, want_f = (set(instances) - set(errors), set(tpus) - set(errors), set(firewalls) - set(errors))
         deadline = time.monotonic() + timeout_s
         delay = 0.2
         while True:
@@ -302,14 +317,14 @@ class Fleet:
             want_i &= listed_i
             want_t &= listed_t
             want_f &= listed_f
-            if not (want_i or want_t or want_f):
+            if not (want_i or want_t or want_f) and not errors:
                 return
-            if time.monotonic() > deadline:
-                left = sorted(want_i | want_t | want_f)
+            if not (want_i or want_t or want_f) or time.monotonic() > deadline:
+                left = sorted(want_i | want_t | want_f | set(errors))
                 raise GcpError(
-                    f"{describe(len(left), 'resource')} of run {self.run_id} still exist after {timeout_s:.0f} s: "
+                    f"{describe(len(left), 'resource')} of run {self.run_id} could not be deleted or still exist: "
                     f"{', '.join(left[:10])}{' ...' if len(left) > 10 else ''}. "
-                    + (f"Errors: {'; '.join(errors[:3])}. " if errors else "")
+                    + (f"Errors: {'; '.join(list(errors.values())[:3])}. " if errors else "")
                     + f"Run `dsctl down {self.run_id}` again, or delete them in the console (label dsctl-run={self.run_id})."
                 )
             time.sleep(delay)

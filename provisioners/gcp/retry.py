@@ -43,10 +43,17 @@ def is_timeout(exc: Exception) -> bool:
     return isinstance(exc, (requests.Timeout, gx.DeadlineExceeded))
 
 
+def is_rate_limit(exc: Exception) -> bool:
+    reasons = {e.get("reason") for e in (getattr(exc, "errors", None) or []) if isinstance(e, dict)}
+    return bool(reasons & {"rateLimitExceeded", "userRateLimitExceeded"})
+
+
 def _retryable(exc: Exception, timeouts: bool) -> bool:
     from google.api_core import exceptions as gx
 
     if isinstance(exc, (gx.TooManyRequests, gx.ServiceUnavailable)):
+        return True
+    if isinstance(exc, gx.Forbidden) and is_rate_limit(exc):  # Compute Engine's API rate quota answers 403
         return True
     if is_timeout(exc):
         return timeouts

@@ -104,8 +104,7 @@ def _no_credentials_error() -> SpecError:
     return SpecError(
         "provider: gcp needs Google Cloud credentials and none were found. dsctl uses Application Default "
         "Credentials: run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a "
-        "service account key file, or run dsctl on a VM with a service account.",
-        field="provider",
+        "service account key file, or run dsctl on a VM with a service account."
     )
 
 
@@ -117,8 +116,7 @@ def check_credentials(settings: GcpSettings) -> None:
         import google.auth
         from google.auth.exceptions import DefaultCredentialsError
     except ImportError:
-        raise SpecError("provider: gcp needs the Google Cloud client libraries: pip install 'dsctl[gcp]'.",
-                        field="provider") from None
+        raise SpecError("provider: gcp needs the Google Cloud client libraries: pip install 'dsctl[gcp]'.") from None
     try:
         google.auth.default(scopes=SCOPES)
     except DefaultCredentialsError:

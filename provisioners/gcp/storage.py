@@ -97,19 +97,27 @@ class Staging:
     def url(self, name: str) -> str:
         return f"gs://{self.bucket_name}/{self.staging_prefix}{name}"
 
-    def collect(self, run_dir: Path, folders: tuple[str, ...] = ("metrics", "logs")) -> int:
-        """Copy the run's metrics and logs to results/ (kept after the run); returns the number of files."""
+    def collect(self, run_dir: Path) -> list[str]:
+        """Keep the run's results under results/: each metrics file, and the logs as one logs.tar.gz."""
         bucket = self._bucket()
-        n = 0
-        for folder in folders:
-            base = Path(run_dir) / folder
-            if not base.is_dir():
-                continue
-            for path in sorted(base.rglob("*")):
+        run_dir = Path(run_dir)
+        names = []
+        metrics = run_dir / "metrics"
+        if metrics.is_dir():
+            for path in sorted(metrics.rglob("*")):
                 if path.is_file():
-                    bucket.blob(f"{self.prefix}results/{path.relative_to(run_dir).as_posix()}").upload_from_filename(str(path))
-                    n += 1
-        return n
+                    name = f"{self.prefix}results/{path.relative_to(run_dir).as_posix()}"
+                    bucket.blob(name).upload_from_filename(str(path))
+                    names.append(name)
+        logs = run_dir / "logs"
+        if logs.is_dir() and any(logs.iterdir()):
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+                tar.add(logs, arcname="logs")
+            name = f"{self.prefix}results/logs.tar.gz"
+            bucket.blob(name).upload_from_string(buf.getvalue())
+            names.append(name)
+        return names
 
     def delete_staging(self) -> None:
         bucket = self._bucket()

@@ -40,10 +40,12 @@ class Watcher:
         self.interval_s = interval_s
         self._items: dict[tuple[str, int], Watched] = {}
         self._snap: dict[tuple[str, int], remote.ProcStatus] = {}
+        self._prev: dict[tuple[str, int], remote.ProcStatus] = {}  # the reading before the latest, for rates
         self._unreachable: dict[str, tuple[float, str]] = {}  # host -> (since, last error)
         self._finished: set[tuple[str, int]] = set()  # trainers whose final files were fetched
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.last_error: str | None = None
         self._thread: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="dsctl-watch")
 
@@ -52,16 +54,24 @@ class Watcher:
         with self._lock:
             self._items[item.key] = item
             self._snap.pop(item.key, None)
+            self._prev.pop(item.key, None)
             self._finished.discard(item.key)
 
     def forget(self, key: tuple[str, int]) -> None:
         with self._lock:
             self._items.pop(key, None)
             self._snap.pop(key, None)
+            self._prev.pop(key, None)
 
     def snapshot(self) -> dict[tuple[str, int], remote.ProcStatus]:
         with self._lock:
             return dict(self._snap)
+
+    def readings(self) -> dict[tuple[str, int], tuple[remote.ProcStatus, remote.ProcStatus]]:
+        """(previous, latest) reading of each process, where there are two of the same process."""
+        with self._lock:
+            return {k: (self._prev[k], v) for k, v in self._snap.items()
+                    if k in self._prev and self._prev[k].pid == v.pid and v.at > self._prev[k].at}
 
     def unreachable(self) -> dict[str, tuple[float, str]]:
         with self._lock:
@@ -85,8 +95,9 @@ class Watcher:
             started = time.monotonic()
             try:
                 self.cycle()
+                self.last_error = None
             except Exception as exc:  # never let the watcher die; the next cycle tries again
-                print(f"dsctl watcher: {type(exc).__name__}: {exc}", flush=True)
+                self.last_error = f"{type(exc).__name__}: {exc}"
             self._stop.wait(max(self.interval_s - (time.monotonic() - started), 0.05))
 
     def cycle(self) -> None:
@@ -120,7 +131,7 @@ class Watcher:
             try:
                 if item.metrics_local and st.metrics_size:
                     self._copy_new(host, item.layout.metrics, Path(item.metrics_local))
-                exited = st.rc is not None or not st.alive(None)
+                exited = not st.running(None)
                 if exited and item.key not in self._finished and (item.metrics_local or item.on_exit):
                     if item.metrics_local:
                         self._copy_new(host, item.layout.metrics, Path(item.metrics_local))
@@ -133,6 +144,8 @@ class Watcher:
                 continue
             with self._lock:
                 if item.key in self._items and self._items[item.key] is item:
+                    if item.key in self._snap:
+                        self._prev[item.key] = self._snap[item.key]
                     self._snap[item.key] = st
 
     def _copy_new(self, host: str, remote_path: str, local: Path) -> None:

@@ -1,0 +1,128 @@
+"""Fixtures for the Google Cloud provider: the Compute/TPU stand-in, a GCS emulator and a real sshd.
+
+Nothing here is mocked that can run here: dsctl's GCP code uses the real client
+libraries against loopback servers, and SSH reaches a real OpenSSH server
+listening on the loopback addresses the stand-in gives its "VMs". Commands run
+over SSH start real processes on this machine; deleting a stand-in VM stops the
+processes started in its directory, as deleting a real VM would.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+from fake_gce import FakeCloud, FakeGce, Faults, Timing
+from sshd import AuthorizedKeysWriter, Sshd, loopback_range, sshd_available
+
+PROJECT = "dsctl-test"
+ZONE = "us-central1-b"
+BUCKET = "dsctl-test-staging"
+VM_ADDRESSES = 16  # sshd listens on 127.0.0.2 .. 127.0.0.17 (OpenSSH allows 16 listen sockets)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory):
+    if not sshd_available():
+        pytest.skip("OpenSSH server (/usr/sbin/sshd) is not installed; `apt-get install openssh-server`")
+    server = Sshd(tmp_path_factory.mktemp("sshd"), loopback_range("127.0.0.2", VM_ADDRESSES)).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    from gcp_storage_emulator.server import create_server
+
+    port = _free_port()
+    server = create_server("127.0.0.1", port, in_memory=True, default_bucket=BUCKET)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+def kill_vm_processes(resource: dict) -> None:
+    """What deleting a VM does to its processes: every process started in that VM's directory dies."""
+    name = resource.get("name", "").rsplit("/", 1)[-1]
+    if not name:
+        return
+    marker = f"/{name}/"
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if p.pid != os.getpid() and marker in " ".join(p.info["cmdline"] or []):
+                p.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+
+
+@pytest.fixture
+def cloud(request, gcs_emulator, monkeypatch, home):
+    """A fresh stand-in cloud (Compute + TPU) with the environment pointing dsctl at it.
+
+    With sshd installed, the stand-in also plays the guest agent for it; tests that SSH into
+    the "VMs" ask for the `sshd` fixture themselves (and are skipped without it).
+    """
+    fake = FakeCloud(Faults(), Timing(op_s=0.05, provisioning_s=0.1, staging_s=0.1, stopping_s=0.1, tpu_creating_s=0.2))
+    fake.on_deleted.append(kill_vm_processes)
+    if sshd_available():
+        server_sshd = request.getfixturevalue("sshd")
+        keys = AuthorizedKeysWriter(server_sshd)
+        fake.on_created.append(keys.created)
+        fake.on_deleted.append(keys.deleted)
+        monkeypatch.setenv("DSCTL_SSH_PORT", str(server_sshd.port))
+    with FakeGce(fake) as server:
+        monkeypatch.setenv("DSCTL_GCE_ENDPOINT", server.endpoint)
+        monkeypatch.setenv("DSCTL_TPU_ENDPOINT", server.endpoint)
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
+        monkeypatch.setenv("DSCTL_GCP_RETRY_BASE_S", "0.05")
+        monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
+        monkeypatch.delenv("CLOUDSDK_COMPUTE_ZONE", raising=False)
+        fake.endpoint = server.endpoint
+        yield fake
+        # Whatever a test leaves, the stand-in's VMs go (and with them their processes).
+        with fake.lock:
+            leftovers = list(fake.instances.values()) + list(fake.tpus.values())
+        for r in leftovers:
+            kill_vm_processes(r)
+
+
+def gcp_spec(dir: Path, *, sshd: Sshd | None = None, home: Path, name: str = "gcpjob", workers: int = 2,
+             trainer_machine: str = "tpu-v2-8", steps: int = 100000, epochs: int | None = 1, elements: int = 256,
+             python: str | None = None, gcp: dict | None = None, latency_ms: float = 1,
+             mode: str = "distributed_epoch", pipeline: str | None = None, model: str = "{step_time_ms: 1}") -> Path:
+    """A provider: gcp job spec for the stand-ins: no bootstrap (this machine's Python has everything)."""
+    dir.mkdir(parents=True, exist_ok=True)
+    path = dir / "job.yaml"
+    epochs_s = "null" if epochs is None else str(epochs)
+    synthetic = (f"{{builtin: synthetic, params: {{elements: {elements}, batch_size: 16, latency_ms: {latency_ms}, "
+                 f"epochs: {epochs_s}}}}}")
+    settings = {"bootstrap": "false", "python": python or sys.executable, "remote_dir": home / "vms",
+                "dispatcher_port": 0, "worker_port": 0, "running_timeout_s": 20, "ssh_timeout_s": 20,
+                "ready_timeout_s": 120, **(gcp or {})}
+    extra = "".join(f"\n          {k}: {v}" for k, v in settings.items())
+    path.write_text(textwrap.dedent(f"""\
+        name: {name}
+        provider: gcp
+        service: {{workers: {workers}, processing_mode: {mode}}}
+        trainer: {{machine: {trainer_machine}, model: {model}, steps: {steps}, warmup_batches: 2}}
+        pipeline: {pipeline or synthetic}
+        gcp:
+          project: {PROJECT}
+          zone: {ZONE}
+          bucket: {BUCKET}
+          ssh_user: {sshd.user if sshd else getpass.getuser()}{extra}
+        """))
+    return path

@@ -1,0 +1,205 @@
+"""Faults on the way up, on the stand-in cloud: each ends with a clear error (or a retried success) and nothing left.
+
+- a quota error on the fifth worker: one paragraph naming the resource, zone and count; zero instances and rules
+- bursts of 503 (and 429): retried with backoff, the job succeeds
+- a VM stuck in PROVISIONING: times out naming it, everything deleted
+- a TensorFlow version mismatch on one VM: refused before anything starts, everything deleted
+- kill -9 of the process running `dsctl up`: `dsctl down RUN` (from state) or down_by_label (no state) removes all
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from dsctl.orchestrator.run import JobRunner, RunFailed
+from dsctl.orchestrator.store import RunStore
+from dsctl.provisioners import Deployment
+from dsctl.provisioners.gcp import down_by_label, find_by_label
+from dsctl.specs import load_spec
+
+from conftest import PROJECT, ZONE, gcp_spec
+from helpers import dsctl, processes_under, wait_for
+
+NOTHING = {"instances": 0, "firewalls": 0, "tpus": 0}
+
+
+def _run_failing(spec) -> tuple[JobRunner, str]:
+    runner = JobRunner(load_spec(spec))
+    with pytest.raises(RunFailed) as info:
+        runner.run()
+    return runner, str(info.value)
+
+
+def test_quota_error_on_the_fifth_worker_leaves_nothing(cloud, home, tmp_path):
+    cloud.faults.fail_nth_instance, cloud.faults.fail_label = 5, ("dsctl-role", "worker")
+    spec = gcp_spec(tmp_path / "job", home=home, workers=8, trainer_machine="a2-highgpu-1g")
+    runner, message = _run_failing(spec)
+    # One paragraph: what was refused (resource, zone, how many), why, and what to do.
+    assert "\n" not in message
+    for part in ("8 n2-standard-8 worker VMs", f"zone {ZONE}", "quota", "Quota 'N2_CPUS' exceeded", "8 were asked for",
+                 "Everything the run had created was deleted"):
+        assert part in message, (part, message)
+    # The stand-in made 4 workers, the dispatcher, the GPU trainer and the firewall rule before the failure.
+    made = [k for k, _ in cloud.created]
+    assert made.count("instance") == 6 and made.count("firewall") == 1
+    assert cloud.counts() == NOTHING
+    assert RunStore().get(runner.run_id).status == "failed"
+    dep = Deployment.load(runner.run_dir)
+    assert dep.status == "down" and not [n for n in dep.nodes if n.role != "gcp"]
+
+
+def test_zone_exhausted_names_the_zone_and_machine(cloud, home, tmp_path):
+    cloud.faults.fail_nth_instance, cloud.faults.fail_label = 1, ("dsctl-role", "dispatcher")
+    cloud.faults.error_code = "ZONE_RESOURCE_POOL_EXHAUSTED"
+    spec = gcp_spec(tmp_path / "job", home=home, workers=2)
+    _, message = _run_failing(spec)
+    assert f"zone {ZONE} has no capacity for 1 n2-standard-8 dispatcher VM" in message
+    assert "another zone (gcp.zone)" in message
+    assert cloud.counts() == NOTHING
+
+
+def test_stuck_in_provisioning_times_out_and_is_cleaned_up(cloud, home, tmp_path):
+    cloud.faults.stuck_names = ["worker-1"]
+    spec = gcp_spec(tmp_path / "job", home=home, workers=3, gcp={"running_timeout_s": 3})
+    t0 = time.monotonic()
+    runner, message = _run_failing(spec)
+    assert time.monotonic() - t0 < 30
+    assert "did not reach RUNNING within 3 s" in message
+    assert f"dsctl-{runner.run_id}-worker-1 (PROVISIONING)" in message
+    assert cloud.counts() == NOTHING
+
+
+def test_tensorflow_version_mismatch_is_refused(cloud, sshd, home, tmp_path):
+    """worker-1's Python reports another TensorFlow: dsctl refuses before starting any server."""
+    fake_python = tmp_path / "python-on-vms"
+    fake_python.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        # The VM of worker 1 has TensorFlow 2.20.0; every other VM has this machine's.
+        if [ "$1" = "-c" ] && [ "$3" = "worker-1" ]; then
+          echo '{{"node": "worker-1", "python": "3.11.7", "tensorflow": "2.20.0", "dsctl": "0.1.0"}}'
+          exit 0
+        fi
+        exec {sys.executable} "$@"
+        """))
+    fake_python.chmod(0o755)
+    spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=2, python=str(fake_python))
+    runner, message = _run_failing(spec)
+    from dsctl.provisioners.gcp.settings import local_tensorflow_version
+
+    tf = local_tensorflow_version()
+    assert f"TensorFlow versions differ: the trainer (trainer-0) runs TensorFlow {tf}, but worker-1 has 2.20.0" in message
+    assert "every machine must run the trainer's TensorFlow" in message
+    assert "\n" not in message
+    assert not list((home / "vms").rglob("pid")), "no server was started"
+    assert cloud.counts() == NOTHING
+
+
+USER_PIPELINE = """
+import tensorflow as tf
+
+def make_dataset(size=64):
+    return tf.data.Dataset.range(size).map(lambda i: {"x": tf.fill([8], tf.cast(i, tf.float32))}).batch(8).repeat()
+"""
+
+USER_MODEL = """
+STEPS = []
+
+def train_step(batch):
+    STEPS.append(int(batch["x"].shape[0]))
+"""
+
+
+@pytest.mark.slow
+def test_503_and_429_bursts_are_retried_and_the_job_succeeds(cloud, sshd, home, tmp_path):
+    """Also: the user's pipeline and model code (the spec's folder) reach the GPU trainer VM through GCS."""
+    cloud.faults.burst_every, cloud.faults.burst_length = 5, 3  # every 5th call starts three 503s in a row
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "mypipe.py").write_text(USER_PIPELINE)
+    (tmp_path / "job" / "mymodel.py").write_text(USER_MODEL)
+    spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=1, trainer_machine="a2-highgpu-1g",
+                    epochs=None, steps=40, pipeline="{entrypoint: 'mypipe:make_dataset', params: {size: 64}}",
+                    model="{kind: python, entrypoint: 'mymodel:train_step'}")
+    runner = JobRunner(load_spec(spec))
+    half = {"done": False}
+
+    def switch_to_429(progress):  # the second half of the run sees 429s instead
+        if progress.phase == "training" and not half["done"]:
+            half["done"] = True
+            cloud.faults.burst_status = 429
+
+    runner.listener = switch_to_429
+    summary = runner.run()
+    assert RunStore().get(runner.run_id).status == "succeeded"
+    assert summary["batches"] == 40
+    assert cloud.errors_injected >= 5
+    gpu = [b for k, b in cloud.created if k == "instance" and b["labels"]["dsctl-role"] == "trainer"][0]
+    assert gpu["guestAccelerators"] == [{"acceleratorType": f"zones/{ZONE}/acceleratorTypes/nvidia-tesla-a100",
+                                         "acceleratorCount": 1}]
+    assert gpu["scheduling"]["onHostMaintenance"] == "TERMINATE"
+    assert cloud.counts() == NOTHING
+    # The trainer imported the code fetched onto its VM, not the spec's folder here.
+    code = next((home / "vms" / runner.run_id).glob("*trainer-0/code"))
+    assert sorted(p.name for p in code.iterdir()) == ["__pycache__", "job.yaml", "mymodel.py", "mypipe.py"]
+    assert {p.name.split(".")[0] for p in (code / "__pycache__").iterdir()} == {"mymodel", "mypipe"}
+
+
+DRIVER = """
+import sys
+from dsctl.orchestrator.run import JobRunner
+from dsctl.specs import load_spec
+JobRunner(load_spec(sys.argv[1]), run_id=sys.argv[2]).run()   # what `dsctl up JOB.yaml` runs
+"""
+
+
+def _start_then_kill(spec, home, cloud) -> str:
+    run_id = "killed-up-0001"
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(spec), run_id], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        # Killed once the servers run on the "VMs": they have written their ready files.
+        wait_for(lambda: len(list((home / "vms" / run_id).glob("*/ready.json"))) >= 2 or proc.poll() is not None,
+                 timeout=120, what="dispatcher and worker ready on the VMs")
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert cloud.counts() == {"instances": 2, "firewalls": 1, "tpus": 1}
+    return run_id
+
+
+@pytest.mark.slow
+def test_kill_9_then_down_by_label_with_no_local_state(cloud, sshd, home, tmp_path):
+    spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=1, trainer_machine="tpu-v2-8",
+                    epochs=None, steps=10**6)
+    run_id = _start_then_kill(spec, home, cloud)
+    shutil.rmtree(home / "runs" / run_id)  # no local state at all
+    found = find_by_label(PROJECT, ZONE, run_id)
+    assert (len(found.instances), len(found.tpus), found.firewalls) == (2, 1, [f"dsctl-{run_id}-svc"])
+    removed = down_by_label(PROJECT, ZONE, run_id)
+    assert removed.summary() == "2 VMs, 1 TPU VM, 1 firewall rule"
+    assert cloud.counts() == NOTHING
+    assert find_by_label(PROJECT, ZONE, run_id).empty
+    wait_for(lambda: not processes_under(home), timeout=20, what="the VMs' processes to end with their VMs")
+
+
+@pytest.mark.slow
+def test_kill_9_then_dsctl_down_from_state(cloud, sshd, home, tmp_path):
+    spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=1, trainer_machine="tpu-v2-8",
+                    epochs=None, steps=10**6)
+    run_id = _start_then_kill(spec, home, cloud)
+    proc = dsctl("down", run_id, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert cloud.counts() == NOTHING
+    dep = Deployment.load(home / "runs" / run_id)
+    assert dep.status == "down" and not [n for n in dep.nodes if n.role != "gcp"]
+    # `down` stopped the servers over SSH and brought their logs home before deleting the VMs.
+    assert (home / "runs" / run_id / "logs" / "dispatcher-0.log").exists()
+    wait_for(lambda: not processes_under(home), timeout=20, what="no processes left")

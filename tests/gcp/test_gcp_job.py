@@ -1,0 +1,140 @@
+"""One job end to end through the Google Cloud code path, with no cloud.
+
+The real client libraries talk to the loopback Compute/TPU stand-in and the GCS
+emulator; dsctl reaches its "VMs" over real SSH and starts a real dispatcher,
+real workers and a real trainer there; the orchestrator runs the job as for
+any provider. Afterwards nothing is left: no instance, no firewall rule, no TPU
+VM, no process (the `home` fixture checks processes).
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+
+import pytest
+
+from dsctl.orchestrator.run import JobRunner
+from dsctl.orchestrator.store import RunStore
+from dsctl.provisioners import Deployment
+from dsctl.specs import load_spec
+
+from conftest import BUCKET, PROJECT, gcp_spec
+
+pytestmark = pytest.mark.slow
+
+
+def test_job_runs_on_the_stand_in_cloud_and_leaves_nothing(cloud, sshd, home, tmp_path):
+    spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=2, trainer_machine="tpu-v2-8", epochs=1,
+                    elements=256)
+    runner = JobRunner(load_spec(spec))
+    summary = runner.run()
+    record = RunStore().get(runner.run_id)
+    assert record.status == "succeeded", record.error
+    assert summary["batches"] > 0
+    # distributed_epoch: each element exactly once, whichever worker made it (the ids came home from the VM).
+    assert (summary["elements_expected"], summary["elements_lost"], summary["elements_duplicated"]) == (256, 0, 0)
+    assert summary.get("worker_cpu_cores") is not None, "utilization of the remote workers was sampled"
+
+    # Nothing is left on the cloud, and the state has forgotten everything it deleted.
+    assert cloud.counts() == {"instances": 0, "firewalls": 0, "tpus": 0}
+    dep = Deployment.load(runner.run_dir)
+    assert dep.status == "down"
+    assert not [n for n in dep.nodes if n.role in ("dispatcher", "worker", "trainer", "firewall")]
+    assert not dep.by_role("gcp")[0].extra.get("trainer_vms")
+
+    # What was created, and how: ONE bulk insert for the workers, labelled, internal addresses only.
+    posts = [p.rsplit("/", 1)[-1] for m, p in cloud.calls if m == "POST" and "/operations/" not in p]
+    assert posts.count("bulkInsert") == 1 and posts.count("instances") == 1  # workers in bulk; the dispatcher alone
+    kinds = [k for k, _ in cloud.created]
+    assert kinds.count("instance") == 3 and kinds.count("tpu") == 1 and kinds.count("firewall") == 1
+    run_label = {"dsctl-run": runner.run_id}
+    for kind, body in cloud.created:
+        if kind == "firewall":
+            assert body["sourceTags"] == body["targetTags"] == [f"dsctl-{runner.run_id}"]
+            assert body["allowed"] == [{"IPProtocol": "tcp", "ports": ["1024-65535"]}]  # ports 0: chosen on the VMs
+            continue
+        assert run_label.items() <= body["labels"].items()
+        assert body["labels"]["dsctl-role"] in ("dispatcher", "worker", "trainer")
+        if kind == "instance":
+            assert "accessConfigs" not in body["networkInterfaces"][0], "internal addresses only"
+            assert body["tags"]["items"] == [f"dsctl-{runner.run_id}"]
+        else:
+            assert body["acceleratorType"] == "v2-8" and not body["networkConfig"].get("enableExternalIps")
+            assert body["tags"] == [f"dsctl-{runner.run_id}"]
+
+    # The run's key: 0600, in the run dir, and nowhere in state, events or logs.
+    key = runner.run_dir / "ssh" / "id_ed25519"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    secret = key.read_text().strip().splitlines()[1]
+    for path in runner.run_dir.rglob("*"):
+        if path.is_file() and path != key:
+            assert secret not in path.read_text(errors="replace"), f"private key material in {path}"
+    assert all(secret not in e["message"] for e in RunStore().events(runner.run_id))
+
+    # Metrics and logs came home, and a copy went to Cloud Storage; the staging objects are gone.
+    assert (runner.run_dir / "metrics" / "trainer-0.jsonl").stat().st_size > 0
+    assert {p.name for p in (runner.run_dir / "logs").iterdir()} >= {"dispatcher-0.log", "worker-0.log", "worker-1.log"}
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    names = [b.name for b in storage.Client(project=PROJECT, credentials=AnonymousCredentials())
+             .list_blobs(BUCKET, prefix=f"dsctl/runs/{runner.run_id}/")]
+    assert f"dsctl/runs/{runner.run_id}/results/metrics/trainer-0.jsonl" in names
+    assert not [n for n in names if "/staging/" in n]
+
+
+def test_one_deployment_measured_twice_and_scaled_as_a_sweep_does(cloud, sshd, home, tmp_path):
+    """The sweep's use of a deployment: trainers started, stopped and started again on the same trainer VM,
+    workers added with one bulk insert and removed with confirmed deletion, in between."""
+    import time
+
+    from dsctl.orchestrator.handles import OwnedDeployment
+    from dsctl.provisioners import TrainerLaunch
+    from dsctl.provisioners.gcp import GcpProvisioner
+
+    spec_path = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=1, trainer_machine="tpu-v2-8", epochs=None,
+                         steps=20)
+    spec = load_spec(spec_path).spec
+    run_dir = home / "runs" / "sweep-0001"
+    run_dir.mkdir(parents=True)
+    (run_dir / "spec.json").write_text(spec.model_dump_json())
+    dep = Deployment(run_id="sweep-0001", provider="gcp", run_dir=str(run_dir))
+    events = []
+    sink = lambda kind, message: events.append((kind, message))  # noqa: E731
+    p = GcpProvisioner()
+    owned = OwnedDeployment(p, dep)
+
+    def measure(point: str) -> int:
+        launch = TrainerLaunch(mode="service", spec_json=run_dir / "spec.json", metrics_dir=run_dir / point,
+                               base_dir=tmp_path / "job", cache_dir=home / "cache", count=1, steps=20)
+        metrics = owned.start_trainers(launch, sink)
+        deadline = time.monotonic() + 120
+        while owned.poll(sink).running and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert owned.poll(sink).exit_codes == {0: 0}
+        owned.stop_trainers()
+        ends = [json.loads(l) for l in open(metrics[0]) if '"end"' in l]
+        return ends[0]["batches"]
+
+    p.check(spec, 3)
+    try:
+        p.up(spec, dep, 1, sink)
+        p.wait_ready(dep, sink)
+        assert measure("point-1") == 20
+        owned.scale(3, sink)
+        workers = dep.by_role("worker")
+        assert [w.index for w in workers] == [0, 1, 2] and all(w.extra["ready"] for w in workers)
+        assert len({w.address for w in workers}) == 3
+        assert measure("point-3") == 20
+        owned.scale(1, sink)
+        assert [w.index for w in Deployment.load(dep.run_dir).by_role("worker")] == [0]
+        assert ("scaled", "removed 2 worker(s); 1 remain") in events
+        assert cloud.counts() == {"instances": 2, "firewalls": 1, "tpus": 1}
+    finally:
+        owned.release(sink)
+    # One trainer VM for both measurements; the workers in two bulk inserts (1, then 2 added).
+    assert [k for k, _ in cloud.created].count("tpu") == 1
+    assert len([path for m, path in cloud.calls if m == "POST" and path.endswith("/bulkInsert")]) == 2
+    assert cloud.counts() == {"instances": 0, "firewalls": 0, "tpus": 0}
+    assert not Deployment.load(run_dir).by_role("gcp")[0].extra.get("trainer_vms")

@@ -1,0 +1,474 @@
+"""The Google Cloud provider's parts, each on its own: fast tests, no TensorFlow processes.
+
+Settings and credentials errors, the plan, names, request bodies, quoting of
+what reaches a remote shell, the startup script, the wheel, operation error
+classification, confirmed deletion, Ctrl-C during `up`, and the stand-in's own
+list filter.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import zipfile
+
+import pytest
+
+from dsctl.orchestrator.run import JobRunner
+from dsctl.specs import SpecError, load_spec, load_spec_text
+
+from conftest import PROJECT, ZONE, gcp_spec
+from fake_gce import matches, parse_filter
+from helpers import EXAMPLES, dsctl
+
+NOTHING = {"instances": 0, "firewalls": 0, "tpus": 0}
+
+MINIMAL_GCP = """
+name: g
+provider: gcp
+trainer: {machine: tpu-v2-8, steps: 10}
+pipeline: {builtin: synthetic}
+"""
+
+
+# -- settings and credentials ---------------------------------------------------------------------------
+@pytest.fixture
+def no_credentials(tmp_path, monkeypatch):
+    """An environment with no Application Default Credentials and no endpoint overrides."""
+    for var in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "CLOUDSDK_COMPUTE_ZONE",
+                "DSCTL_GCE_ENDPOINT", "DSCTL_TPU_ENDPOINT", "STORAGE_EMULATOR_HOST"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("NO_GCE_CHECK", "True")  # not on a GCE VM: do not probe the metadata server
+
+
+def test_missing_project_zone_and_credentials_are_clear_errors(no_credentials, monkeypatch):
+    from dsctl.provisioners.gcp.settings import resolve
+
+    spec = load_spec_text(MINIMAL_GCP).spec
+    with pytest.raises(SpecError, match=r"gcp.project: provider: gcp needs a Google Cloud project: set gcp.project"):
+        resolve(spec)
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "p")
+    with pytest.raises(SpecError, match=r"gcp.zone: provider: gcp needs a zone .* set gcp.zone"):
+        resolve(spec)
+    monkeypatch.setenv("CLOUDSDK_COMPUTE_ZONE", "us-central1-b")
+    with pytest.raises(SpecError) as info:
+        resolve(spec)
+    assert "needs Google Cloud credentials and none were found" in str(info.value)
+    assert "gcloud auth application-default login" in str(info.value)
+    # With the APIs pointed elsewhere (tests, private endpoints), anonymous credentials are used instead.
+    for var in ("DSCTL_GCE_ENDPOINT", "DSCTL_TPU_ENDPOINT", "STORAGE_EMULATOR_HOST"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")
+    monkeypatch.setenv("DSCTL_SSH_PORT", "2222")
+    s = resolve(spec)
+    assert (s.project, s.zone, s.ssh_port, s.bucket) == ("p", "us-central1-b", 2222, "p-dsctl")
+    assert s.python == "/opt/dsctl/venv/bin/python" and s.bootstrap
+
+
+def test_the_provisioner_check_refuses_before_anything_is_made(no_credentials):
+    from dsctl.provisioners import get_provisioner
+
+    with pytest.raises(SpecError, match="gcp.project"):
+        get_provisioner("gcp").check(load_spec_text(MINIMAL_GCP).spec, 4)
+
+
+# -- spec -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("extra,where,message", [
+    ("gcp: {dispatcher_port: 6000, worker_port: 6000}", "gcp.worker_port", "both use port 6000"),
+    ("gcp: {zone: uscentral1}", "gcp.zone", "zone must look like 'us-central1-a'"),
+    ("gcp: {labels: {Team: x}}", "gcp.labels", "label Team="),
+    ("gcp: {labels: {dsctl-run: x}}", "gcp.labels", "set by dsctl itself"),
+    ("gcp: {projct: p}", "gcp.projct", "unknown key 'projct'. Did you mean 'project'?"),
+])
+def test_gcp_section_errors_point_at_the_field(extra, where, message):
+    with pytest.raises(SpecError) as info:
+        load_spec_text(MINIMAL_GCP + extra + "\n", "job.yaml")
+    assert where in str(info.value) and message in str(info.value), str(info.value)
+
+
+def test_tpu_trainer_name_is_checked_for_gcp_only():
+    bad = MINIMAL_GCP.replace("tpu-v2-8", "tpu-2-8")
+    with pytest.raises(SpecError, match="trainer.machine: 'tpu-2-8' is not a TPU VM type"):
+        load_spec_text(bad)
+    load_spec_text(bad.replace("provider: gcp", "provider: local"))  # locally a machine type is only a price
+
+
+def test_every_shipped_gcp_example_still_loads_and_a_local_spec_may_keep_its_gcp_section():
+    s = load_spec(EXAMPLES / "gcp-resnet50.yaml").spec
+    assert s.provider == "gcp" and s.gcp is None
+    local = load_spec_text(MINIMAL_GCP.replace("provider: gcp", "provider: local") + "gcp: {project: p}\n").spec
+    assert local.gcp.project == "p"
+
+
+# -- plan ---------------------------------------------------------------------------------------------------
+def test_plan_of_the_papers_resnet50_example(no_credentials):
+    from dsctl.provisioners.gcp import plan
+
+    p = plan(load_spec(EXAMPLES / "gcp-resnet50.yaml").spec)
+    assert [(l.role, l.machine, l.count, l.kind) for l in p.lines] == [
+        ("dispatcher", "n2-standard-8", 1, "VM"), ("workers", "n2-standard-8", 16, "VM"),
+        ("trainers", "tpu-v2-8", 1, "TPU VM")]
+    assert p.per_hour == pytest.approx(0.08 * 17 + 4.50)
+    # 112,320 steps at no more than 1000/222 batches/s: the paper's $40.6 with the service.
+    assert p.lower_bound and p.job_cost == pytest.approx(40.6, abs=0.1)
+    text = p.render()
+    assert "5.8600" in text and "at least $40.59" in text and "no zone is set" in text
+    big = plan(load_spec(EXAMPLES / "gcp-resnet50.yaml").spec, 640, batches_per_s=4.5)
+    assert big.lines[1].count == 640 and big.per_hour == pytest.approx(0.08 * 641 + 4.5)
+    assert not big.lower_bound and big.job_hours == pytest.approx(112320 / 4.5 / 3600)
+    assert big.as_dict()["lines"][1]["per_hour"] == pytest.approx(51.2)
+
+
+def test_plan_without_a_known_length_gives_the_hourly_cost(no_credentials):
+    from dsctl.provisioners.gcp import plan
+
+    spec = load_spec_text(MINIMAL_GCP.replace("steps: 10", "steps: 10, model: {kind: synthetic}")
+                          + "gcp: {project: p, zone: us-central1-b}\n").spec
+    p = plan(spec)
+    assert p.job_cost is None and "per hour it runs" in p.render() and "project p, zone us-central1-b" in p.render()
+
+
+# -- names, bodies ------------------------------------------------------------------------------------------
+def test_names_fit_compute_engine_rules_even_for_long_run_ids():
+    from dsctl.provisioners.gcp import naming
+
+    rid = "a-very-long-job-name-that-uses-all-forty-1122-031500-ab12"
+    names = [naming.instance_name(rid, "dispatcher", 0), naming.instance_name(rid, "worker", 9999),
+             naming.firewall_name(rid)]
+    assert all(re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", n) for n in names), names
+    assert naming.instance_name(rid, "worker", 1) != naming.instance_name(rid + "x", "worker", 1)
+    assert re.fullmatch(r"[a-z0-9_-]{0,63}", naming.label_value(rid.upper() + "!" * 40))
+
+
+def test_request_bodies_gpu_public_ips_subnetwork_service_account():
+    from google.cloud import compute_v1 as c
+
+    from dsctl.provisioners.gcp import compute
+    from dsctl.provisioners.gcp.settings import GcpSettings
+
+    s = GcpSettings(project="p", zone="us-central1-b", subnetwork="sub", public_ips=True, service_account="none",
+                    image="img", gpu_image="gpu-img")
+    vm = compute.VmConfig(machine="a2-highgpu-2g", labels={"dsctl-run": "r"}, tag="t", metadata={"ssh-keys": "u:k"})
+    body = c.Instance.to_dict(compute.instance_body(s, "n", vm))
+    assert body["guest_accelerators"] == [{"accelerator_type": "zones/us-central1-b/acceleratorTypes/nvidia-tesla-a100",
+                                           "accelerator_count": 2}]
+    assert body["disks"][0]["initialize_params"]["source_image"] == "gpu-img"
+    assert body["network_interfaces"][0]["access_configs"][0]["type_"] == "ONE_TO_ONE_NAT"
+    assert body["network_interfaces"][0]["subnetwork"] == "projects/p/regions/us-central1/subnetworks/sub"
+    assert not body.get("service_accounts")
+    bulk = c.BulkInsertInstanceResource.to_dict(compute.bulk_body(s, ["w-0", "w-1"], vm))
+    assert (int(bulk["count"]), int(bulk["min_count"]), sorted(bulk["per_instance_properties"])) == (2, 2, ["w-0", "w-1"])
+    assert bulk["instance_properties"]["machine_type"] == "a2-highgpu-2g"
+    assert compute.machine_kind("n2-standard-8").kind == "cpu" and compute.machine_kind("tpu-v5litepod-4").accelerator == "v5litepod-4"
+
+
+# -- what reaches a remote shell ------------------------------------------------------------------------------
+def test_every_value_reaching_a_remote_shell_is_quoted(tmp_path):
+    """Run the launch and fetch commands in a real shell with hostile values: nothing is interpreted."""
+    from dsctl.provisioners.gcp import remote
+
+    pwned = tmp_path / "pwned"
+    evil = f"$(touch {pwned}); `touch {pwned}`; ' \" && touch {pwned} #"
+    fake_python = tmp_path / "py thon's"
+    fake_python.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$(dirname "$0")/args.txt"\n')
+    fake_python.chmod(0o755)
+    layout = remote.Layout(str(tmp_path / "node dir; $(touch pwned)"))
+    cmd = remote.launch(layout, str(fake_python), "dsctl.runtime.worker", ["--dispatcher", evil, "--host", "10.0.0.2"],
+                        env={"X": evil})
+    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    pid, start = remote.parse_launch(out.stdout)
+    assert pid > 0
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "args.txt").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "args.txt").read_text().splitlines() == ["-m", "dsctl.runtime.worker", "--dispatcher", evil,
+                                                                "--host", "10.0.0.2"]
+    for cmd in (remote.stop(layout, start), remote.status([layout.dir, evil]), remote.probe(evil, evil),
+                remote.fetch(evil, evil, evil, evil, [evil], evil), remote.tail(evil), remote.wait_file(evil, 0.1)):
+        subprocess.run(["bash", "-c", cmd], capture_output=True, timeout=30)
+    assert not pwned.exists() and not (tmp_path / "pwned").exists()
+
+
+def test_startup_script_is_valid_bash_and_pins_the_versions():
+    from dsctl.provisioners.gcp import startup
+
+    for kind, pkg in (("cpu", "tensorflow-cpu==2.21.0"), ("gpu", "'tensorflow[and-cuda]==2.21.0'"),
+                      ("tpu", "tensorflow-tpu==2.21.0")):
+        text = startup.script(kind=kind, tf_version="2.21.0", bucket="b", staging_prefix="dsctl/runs/r/staging/",
+                              wheel="dsctl-0.1.0+gabc-py3-none-any.whl")
+        assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+        assert pkg in text and startup.MARKER in text
+
+
+def test_wheel_of_this_version_has_the_runtime_and_a_consistent_record(tmp_path):
+    import base64
+    import hashlib
+
+    from dsctl.provisioners.gcp.wheel import build_wheel
+
+    path = build_wheel(tmp_path)
+    assert re.fullmatch(r"dsctl-\d+\.\d+\.\d+\+g[0-9a-f]{10}-py3-none-any\.whl", path.name)
+    with zipfile.ZipFile(path) as z:
+        names = set(z.namelist())
+        assert {"dsctl/__init__.py", "dsctl/runtime/worker.py", "dsctl/runtime/pipelines/synthetic.py",
+                "dsctl/specs/schema.py", "dsctl/costmodel/catalogs/paper-2023-06.yaml"} <= names
+        assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+        record = z.read(next(n for n in names if n.endswith("RECORD"))).decode().splitlines()
+        for line in record:
+            name, digest, size = line.rsplit(",", 2)
+            if digest:
+                data = z.read(name)
+                assert digest == "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+                assert int(size) == len(data)
+    assert build_wheel(tmp_path / "again").name == path.name  # same code, same version
+
+
+def test_key_pair_is_private_and_reused(tmp_path):
+    from dsctl.provisioners.gcp.keys import ensure_key_pair
+
+    kp = ensure_key_pair(tmp_path, "dsctl-r")
+    assert oct(kp.private_path.stat().st_mode & 0o777) == "0o600"
+    assert oct(kp.private_path.parent.stat().st_mode & 0o777) == "0o700"
+    assert kp.public.startswith("ssh-ed25519 ") and kp.metadata_entry("dsctl").startswith("dsctl:ssh-ed25519 ")
+    assert ensure_key_pair(tmp_path, "dsctl-r") == kp
+
+
+# -- against the stand-in, without SSH --------------------------------------------------------------------------
+def _fleet(run_id: str):
+    from dsctl.provisioners.gcp.clients import Clients
+    from dsctl.provisioners.gcp.resources import Fleet
+    from dsctl.provisioners.gcp.settings import GcpSettings
+
+    return Fleet(Clients(GcpSettings(project=PROJECT, zone=ZONE, running_timeout_s=20).with_env_endpoints()), run_id)
+
+
+def _machine(run_id: str, role: str, index: int, machine: str = "n2-standard-8"):
+    from dsctl.provisioners.gcp import compute, naming
+    from dsctl.provisioners.gcp.resources import Machine
+
+    vm = compute.VmConfig(machine=machine, labels=naming.labels(run_id, "j", role, index=index),
+                          tag=naming.network_tag(run_id), metadata={})
+    return Machine(role, index, naming.instance_name(run_id, role, index), vm, compute.machine_kind(machine).kind)
+
+
+def test_tpu_out_of_capacity_is_classified(cloud):
+    from dsctl.provisioners.gcp.errors import ZoneExhausted
+
+    cloud.faults.tpu_exhausted = True
+    fleet = _fleet("tpu-run")
+    with pytest.raises(ZoneExhausted) as info:
+        fleet.create([_machine("tpu-run", "trainer", 0, "tpu-v2-8")], None)
+    assert f"zone {ZONE} has no capacity for 1 TPU v2-8 VM" in str(info.value)
+
+
+def test_quota_refused_by_the_insert_call_itself_is_classified_the_same(cloud):
+    from dsctl.provisioners.gcp.errors import QuotaExceeded
+
+    cloud.faults.fail_nth_instance, cloud.faults.fail_label, cloud.faults.fail_sync = 1, ("dsctl-role", "worker"), True
+    fleet = _fleet("sync-run")
+    with pytest.raises(QuotaExceeded) as info:
+        fleet.create([_machine("sync-run", "worker", i) for i in range(4)], None)
+    assert f"Google Cloud refused to create 4 n2-standard-8 worker VMs in zone {ZONE}" in str(info.value)
+    assert "4 were asked for" in str(info.value)
+
+
+def test_api_rate_quota_403_is_retried(cloud):
+    cloud.faults.burst_every, cloud.faults.burst_length, cloud.faults.burst_status = 3, 2, 403
+    fleet = _fleet("rate-run")
+    machines = [_machine("rate-run", "worker", i) for i in range(3)] + [_machine("rate-run", "dispatcher", 0)]
+    fleet.create(machines, ("dsctl-rate-run-svc", "dsctl-rate-run"))
+    fleet.wait_running(machines, 20, lambda *a: None)
+    fleet.delete([m.name for m in machines], [], ["dsctl-rate-run-svc"])
+    assert cloud.errors_injected >= 3
+    assert cloud.counts() == NOTHING
+
+
+def test_deletion_is_confirmed_before_the_state_forgets(cloud):
+    cloud.timing.stopping_s = 1.0  # deleted VMs linger in STOPPING for a second
+    fleet = _fleet("del-run")
+    machines = [_machine("del-run", "worker", i) for i in range(3)]
+    fleet.create(machines, ("dsctl-del-run-svc", "dsctl-del-run"))
+    fleet.wait_running(machines, 20, lambda *a: None)
+    forgotten = []
+
+    def on_gone(name):
+        with cloud.lock:  # at the moment the caller forgets it, the stand-in must no longer have it
+            assert not [k for k in cloud.instances if k[2] == name]
+        forgotten.append(name)
+
+    t0 = time.monotonic()
+    fleet.delete([m.name for m in machines], [], ["dsctl-del-run-svc"], on_gone)
+    assert time.monotonic() - t0 >= 1.0
+    assert sorted(forgotten) == sorted([m.name for m in machines] + ["dsctl-del-run-svc"])
+    assert cloud.counts() == NOTHING
+
+
+def test_ctrl_c_during_up_deletes_everything(cloud, home, tmp_path):
+    cloud.faults.stuck_names = ["worker-2"]  # keeps `up` waiting for RUNNING
+    spec = gcp_spec(tmp_path / "job", home=home, workers=3, gcp={"running_timeout_s": 60})
+    runner = JobRunner(load_spec(spec))
+
+    def interrupt_when_created():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and cloud.counts()["instances"] < 4:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_created, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        runner.run()
+    assert cloud.counts() == NOTHING
+    from dsctl.orchestrator.store import RunStore
+
+    assert RunStore().get(runner.run_id).status == "interrupted"
+
+
+# -- the stand-in's filter, as Compute Engine reads it ---------------------------------------------------------------
+def test_stand_in_list_filter():
+    obj = {"name": "a-1", "status": "RUNNING", "labels": {"dsctl-run": "r1", "dsctl-role": "worker"}}
+    assert parse_filter('labels.dsctl-run = "r1"') == [("labels.dsctl-run", "=", "r1")]
+    assert matches(obj, parse_filter('(labels.dsctl-run = "r1") AND (labels.dsctl-role = "worker")'))
+    assert matches(obj, parse_filter('labels.dsctl-run = r1 AND status != "STOPPING"'))
+    assert not matches(obj, parse_filter('labels.dsctl-run = "r2"'))
+    assert matches(obj, parse_filter("name eq a-.*")) and not matches(obj, parse_filter("name ne a-.*"))
+    assert matches(obj, parse_filter("labels.dsctl-role:*"))
+    with pytest.raises(ValueError):
+        parse_filter("labels.x >< 3")
+
+
+# -- what the CLI calls -------------------------------------------------------------------------------------------
+def test_confirm_up_asks_only_for_gcp_and_never_without_a_terminal(cloud, home, tmp_path):
+    from dsctl.provisioners.gcp import confirm_up
+
+    spec = load_spec(gcp_spec(tmp_path / "job", home=home)).spec
+    shown, asked = [], []
+    ask = lambda q: asked.append(q) or True  # noqa: E731
+    assert confirm_up(spec, 3, yes=True, ask=ask, echo=shown.append)
+    assert confirm_up(load_spec_text(MINIMAL_GCP.replace("gcp", "local", 1)).spec, 3, yes=False, ask=ask,
+                      echo=shown.append)
+    assert not shown and not asked
+    with pytest.raises(SpecError, match="pass --yes"):
+        confirm_up(spec, 3, yes=False, ask=ask, echo=shown.append, interactive=False)
+    assert confirm_up(spec, 3, yes=False, ask=ask, echo=shown.append, interactive=True)
+    assert asked == ["Create these machines on Google Cloud?"]
+    assert f"project {PROJECT}, zone {ZONE}" in shown[-1] and "workers" in shown[-1]
+    assert cloud.counts() == NOTHING and not cloud.calls  # a plan creates nothing, calls nothing
+
+
+def test_down_without_state_needs_project_and_zone(cloud, monkeypatch):
+    from dsctl.provisioners.gcp import down_without_state
+
+    with pytest.raises(SpecError, match="--project P --zone Z"):
+        down_without_state("some-run")
+    fleet = _fleet("orphan-run")
+    fleet.create([_machine("orphan-run", "worker", 0)], ("dsctl-orphan-run-svc", "dsctl-orphan-run"))
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", PROJECT)
+    found = down_without_state("orphan-run", zone=ZONE)
+    assert found.summary() == "1 VM, 1 firewall rule" and cloud.counts() == NOTHING
+    assert down_without_state("orphan-run", zone=ZONE).empty
+
+
+def test_cli_dry_run_prints_the_plan_and_a_real_up_asks_first(cloud, home, tmp_path):
+    spec = gcp_spec(tmp_path / "job", home=home, workers=3)
+    plan = dsctl("up", spec, "--dry-run")
+    assert plan.returncode == 0, plan.stderr
+    assert "n2-standard-8" in plan.stdout and "tpu-v2-8" in plan.stdout and "dry run: nothing was created" in plan.stdout
+    refused = dsctl("up", spec, stdin=subprocess.DEVNULL)
+    assert refused.returncode == 2 and "pass --yes" in refused.stderr and "Traceback" not in refused.stderr
+    assert cloud.counts() == NOTHING and not cloud.calls
+
+
+def test_cli_down_finds_a_run_by_label_without_local_state(cloud, home):
+    fleet = _fleet("lost-run")
+    fleet.create([_machine("lost-run", "worker", 0), _machine("lost-run", "worker", 1)],
+                 ("dsctl-lost-run-svc", "dsctl-lost-run"))
+    assert cloud.counts()["instances"] == 2
+    down = dsctl("down", "lost-run", "--project", PROJECT, "--zone", ZONE)
+    assert down.returncode == 0, down.stderr
+    assert "deleted 2 VMs, 1 firewall rule" in down.stdout and cloud.counts() == NOTHING
+    again = dsctl("down", "lost-run", "--project", PROJECT, "--zone", ZONE)
+    assert again.returncode == 0 and "nothing found" in again.stdout
+
+
+def test_fetch_on_the_vm_unpacks_the_code_and_refuses_paths_outside_it(cloud, tmp_path):
+    """The command trainers run to get the spec and code from Cloud Storage (here: the emulator)."""
+    import io
+    import sys
+    import tarfile
+
+    from dsctl.provisioners.gcp import remote
+    from dsctl.provisioners.gcp.clients import Clients
+    from dsctl.provisioners.gcp.settings import GcpSettings
+    from dsctl.provisioners.gcp.storage import Staging, code_archive
+
+    from conftest import BUCKET
+
+    src = tmp_path / "job"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "mod.py").write_text("X = 1\n")
+    (src / ".git").mkdir()
+    (src / ".git" / "config").write_text("secret\n")
+    (src / "job.yaml").write_text("name: x\n")
+    settings = GcpSettings(project=PROJECT, zone=ZONE, bucket=BUCKET).with_env_endpoints()
+    staging = Staging(Clients(settings), "fetch-run")
+    staging.upload("spec.json", b'{"name": "x"}')
+    staging.upload("code.tar.gz", code_archive(src))
+    dest = tmp_path / "vm dir"
+    cmd = remote.fetch(sys.executable, BUCKET, staging.staging_prefix, str(dest), ["spec.json", "code.tar.gz"],
+                       settings.storage_host)
+    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert (dest / "spec.json").read_text() == '{"name": "x"}'
+    assert sorted(str(p.relative_to(dest / "code")) for p in (dest / "code").rglob("*")) == ["job.yaml", "pkg", "pkg/mod.py"]
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        data = b"owned"
+        info = tarfile.TarInfo("../escaped.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    staging.upload("evil.tar.gz", buf.getvalue())
+    out = subprocess.run(["bash", "-c", remote.fetch(sys.executable, BUCKET, staging.staging_prefix, str(dest),
+                                                       ["evil.tar.gz"], settings.storage_host)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "refusing archive member" in out.stderr
+    assert not (dest / "escaped.txt").exists()
+
+
+def test_bootstrap_stages_this_dsctl_and_the_startup_script_installs_it(cloud, home, tmp_path):
+    """With gcp.bootstrap (the default), the wheel of this dsctl is in the bucket and every VM's metadata
+    carries a startup script that installs it with the run's TensorFlow (run by the real guest agent only)."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    from dsctl.provisioners import Deployment
+    from dsctl.provisioners.gcp import GcpProvisioner
+    from dsctl.provisioners.gcp.settings import local_tensorflow_version
+
+    from conftest import BUCKET
+
+    spec = load_spec(gcp_spec(tmp_path / "job", home=home, gcp={"bootstrap": "true", "python": "null"})).spec
+    run_dir = home / "runs" / "boot-0001"
+    run_dir.mkdir(parents=True)
+    dep = Deployment(run_id="boot-0001", provider="gcp", run_dir=str(run_dir))
+    p = GcpProvisioner()
+    p.check(spec, 1)
+    p._context(dep, spec)
+    wheel = p._stage_wheel(dep, lambda *a: None)
+    blobs = [b.name for b in storage.Client(project=PROJECT, credentials=AnonymousCredentials()).list_blobs(BUCKET)]
+    assert f"dsctl/runs/boot-0001/staging/{wheel}" in blobs
+    md = p._metadata(dep, "tpu", wheel)
+    script = md["startup-script"]
+    assert f"tensorflow-tpu=={local_tensorflow_version()}" in script and wheel in script and BUCKET in script
+    assert md["ssh-keys"].startswith(f"{p._settings.ssh_user}:ssh-ed25519 ") and md["enable-oslogin"] == "FALSE"
+    assert p._settings.python == "/opt/dsctl/venv/bin/python"
+    p.down(dep, lambda *a: None)
+    blobs = [b.name for b in storage.Client(project=PROJECT, credentials=AnonymousCredentials()).list_blobs(BUCKET)]
+    assert not [b for b in blobs if b.startswith("dsctl/runs/boot-0001/staging/")]
