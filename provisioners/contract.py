@@ -76,6 +76,23 @@ class TrainerLaunch:
     record_steps: bool = False  # per-batch timings and token counts, for modelling synchronous training
     cpus: list[int] | None = None  # pin trainer processes to these cores (local provider)
 
+    def harness_args(self, index: int, *, spec: str, metrics: str, cache_dir: str, base_dir: str,
+                     dispatcher: str | None) -> list[str]:
+        """`python -m dsctl.runtime.trainer` arguments, with paths as the trainer's machine sees them."""
+        args = ["--spec", spec, "--mode", self.mode, "--index", str(index), "--metrics", metrics,
+                "--cache-dir", cache_dir, "--base-dir", base_dir]
+        if self.mode == "service":
+            args += ["--dispatcher", str(dispatcher)]
+        if self.steps is not None:
+            args += ["--steps", str(self.steps)]
+        if self.duration_s is not None:
+            args += ["--duration-s", str(self.duration_s)]
+        if self.repeat:
+            args.append("--repeat")
+        if self.window_s:
+            args += ["--window-s", str(self.window_s)]
+        return args
+
 
 @dataclass
 class TrainerState:

@@ -18,7 +18,7 @@ PHASED_JOB = """
     name: autoscaled
     service: {workers: 1}
     trainer:
-      duration_s: 130
+      duration_s: 150
       warmup_batches: 5
       window_s: 0.5
       model:
@@ -48,7 +48,7 @@ def test_cachew_policy_finds_the_knee_then_follows_the_model_up_and_down(home, t
     assert len({w["workers"] for w in windows if 33 <= w["t_end"] <= 39.5}) == 1, "and holds there"
     faster = max(w["workers"] for w in windows if 40 <= w["t_end"] <= 79.5)
     assert faster > converged, "a faster model: scales up again"
-    final = workers_at(windows, 130)
+    final = workers_at(windows, 150)
     assert final < faster and abs(final - 2) <= 1, "a slower model: scales down to its knee"
     decisions = [e for e in store.events(record["id"]) if e["kind"] == "autoscale"]
     assert decisions and all("worker" in e["message"] for e in decisions)

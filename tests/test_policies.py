@@ -289,3 +289,16 @@ def test_cpu_policy_over_provisions_a_cpu_heavy_job(seed):
     job = SyntheticJob(0.040, 0.160, cpu_when_busy=1.0)
     hpa = simulate(CpuUtilizationPolicy(), job, 60_000, seed=seed)
     assert hpa[-1].obs.workers == 5 > job.knee
+
+
+@pytest.mark.parametrize("offset", range(0, 1000, 50))
+def test_cachew_is_not_misled_by_a_recheck_window_that_straddles_the_change(offset):
+    """Wherever the change falls in the re-check cycle, the policy scales down to the new knee:
+    a re-check window half old job, half new is confirmed on a fresh window before acting."""
+    wide, slower = SyntheticJob(0.030, 0.200), SyntheticJob(0.090, 0.200)  # knees 7 and 3
+    at = PHASE_AT + offset
+    trace = simulate(CachewPolicy(), [(0, wide), (at, slower)], at + 2 * PHASE_AT, seed=offset)
+    at_change = index_at_batch(trace, at)
+    assert abs(trace[at_change - 1].obs.workers - wide.knee) <= 1
+    assert abs(trace[-1].obs.workers - slower.knee) <= 1 and trace[-1].phase == "converged"
+    assert all(d.action == "remove" or "adding it back" in d.reason for _, d in changes(trace[at_change:]))

@@ -8,7 +8,8 @@ Signals, and what each one drives (constants are `CachewConfig` defaults):
   compare the latest `window_batches` with them:
   * add a worker (and search again) when the trainers wait for input more than at
     convergence: batch time > `scale_up_trigger` (10%) above converged while
-    input_stall_frac >= `input_bound_stall` (5%) (data got harder, Cachew's rule), or
+    input_stall_frac >= `input_bound_stall` (5%) and not below its converged value (data got
+    harder, Cachew's rule), or
     input_stall_frac > `stall_rise_trigger` (10 points) above converged (the model got
     faster: batch time stays where the workers hold it, but the trainers now wait);
   * remove a worker when the workers have slack: queue fill > `queue_fill_trigger` (40%)
@@ -16,9 +17,15 @@ Signals, and what each one drives (constants are `CachewConfig` defaults):
     when queue fill is measured), or batch time > `scale_up_trigger` above converged with
     the trainers not waiting (stall < `input_bound_stall`): the model got slower, which is
     the only slack signal left when queue fill is None;
-  * growing wins if both fire: a stalled accelerator costs more than an idle worker.
+  * growing wins if both fire: a stalled accelerator costs more than an idle worker;
+  * either is acted on only when a fresh window measured after the re-check says the same:
+    the re-check's window may straddle the change it detected (half old job, half new), and
+    a shrink measured against such a window would add back the worker it just removed.
 - Shrink: keep removing one worker at a time while batch time stays within `threshold` of
-  its value before the first removal; when a removal costs more, add that worker back.
+  its value before the first removal (averaged with every count since that held it, so one
+  noisy reference does not stop the shrink early); when a removal costs more, add it back. A
+  cost under twice the threshold is within the noise of one window: it is measured once more
+  and judged on both windows.
 - After every change nothing is measured for `pause_batches` (150) batches: windows that
   start inside the pause are skipped whole, so a window is never half old, half new.
 A worker count the policy did not ask for (a failed worker, a manual change) restarts the
@@ -35,7 +42,7 @@ from pydantic import Field, model_validator
 
 from .base import Decision, Limits, Measurement, Observation, ms, pct, summarize
 
-Phase = Literal["search", "settle", "converged", "shrink"]
+Phase = Literal["search", "settle", "converged", "confirm", "shrink"]
 
 
 class CachewConfig(Limits):
@@ -73,7 +80,8 @@ class CachewPolicy:
         self._pending = 0  # batches observed while a change had not taken effect yet
         self._window: list[Observation] = []
         self._prev: Optional[Measurement] = None  # search: measurement at one worker fewer
-        self._ref: Optional[Measurement] = None  # shrink: measurement before the first removal
+        self._held: list[float] = []  # shrink: batch times before the first removal and at each count that held
+        self._at_count: list[float] = []  # shrink: batch times measured at the current count
         self._converged: Optional[Measurement] = None
         self._since_check = 0
         self._recent: deque[Observation] = deque()
@@ -126,7 +134,8 @@ class CachewPolicy:
         if got < c.window_batches:
             return self._hold(f"measuring {n} workers: {got} of {c.window_batches} batches")
         m, self._window = summarize(self._window), []
-        return {"search": self._on_search, "settle": self._on_settle, "shrink": self._on_shrink}[self._phase](m)
+        return {"search": self._on_search, "settle": self._on_settle, "shrink": self._on_shrink,
+                "confirm": self._on_confirm}[self._phase](m)
 
     # --- phases -------------------------------------------------------------------------------
 
@@ -156,14 +165,20 @@ class CachewPolicy:
         return self._converge(m, "")
 
     def _on_shrink(self, m: Measurement) -> Decision:
-        c, n, ref = self.config, m.workers, self._ref
-        assert ref is not None
-        rise = (m.batch_time_s - ref.batch_time_s) / ref.batch_time_s
-        said = (f"batch time {ms(ref.batch_time_s)} → {ms(m.batch_time_s)} ({pct(rise, True)}) after removing"
-                f" worker {n + 1}")
+        c, n = self.config, m.workers
+        ref = sum(self._held) / len(self._held)
+        self._at_count.append(m.batch_time_s)
+        now = sum(self._at_count) / len(self._at_count)
+        rise = (now - ref) / ref
+        said = f"batch time {ms(ref)} → {ms(now)} ({pct(rise, True)}) after removing worker {n + 1}"
+        if c.threshold < rise <= 2 * c.threshold and len(self._at_count) == 1:
+            return self._hold(f"{said}: within one window's noise of the {pct(c.threshold)} threshold,"
+                              " measuring again")
+        self._at_count = []
         if rise > c.threshold:
             return self._change(n + 1, f"{said}: more than the {pct(c.threshold)} threshold, adding it back",
                                 "settle", f"adding worker {n + 1} back")
+        self._held.append(now)
         if n <= c.min_workers:
             return self._converge(m, f"{said}: held, and at min_workers={n}; ")
         return self._change(n - 1, f"{said}: within the {pct(c.threshold)} threshold, removing another",
@@ -181,16 +196,24 @@ class CachewPolicy:
         self._since_check = 0
         return self._recheck(summarize(list(self._recent)))
 
-    def _recheck(self, cur: Measurement) -> Decision:
+    def _on_confirm(self, m: Measurement) -> Decision:
+        self._phase, self._since_check = "converged", 0
+        self._recent.clear()
+        return self._recheck(m, confirmed=True)
+
+    def _recheck(self, cur: Measurement, confirmed: bool = False) -> Decision:
         c, conv, n = self.config, self._converged, cur.workers
         assert conv is not None
         rise = (cur.batch_time_s - conv.batch_time_s) / conv.batch_time_s
         stall_rise = cur.input_stall_frac - conv.input_stall_frac
-        input_bound = cur.input_stall_frac >= c.input_bound_stall
-        said = (f"re-check at {n} workers: batch time {ms(cur.batch_time_s)} ({pct(rise, True)} vs converged"
-                f" {ms(conv.batch_time_s)}), input stall {pct(cur.input_stall_frac)}"
-                f" (converged {pct(conv.input_stall_frac)})")
-        if (rise > c.scale_up_trigger and input_bound) or stall_rise > c.stall_rise_trigger:
+        input_bound = cur.input_stall_frac >= c.input_bound_stall and stall_rise >= 0
+        said = (f"{'confirmed' if confirmed else 're-check'} at {n} workers: batch time {ms(cur.batch_time_s)}"
+                f" ({pct(rise, True)} vs converged {ms(conv.batch_time_s)}), input stall"
+                f" {pct(cur.input_stall_frac)} (converged {pct(conv.input_stall_frac)})")
+        grow = (rise > c.scale_up_trigger and input_bound) or stall_rise > c.stall_rise_trigger
+        if grow and not confirmed and n < c.max_workers:
+            return self._confirm(f"{said}: trainers wait for input")
+        if grow:
             if n >= c.max_workers:
                 return self._hold(f"{said}: trainers wait for input, but max_workers={n} reached")
             self._prev = cur
@@ -208,10 +231,16 @@ class CachewPolicy:
             return self._hold(f"{said}: holding")
         if n <= c.min_workers:
             return self._hold(f"{said}; {why}, but at min_workers={n}")
-        self._ref = cur
+        if not confirmed:
+            return self._confirm(f"{said}; {why}")
+        self._held, self._at_count = [cur.batch_time_s], []
         return self._change(n - 1, f"{said}; {why}: removing worker {n}", "shrink", f"removing worker {n}")
 
     # --- helpers ------------------------------------------------------------------------------
+
+    def _confirm(self, reason: str) -> Decision:
+        self._phase, self._window = "confirm", []
+        return self._hold(f"{reason}; measuring a fresh window before acting")
 
     def _converge(self, m: Measurement, prefix: str) -> Decision:
         self._converged, self._phase, self._since_check = m, "converged", 0

@@ -427,19 +427,9 @@ class GcpProvisioner:
             metrics_local = str(launch.metrics_dir / f"trainer-{node.index}.jsonl")
             with self._state_lock:
                 node.extra["metrics"] = metrics_local
-            args = ["--spec", layout.spec, "--mode", launch.mode, "--index", str(node.index),
-                    "--metrics", layout.metrics, "--cache-dir", layout.cache,
-                    "--base-dir", layout.code if uses_code else layout.dir]
-            if launch.mode == "service":
-                args += ["--dispatcher", dep.dispatcher_address]
-            if launch.steps is not None:
-                args += ["--steps", str(launch.steps)]
-            if launch.duration_s is not None:
-                args += ["--duration-s", str(launch.duration_s)]
-            if launch.repeat:
-                args.append("--repeat")
-            if launch.window_s:
-                args += ["--window-s", str(launch.window_s)]
+            args = launch.harness_args(node.index, spec=layout.spec, metrics=layout.metrics, cache_dir=layout.cache,
+                                       base_dir=layout.code if uses_code else layout.dir,
+                                       dispatcher=dep.dispatcher_address)
             # launch.cpus pins local processes to cores; a trainer VM has its cores to itself.
             on_exit = [(layout.log, str(launch.metrics_dir / f"trainer-{node.index}.log"))]
             if launch.record_steps:

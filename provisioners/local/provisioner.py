@@ -212,19 +212,9 @@ class LocalProvisioner:
             dep.nodes.remove(old)
         for index in range(launch.count):
             node = Node(role="trainer", index=index, extra={"metrics": str(launch.metrics_dir / f"trainer-{index}.jsonl")})
-            args = ["--spec", str(launch.spec_json), "--mode", launch.mode,
-                    "--index", str(index), "--metrics", node.extra["metrics"], "--cache-dir", str(launch.cache_dir),
-                    "--base-dir", str(launch.base_dir)]
-            if launch.mode == "service":
-                args += ["--dispatcher", dep.dispatcher_address]
-            if launch.steps is not None:
-                args += ["--steps", str(launch.steps)]
-            if launch.duration_s is not None:
-                args += ["--duration-s", str(launch.duration_s)]
-            if launch.repeat:
-                args.append("--repeat")
-            if launch.window_s:
-                args += ["--window-s", str(launch.window_s)]
+            args = launch.harness_args(index, spec=str(launch.spec_json), metrics=node.extra["metrics"],
+                                       cache_dir=str(launch.cache_dir), base_dir=str(launch.base_dir),
+                                       dispatcher=dep.dispatcher_address)
             if launch.record_steps:
                 node.extra["steps"] = str(launch.metrics_dir / f"trainer-{index}.steps.json")
                 args += ["--record-steps", node.extra["steps"]]
