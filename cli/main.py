@@ -72,7 +72,7 @@ def up(
     detached_child: bool = typer.Option(False, "--detached-child", hidden=True),
 ) -> None:
     """Provision the service, run the trainers, measure, record the run, tear everything down."""
-    from dsctl.orchestrator.preflight import check_autoscale, check_entrypoints
+    from dsctl.orchestrator.preflight import check_autoscale, check_data_reachable, check_entrypoints
     from dsctl.orchestrator.run import JobRunner
 
     if mode not in MODES:
@@ -82,6 +82,8 @@ def up(
     loaded = load_spec(spec)
     check_entrypoints(loaded)
     check_autoscale(loaded, autoscale)
+    if mode == "service" and not dry_run:
+        check_data_reachable(loaded)  # before asking to create machines that could not run it
     if not _plan_approved(loaded.spec, workers, dry_run=dry_run, yes=yes or detached_child):
         return
     if detach and not detached_child:

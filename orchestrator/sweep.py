@@ -24,6 +24,7 @@ from dsctl.specs.calibration import Calibration
 
 from .handles import AttachedDeployment, OwnedDeployment
 from .plots import plot_sweep
+from .preflight import check_data_reachable
 from .pricing import price_record
 from .recommend import recommend
 from .outcome import Outcome, RunFailed
@@ -111,6 +112,7 @@ class SweepRunner:
         if self.opt.calibration is not None:
             return [], counts
         if self.spec.provider != "local" or self.attach is not None:
+            check_data_reachable(self.loaded)
             return counts, []
         from dsctl.provisioners.local import local_capacity
 

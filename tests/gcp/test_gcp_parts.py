@@ -472,3 +472,13 @@ def test_bootstrap_stages_this_dsctl_and_the_startup_script_installs_it(cloud, h
     p.down(dep, lambda *a: None)
     blobs = [b.name for b in storage.Client(project=PROJECT, credentials=AnonymousCredentials()).list_blobs(BUCKET)]
     assert not [b for b in blobs if b.startswith("dsctl/runs/boot-0001/staging/")]
+
+
+def test_local_disk_builtins_are_refused_on_gcp_before_anything_is_created(cloud, home, tmp_path):
+    spec = gcp_spec(tmp_path / "job", home=home, pipeline="{builtin: images, params: {epochs: 1}}")
+    refused = dsctl("up", spec, "--yes")
+    flat = " ".join(refused.stderr.split())
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "pipeline.builtin" in flat and "job.yaml:" in flat and "builtin: synthetic" in flat
+    assert cloud.counts() == NOTHING and not cloud.calls
+    assert dsctl("up", spec, "--dry-run").returncode == 0  # planning needs no data
