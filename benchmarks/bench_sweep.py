@@ -5,7 +5,8 @@
 Runs the same latency-bound sweep twice in one run, once scaling workers in
 place on one deployment (what `dsctl sweep` does) and once starting a fresh
 deployment per point, and prints each one's overhead: wall time minus the
-measurement windows. Goal: in-place at most half the restart's overhead.
+measurement windows (one per point and one per baseline). Goal: in-place at
+most half the restart's overhead.
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ def run_sweep(home: Path, spec: Path, workers: str, window: float, strategy: str
                           check=True, capture_output=True, text=True, env=env)
     wall = time.monotonic() - t0
     summary = json.loads(proc.stdout)["summary"]
+    timings = summary["timings"]
     points = len(summary["points"])
-    measured = points * window
-    points_s = summary["timings"]["points_s"]  # the worker-count points, without the two baselines
+    points_overhead = timings["points_s"] - points * window
+    measured = (points + len(summary["baselines"])) * window
     return {"wall_s": wall, "points": points, "measured_s": measured, "overhead_s": wall - measured,
-            "points_overhead_s": points_s - measured, "overhead_per_point_s": (points_s - measured) / points,
+            "points_overhead_s": points_overhead, "overhead_per_point_s": points_overhead / points,
+            "phases": {k: round(v, 1) for k, v in timings.items()},
             "rates": [round(p["batches_per_s"], 2) for p in summary["points"]]}
 
 
@@ -55,7 +58,7 @@ def main() -> None:
     for name, r in results.items():
         print(f"{name:>8}: {r['points']} points, wall {r['wall_s']:.1f} s (baselines included), measured {r['measured_s']:.1f} s; "
               f"overhead of the points {r['points_overhead_s']:.1f} s ({r['overhead_per_point_s']:.1f} s/point), "
-              f"of the whole sweep {r['overhead_s']:.1f} s; batches/s {r['rates']}")
+              f"of the whole sweep {r['overhead_s']:.1f} s; phases (s) {r['phases']}; batches/s {r['rates']}")
     ip, rs = results["in-place"], results["restart"]
     print(f"in-place / restart overhead: points {ip['points_overhead_s'] / rs['points_overhead_s']:.2f}, "
           f"whole sweep {ip['overhead_s'] / rs['overhead_s']:.2f} (goal <= 0.5)")

@@ -12,6 +12,7 @@ machine cannot hold are predicted by the calibrated throughput model
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean
@@ -166,15 +167,22 @@ class SweepRunner:
         if self.opt.calibration is not None:
             self._calibrated_baselines()
         if self.opt.strategy == "restart":
-            for mode in ("colocated", "ideal"):
-                if mode not in self.baselines:
-                    self._phase(f"baseline: {mode}")
-                    self.baselines[mode] = self._baseline(mode)
-            t_points = time.monotonic()
-            self._measure_restarting(measured)
+            with self._timed("baselines_s"):
+                for mode in ("colocated", "ideal"):
+                    if mode not in self.baselines:
+                        self._phase(f"baseline: {mode}")
+                        self.baselines[mode] = self._baseline(mode)
+            with self._timed("points_s"):
+                self._measure_restarting(measured)
         else:
-            t_points = self._measure_in_place(measured)
-        self.timings["points_s"] = time.monotonic() - t_points
+            self._measure_in_place(measured)
+
+    @contextmanager
+    def _timed(self, phase: str):
+        """Wall seconds of a phase that completed, into self.timings (for benchmarks/bench_sweep.py)."""
+        t0 = time.monotonic()
+        yield
+        self.timings[phase] = time.monotonic() - t0
 
     def _baseline(self, mode: str) -> dict:
         runner = JobRunner(self.loaded, mode=mode, store=self.store, kind="point", parent_id=self.sweep_id,
@@ -197,27 +205,29 @@ class SweepRunner:
             runner.run()
             self._add_point(self.store.get(runner.run_id))
 
-    def _measure_in_place(self, counts: list[int]) -> float:
-        """Baselines, then every count, on one deployment; returns when the worker-count points began."""
+    def _measure_in_place(self, counts: list[int]) -> None:
+        """Baselines, then every count, on one deployment."""
         if not counts:
-            return time.monotonic()
-        handle = self._deployment(counts[0])
+            self.timings["points_s"] = 0.0
+            return
+        with self._timed("deployment_s"):
+            handle = self._deployment(counts[0])
         try:
-            for mode in ("colocated", "ideal"):
-                if mode not in self.baselines:
-                    self._phase(f"baseline: {mode}")
-                    tails = self._start_trainers(handle, mode)
-                    self.baselines[mode] = self._baseline_from(self._measure_point(handle, tails, 0, mode))
-                    handle.stop_trainers()
-            t_points = time.monotonic()
-            tails = self._start_trainers(handle, "service")
-            for i, n in enumerate(counts, 1):
-                self._phase(f"point {i}/{len(counts)}: scaling", n)
-                if handle.workers != n:
-                    handle.scale(n, self._event)
-                self._phase(f"point {i}/{len(counts)}: measuring {n} worker(s)", n)
-                self._add_point(self._measure_point(handle, tails, n, "service"))
-            return t_points
+            with self._timed("baselines_s"):
+                for mode in ("colocated", "ideal"):
+                    if mode not in self.baselines:
+                        self._phase(f"baseline: {mode}")
+                        tails = self._start_trainers(handle, mode)
+                        self.baselines[mode] = self._baseline_from(self._measure_point(handle, tails, 0, mode))
+                        handle.stop_trainers()
+            with self._timed("points_s"):
+                tails = self._start_trainers(handle, "service")
+                for i, n in enumerate(counts, 1):
+                    self._phase(f"point {i}/{len(counts)}: scaling", n)
+                    if handle.workers != n:
+                        handle.scale(n, self._event)
+                    self._phase(f"point {i}/{len(counts)}: measuring {n} worker(s)", n)
+                    self._add_point(self._measure_point(handle, tails, n, "service"))
         finally:
             self._phase("tearing down")
             try:
