@@ -87,18 +87,24 @@ def stop(layout: Layout, start_time: int | None, grace_s: float = 8.0) -> str:
 
 
 def status(dirs: list[str]) -> str:
-    """One line per process dir: pid, exit code, /proc state and CPU ticks, RSS pages, ready file, metrics size."""
+    """One line per process dir: pid, exit code, /proc state and CPU ticks, RSS pages, ready file, metrics size.
+
+    The wrapper is checked before the process and the exit code is read last: the wrapper writes
+    `rc` after the process ends and exits after writing it, so a process found gone with no `rc`
+    always has its wrapper seen alive, and is never mistaken for one killed without an exit code.
+    """
     quoted = " ".join(q(d) for d in dirs)
     return (
         "T=$(getconf CLK_TCK); P=$(getconf PAGESIZE); "
         f"for d in {quoted}; do "
-        "pid=$(cat \"$d/pid\" 2>/dev/null); rc=$(cat \"$d/rc\" 2>/dev/null); s=''; m=''; "
-        "if [ -n \"$pid\" ] && [ -r /proc/$pid/stat ]; then "
-        "s=$(sed 's/.*) //' /proc/$pid/stat | cut -d' ' -f1,12,13,20); m=$(cut -d' ' -f2 /proc/$pid/statm 2>/dev/null); fi; "
-        "r=$(cat \"$d/ready.json\" 2>/dev/null | tr -d '\\n\\t'); z=$(stat -c %s \"$d/metrics.jsonl\" 2>/dev/null); "
+        "pid=$(cat \"$d/pid\" 2>/dev/null); s=''; m=''; "
         "w=$(cat \"$d/shpid\" 2>/dev/null); wa=0; "
         "if [ -n \"$w\" ]; then ws=$(sed 's/.*) //' /proc/$w/stat 2>/dev/null | cut -d' ' -f1); "
         "case \"$ws\" in ''|Z|X) ;; *) wa=1;; esac; fi; "
+        "if [ -n \"$pid\" ] && [ -r /proc/$pid/stat ]; then "
+        "s=$(sed 's/.*) //' /proc/$pid/stat | cut -d' ' -f1,12,13,20); m=$(cut -d' ' -f2 /proc/$pid/statm 2>/dev/null); fi; "
+        "r=$(cat \"$d/ready.json\" 2>/dev/null | tr -d '\\n\\t'); z=$(stat -c %s \"$d/metrics.jsonl\" 2>/dev/null); "
+        "rc=$(cat \"$d/rc\" 2>/dev/null); "
         "printf 'S\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n' \"$d\" \"$pid\" \"$rc\" \"$s\" \"$m\" \"$r\" \"$z\" \"$T\" \"$P\" \"$wa\"; "
         "done"
     )

@@ -195,6 +195,31 @@ def test_every_value_reaching_a_remote_shell_is_quoted(tmp_path):
     assert not pwned.exists() and not (tmp_path / "pwned").exists()
 
 
+def test_a_process_that_ends_between_readings_is_never_reported_killed(tmp_path):
+    """Polled as fast as the status command runs, a process that exits 0 reads either as running or as
+    exited with code 0: never as gone without an exit code (which poll() reports as -9, killed)."""
+    from dsctl.provisioners.gcp import remote
+
+    program = tmp_path / "python"
+    program.write_text("#!/bin/sh\nsleep 0.$(( $$ % 7 ))\nexit 0\n")  # ends at varying moments
+    program.chmod(0o755)
+    layout = remote.Layout(str(tmp_path / "node"))
+    seen = []
+    for _ in range(30):
+        out = subprocess.run(["bash", "-c", remote.launch(layout, str(program), "m", [])], capture_output=True,
+                             text=True, timeout=30)
+        _, start = remote.parse_launch(out.stdout)
+        while True:
+            at = time.monotonic()
+            res = subprocess.run(["bash", "-c", remote.status([layout.dir])], capture_output=True, text=True,
+                                 timeout=30)
+            st = remote.parse_status(res.stdout, at)[layout.dir]
+            if not st.running(start):
+                seen.append(st.exit_code)
+                break
+    assert seen == [0] * 30
+
+
 def test_startup_script_is_valid_bash_and_pins_the_versions():
     from dsctl.provisioners.gcp import startup
 
