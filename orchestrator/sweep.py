@@ -30,7 +30,7 @@ from .pricing import price_record
 from .recommend import recommend
 from .outcome import Outcome, RunFailed
 from .run import JobRunner, Progress, new_run_id
-from .store import RunStore, dsctl_home
+from .store import RunRecord, RunStore, dsctl_home
 from .summary import utilization_summary
 from .tail import JsonlTail
 
@@ -167,11 +167,7 @@ class SweepRunner:
         if self.opt.calibration is not None:
             self._calibrated_baselines()
         if self.opt.strategy == "restart":
-            with self._timed("baselines_s"):
-                for mode in ("colocated", "ideal"):
-                    if mode not in self.baselines:
-                        self._phase(f"baseline: {mode}")
-                        self.baselines[mode] = self._baseline(mode)
+            self._measure_baselines(lambda mode: self._baseline_from(self._fresh_run(mode=mode)))
             with self._timed("points_s"):
                 self._measure_restarting(measured)
         else:
@@ -184,11 +180,20 @@ class SweepRunner:
         yield
         self.timings[phase] = time.monotonic() - t0
 
-    def _baseline(self, mode: str) -> dict:
-        runner = JobRunner(self.loaded, mode=mode, store=self.store, kind="point", parent_id=self.sweep_id,
-                           duration_s=self.opt.warmup_s + (self.opt.window.seconds or 5.0), repeat=True)
+    def _measure_baselines(self, measure: Callable[[str], dict]) -> None:
+        """The colocated and ideal baselines not already known (e.g. from a calibration), each measured once."""
+        with self._timed("baselines_s"):
+            for mode in ("colocated", "ideal"):
+                if mode not in self.baselines:
+                    self._phase(f"baseline: {mode}")
+                    self.baselines[mode] = measure(mode)
+
+    def _fresh_run(self, **how) -> RunRecord:
+        """One point on a deployment of its own (the restart strategy): warm-up plus one window."""
+        runner = JobRunner(self.loaded, store=self.store, kind="point", parent_id=self.sweep_id,
+                           duration_s=self.opt.warmup_s + (self.opt.window.seconds or 5.0), repeat=True, **how)
         runner.run()
-        return self._baseline_from(self.store.get(runner.run_id))
+        return self.store.get(runner.run_id)
 
     def _calibrated_baselines(self) -> None:
         cal = self.opt.calibration
@@ -200,10 +205,7 @@ class SweepRunner:
     def _measure_restarting(self, counts: list[int]) -> None:
         for i, n in enumerate(counts, 1):
             self._phase(f"point {i}/{len(counts)} (restart)", n)
-            runner = JobRunner(self.loaded, workers=n, store=self.store, kind="point", parent_id=self.sweep_id,
-                               duration_s=self.opt.warmup_s + (self.opt.window.seconds or 5.0), repeat=True)
-            runner.run()
-            self._add_point(self.store.get(runner.run_id))
+            self._add_point(self._fresh_run(workers=n))
 
     def _measure_in_place(self, counts: list[int]) -> None:
         """Baselines, then every count, on one deployment."""
@@ -213,13 +215,13 @@ class SweepRunner:
         with self._timed("deployment_s"):
             handle = self._deployment(counts[0])
         try:
-            with self._timed("baselines_s"):
-                for mode in ("colocated", "ideal"):
-                    if mode not in self.baselines:
-                        self._phase(f"baseline: {mode}")
-                        tails = self._start_trainers(handle, mode)
-                        self.baselines[mode] = self._baseline_from(self._measure_point(handle, tails, 0, mode))
-                        handle.stop_trainers()
+            def measure_baseline(mode: str) -> dict:
+                tails = self._start_trainers(handle, mode)
+                measured = self._baseline_from(self._measure_point(handle, tails, 0, mode))
+                handle.stop_trainers()
+                return measured
+
+            self._measure_baselines(measure_baseline)
             with self._timed("points_s"):
                 tails = self._start_trainers(handle, "service")
                 for i, n in enumerate(counts, 1):

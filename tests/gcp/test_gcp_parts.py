@@ -23,7 +23,7 @@ from dsctl.specs import SpecError, load_spec, load_spec_text
 
 from conftest import PROJECT, ZONE, gcp_spec
 from fake_gce import matches, parse_filter
-from helpers import EXAMPLES, dsctl
+from helpers import EXAMPLES, dsctl, wait_for
 
 NOTHING = {"instances": 0, "firewalls": 0, "tpus": 0}
 
@@ -204,19 +204,19 @@ def test_a_process_that_ends_between_readings_is_never_reported_killed(tmp_path)
     program.write_text("#!/bin/sh\nsleep 0.$(( $$ % 7 ))\nexit 0\n")  # ends at varying moments
     program.chmod(0o755)
     layout = remote.Layout(str(tmp_path / "node"))
+
+    def ended(start: int) -> remote.ProcStatus | None:
+        at = time.monotonic()
+        res = subprocess.run(["bash", "-c", remote.status([layout.dir])], capture_output=True, text=True, timeout=30)
+        st = remote.parse_status(res.stdout, at)[layout.dir]
+        return None if st.running(start) else st
+
     seen = []
     for _ in range(30):
         out = subprocess.run(["bash", "-c", remote.launch(layout, str(program), "m", [])], capture_output=True,
                              text=True, timeout=30)
         _, start = remote.parse_launch(out.stdout)
-        while True:
-            at = time.monotonic()
-            res = subprocess.run(["bash", "-c", remote.status([layout.dir])], capture_output=True, text=True,
-                                 timeout=30)
-            st = remote.parse_status(res.stdout, at)[layout.dir]
-            if not st.running(start):
-                seen.append(st.exit_code)
-                break
+        seen.append(wait_for(lambda: ended(start), timeout=30, interval=0, what="the process to end").exit_code)
     assert seen == [0] * 30
 
 
