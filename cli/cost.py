@@ -15,15 +15,17 @@ from typing import Optional
 
 import typer
 
-from dsctl.costmodel import BASES, Catalog, Comparison, CostBreakdown, RunUsage, compare, estimate, load_catalog, usage_from_spec
+from dsctl.costmodel import (BASES, Catalog, Comparison, CostBreakdown, RunUsage, compare, describe_provisioning, estimate,
+                              load_catalog, provisioning_label, usage_from_spec)
 from dsctl.specs import load_spec
 from dsctl.specs.errors import SpecError
 
 FORMATS = ("table", "json", "csv", "markdown")
 COST_FIELDS = ("workers", "dispatcher", "trainer_cpu", "trainer_memory", "accelerators", "service", "trainers", "total")
 FIELDS = (
-    "label", "basis", "prices", "job_time_s", "batches", "n_workers", "worker_machine", "dispatcher_machine", "n_trainers",
-    "trainer_machine", *COST_FIELDS, "per_1000_batches", "speedup", "cost_saving", "notes",
+    "label", "basis", "prices", "service_provisioning", "trainer_provisioning", "job_time_s", "batches", "n_workers",
+    "worker_machine", "dispatcher_machine", "n_trainers", "trainer_machine", *COST_FIELDS, "per_1000_batches", "speedup",
+    "cost_saving", "notes",
 )
 
 cost_app = typer.Typer(help="Price training jobs with the tf.data service paper's cost model (Equation 1).",
@@ -37,12 +39,18 @@ def _cost() -> None:
 
 def cost_row(label: str, usage: RunUsage, b: CostBreakdown, catalog: Catalog,
              comparison: Comparison | None = None) -> dict:
-    """One configuration or run as a flat record of plain numbers (what json and csv print)."""
+    """One configuration or run as a flat record of plain numbers (what json and csv print).
+
+    service_provisioning / trainer_provisioning say which of the catalog's prices each part was
+    charged at: 'standard' (on-demand) or 'spot'; the service's is None when there is no service.
+    """
     d = b.to_dict()
     return {
         "label": label,
         "basis": b.basis,
         "prices": catalog.name,
+        "service_provisioning": b.service_provisioning,
+        "trainer_provisioning": b.trainer_provisioning,
         "job_time_s": b.job_time_s,
         "batches": b.batches,
         "n_workers": usage.n_workers,
@@ -67,16 +75,18 @@ def _money(v: float | None, places: int = 2) -> str:
 
 def _display(row: dict) -> list[tuple[str, str]]:
     """Human-readable (name, value) pairs for table and markdown output."""
-    workers = f"{row['n_workers']} x {row['worker_machine']}" if row["n_workers"] else "none (colocated)"
-    dispatcher = f"1 x {row['dispatcher_machine']}" if row["dispatcher_machine"] else "none"
+    svc, trn = provisioning_label(row["service_provisioning"]), provisioning_label(row["trainer_provisioning"])
+    workers = f"{row['n_workers']} x {row['worker_machine']} ({svc})" if row["n_workers"] else "none (colocated)"
+    dispatcher = f"1 x {row['dispatcher_machine']} ({svc})" if row["dispatcher_machine"] else "none"
     pairs = [
         ("basis", row["basis"]),
         ("prices", row["prices"]),
+        ("priced as", describe_provisioning(row["service_provisioning"], row["trainer_provisioning"])),
         ("job time", f"{row['job_time_s'] / 3600:,.2f} h ({row['job_time_s']:,.0f} s)"),
         ("batches", "-" if row["batches"] is None else f"{row['batches']:,.0f}"),
         ("workers", workers),
         ("dispatcher", dispatcher),
-        ("trainers", f"{row['n_trainers']} x {row['trainer_machine']}"),
+        ("trainers", f"{row['n_trainers']} x {row['trainer_machine']} ({trn})"),
         ("workers cost", _money(row["workers"])),
         ("dispatcher cost", _money(row["dispatcher"])),
         ("trainer CPU", _money(row["trainer_cpu"])),
@@ -178,7 +188,9 @@ def estimate_cmd(
         base_usage = usage_from_spec(spec, job_time_s=base.job_time_s, batches=base.batches, workers=0)
         rows = [cost_row("colocated", base_usage, base, catalog),
                 cost_row("with service", usage, run, catalog, compare(base, run))]
-    title = f"Cost estimate: {spec.name} ({basis} basis, prices {catalog.name} of {catalog.date}, {catalog.currency})"
+    priced_as = describe_provisioning(spec.service.provisioning if usage.n_workers else None, spec.trainer.provisioning)
+    title = (f"Cost estimate: {spec.name} ({basis} basis, prices {catalog.name} of {catalog.date}, {catalog.currency}; "
+             f"{priced_as})")
     text = render(rows, fmt, title)
     if text is None:
         print_table(rows, title)

@@ -67,7 +67,8 @@ def summary_table(record) -> Table:
     cost = s.get("cost") or {}
     if "total" in cost:
         rows.append(("cost", f"{money(cost['total'])}: service {money(cost['service'])}, trainers {money(cost['trainers'])} "
-                             f"({cost['basis']}, {cost['catalog']})"))
+                             f"({cost['basis']}, {cost['catalog']}"
+                             + (f"; {cost['provisioning']})" if cost.get("provisioning") else ")")))
     elif "error" in cost:
         rows.append(("cost", f"not priced: {cost['error']}"))
     if record.error:

@@ -4,13 +4,22 @@ A catalog gives prices two ways, because that is how clouds publish them:
   rates:    per-resource rates by machine family or series ($ per vCPU-hour, per
             GB-hour, per accelerator-hour), e.g. Compute Engine's N2 and A2 rates;
   machines: whole-machine prices ($ per hour), e.g. a TPU VM, whose price includes
-            its host, or the paper's "n2-standard-8 costs $0.08/h".
+            its host, or "an n2-standard-8 costs $0.39/h".
+
+And for two provisioning models, because a machine's price depends on how it is bought:
+the top-level `rates` and `machines` are on-demand prices (provisioning `standard`),
+and an optional `spot:` section holds Spot prices with the same structure
+(`spot: {rates: {...}, machines: {...}}`). Every lookup names the model it prices
+(`provisioning="standard"` or `"spot"`), and a machine with no price for that model is
+an error saying which model the catalog does have: never a silent fallback to the
+other model (a Spot price for an on-demand VM under-prices it several times over).
 
 The utilization basis needs per-resource rates for workers and the dispatcher (it
 charges what they used); everything else can be priced from either form. When a
 machine has both, the whole-machine price wins and the rates only split it into
 host CPU, host memory and accelerators; the two must agree within 1% (or, for an
 accelerator VM, the host at those rates must not cost more than the machine).
+Within one model only: Spot rates split Spot machine prices, on-demand rates on-demand ones.
 An accelerator VM priced only whole (a TPU VM) is reported under accelerators with
 its host included, which is how Google sells it; trainers cost the same on both
 bases either way, since Equation 1 charges trainer hosts on everything they have.
@@ -33,9 +42,12 @@ from dsctl.specs.yamlsource import YamlSource, read_yaml
 
 from .equation import Rates
 from .machines import FAMILIES, MACHINES, MachineShape, known_list, shape
+from .provisioning import PROVISIONING, PROVISIONING_LABEL, check_provisioning
 
 CATALOG_DIR = Path(__file__).parent / "catalogs"
 AGREEMENT = 0.01  # whole-machine price vs family rates: relative tolerance
+
+_SECTION = {"standard": "the top-level rates and machines", "spot": "the spot section"}
 
 
 def _price(v: float) -> float:
@@ -59,14 +71,22 @@ class FamilyRates(_Strict):
     accelerator_hour: Optional[Price] = Field(None, description="$ per accelerator-hour (C_ACC)")
 
 
+class PriceList(_Strict):
+    """The prices of one provisioning model: per-resource rates and whole-machine prices."""
+
+    rates: dict[str, FamilyRates] = Field(default_factory=dict)
+    machines: dict[str, Price] = Field(default_factory=dict)
+
+
 class CatalogFile(_Strict):
     name: str = Field(min_length=1)
     date: str = Field(description="when the prices were valid: YYYY-MM or YYYY-MM-DD")
     source: str = Field(min_length=1, description="where the numbers come from")
     currency: str
     region: Optional[str] = None
-    rates: dict[str, FamilyRates] = Field(default_factory=dict)
-    machines: dict[str, Price] = Field(default_factory=dict)
+    rates: dict[str, FamilyRates] = Field(default_factory=dict, description="on-demand per-resource rates")
+    machines: dict[str, Price] = Field(default_factory=dict, description="on-demand whole-machine prices")
+    spot: Optional[PriceList] = Field(None, description="Spot prices: rates and machines, as at the top level")
 
     @field_validator("date", mode="before")
     @classmethod
@@ -83,6 +103,12 @@ class CatalogFile(_Strict):
         if v != "USD":
             raise ValueError(f"only USD catalogs are supported, got {v!r}; convert the prices to USD")
         return v
+
+    def prices(self, provisioning: str) -> PriceList:
+        """The price list of one provisioning model (empty when the catalog has none)."""
+        if provisioning == "spot":
+            return self.spot or PriceList()
+        return PriceList(rates=self.rates, machines=self.machines)
 
 
 @dataclass(frozen=True)
@@ -106,12 +132,61 @@ _RESOURCE = {
 }
 
 
+def _usd_hour(v: float) -> str:
+    return f"${v:,.2f}/h" if v >= 1 or round(v, 2) == v else f"${v:.4g}/h"
+
+
+def _role_hint(other: str) -> str:
+    return (f"set service.provisioning: {other} (dispatcher and workers) or trainer.provisioning: {other} "
+            f"(trainers) to price it as {'a Spot VM' if other == 'spot' else 'an on-demand VM'}")
+
+
+class ProvisioningError(SpecError):
+    """A machine the catalog prices, but not for the provisioning model asked for.
+
+    `for_field()` names the spec field to change once the caller knows which part of
+    the job the machine is (service.provisioning or trainer.provisioning).
+    """
+
+    def __init__(self, *, catalog: str, machine: str, asked: str, hourly: float, needed_by: str = "",
+                 alternatives: tuple[str, ...] = (), field_hint: str | None = None):
+        self.catalog, self.machine, self.asked, self.hourly = catalog, machine, asked, hourly
+        self.needed_by, self.alternatives, self.field_hint = needed_by, alternatives, field_hint
+        self.available = "spot" if asked == "standard" else "standard"
+        super().__init__(self._text())
+
+    def for_field(self, field: str, what: str) -> "ProvisioningError":
+        """The same error, telling users to set `field` (e.g. service.provisioning) to price `what` differently."""
+        other = self.available
+        hint = (f"set {field}: {other} to price {what} as "
+                f"{'Spot VMs' if other == 'spot' else 'on-demand VMs'}")
+        return ProvisioningError(catalog=self.catalog, machine=self.machine, asked=self.asked, hourly=self.hourly,
+                                 needed_by=self.needed_by, alternatives=self.alternatives, field_hint=hint)
+
+    def _text(self) -> str:
+        have, want = PROVISIONING_LABEL[self.available], PROVISIONING_LABEL[self.asked]
+        article = "a" if self.available == "spot" else "an"
+        why = f", needed {self.needed_by}" if self.needed_by else ""
+        hint = self.field_hint or _role_hint(self.available)
+        if self.alternatives:
+            names = " or ".join(self.alternatives)
+            alt = f"or use pricing: {names} (--prices {self.alternatives[0]}) for {want} prices of it"
+        else:
+            where = "'spot: {machines: {" + self.machine + ": ...}}'" if self.asked == "spot" \
+                else "'machines: {" + self.machine + ": ...}'"
+            alt = f"or give a catalog (pricing: FILE) with {want} prices for it, e.g. {where}"
+        return (f"catalog {self.catalog} has only {article} {have} price for {self.machine} "
+                f"({_usd_hour(self.hourly)}), not the {want} price (provisioning: {self.asked}) asked for{why}: "
+                f"{hint}, {alt}. A price for one provisioning model is never used for the other.")
+
+
 class Catalog:
-    """A validated catalog; answers 'what does this machine cost' for the cost model."""
+    """A validated catalog; answers 'what does this machine cost, bought this way' for the cost model."""
 
     def __init__(self, data: CatalogFile, path: str):
         self.data = data
         self.path = path
+        self._lists = {p: data.prices(p) for p in PROVISIONING}
 
     name = property(lambda self: self.data.name)
     date = property(lambda self: self.data.date)
@@ -122,25 +197,75 @@ class Catalog:
     def __repr__(self) -> str:
         return f"Catalog({self.name!r}, date={self.date!r}, path={self.path!r})"
 
+    @property
+    def provisioning_models(self) -> tuple[str, ...]:
+        """The provisioning models this catalog has any price for."""
+        return tuple(p for p in PROVISIONING if self.prices(p).rates or self.prices(p).machines)
+
+    def prices(self, provisioning: str = "standard") -> PriceList:
+        """The rates and whole-machine prices of one provisioning model."""
+        return self._lists[check_provisioning(provisioning)]
+
     def machine(self, name: str) -> MachineShape:
         """The shape of a machine type (unknown → SpecError listing known types, closest first)."""
         return shape(name)
 
-    def rates_for(self, m: MachineShape) -> FamilyRates | None:
-        """Rates for the machine's series if the catalog has them, else for its family."""
-        return self.data.rates.get(m.series) or self.data.rates.get(m.family)
+    def rates_for(self, m: MachineShape, provisioning: str = "standard") -> FamilyRates | None:
+        """Rates for the machine's series if the catalog has them (for this model), else for its family."""
+        rates = self.prices(provisioning).rates
+        return rates.get(m.series) or rates.get(m.family)
 
-    def split(self, name: str, *, needed_by: str = "") -> MachineSplit:
-        """The machine's $/h split into host CPU, host memory and accelerators (sums to its price)."""
+    def split(self, name: str, *, provisioning: str = "standard", needed_by: str = "") -> MachineSplit:
+        """The machine's $/h for this provisioning model, split into host CPU, host memory and accelerators."""
+        check_provisioning(provisioning)
         m = self.machine(name)
-        r = self.rates_for(m)
-        price = self.data.machines.get(name)
+        try:
+            return self._split(m, provisioning, needed_by)
+        except SpecError as exc:
+            raise self._only_other(m, provisioning, needed_by) or exc from None
+
+    def machine_hour(self, name: str, *, provisioning: str = "standard", needed_by: str = "") -> float:
+        """Whole-machine $ per hour for this provisioning model."""
+        return self.split(name, provisioning=provisioning, needed_by=needed_by).total
+
+    def unit_rates(self, name: str, *, provisioning: str = "standard", needed_by: str = "") -> Rates:
+        """C_CPU, C_MEM, C_ACC for this machine and model; needs per-resource rates for its family."""
+        check_provisioning(provisioning)
+        m = self.machine(name)
+        r = self.rates_for(m, provisioning)
+        for key in ("vcpu_hour", "gb_hour"):
+            if r is None or getattr(r, key) is None:
+                self.split(name, provisioning=provisioning, needed_by=needed_by)  # not priced at all: says so
+                raise self._missing(key, m, provisioning, needed_by, whole_ok=False)
+        s = self.split(name, provisioning=provisioning, needed_by=needed_by)
+        return Rates(
+            cpu=s.cpu / m.vcpus if m.vcpus else 0.0,
+            mem=s.memory / m.memory_gb if m.memory_gb else 0.0,
+            acc=s.accelerators / m.accelerators if m.accelerators else 0.0,
+        )
+
+    def priced_machines(self, provisioning: str = "standard") -> list[str]:
+        """Every known machine type this catalog can price for this provisioning model."""
+        check_provisioning(provisioning)
+        out = []
+        for name in MACHINES:
+            try:
+                self._split(MACHINES[name], provisioning)
+            except SpecError:
+                continue
+            out.append(name)
+        return out
+
+    def _split(self, m: MachineShape, provisioning: str, needed_by: str = "") -> MachineSplit:
+        """split() for one model only; a missing price is the plain 'no price for ...' error."""
+        r = self.rates_for(m, provisioning)
+        price = self.prices(provisioning).machines.get(m.name)
         host_rated = r is not None and r.vcpu_hour is not None and r.gb_hour is not None
         if price is None:
             need = [("vcpu_hour", m.vcpus), ("gb_hour", m.memory_gb), ("accelerator_hour", m.accelerators)]
             for key, amount in need:
                 if amount and (r is None or getattr(r, key) is None):
-                    raise self._missing(key, m, needed_by)
+                    raise self._missing(key, m, provisioning, needed_by)
             return MachineSplit(
                 m.vcpus * (r.vcpu_hour or 0.0),
                 m.memory_gb * (r.gb_hour or 0.0),
@@ -156,46 +281,47 @@ class Catalog:
             return MachineSplit(0.0, 0.0, price, whole=True)
         return MachineSplit(price, 0.0, 0.0, whole=True)
 
-    def machine_hour(self, name: str, *, needed_by: str = "") -> float:
-        """Whole-machine $ per hour."""
-        return self.split(name, needed_by=needed_by).total
+    def _only_other(self, m: MachineShape, asked: str, needed_by: str) -> ProvisioningError | None:
+        """The error for a machine priced only for the other provisioning model, if it is."""
+        other = "spot" if asked == "standard" else "standard"
+        try:
+            hourly = self._split(m, other).total
+        except SpecError:
+            return None
+        return ProvisioningError(catalog=self.name, machine=m.name, asked=asked, hourly=hourly,
+                                 needed_by=needed_by, alternatives=_shipped_pricing(m, asked, self.path))
 
-    def unit_rates(self, name: str, *, needed_by: str = "") -> Rates:
-        """C_CPU, C_MEM, C_ACC for this machine; needs per-resource rates for its family."""
-        m = self.machine(name)
-        r = self.rates_for(m)
-        for key in ("vcpu_hour", "gb_hour"):
-            if r is None or getattr(r, key) is None:
-                raise self._missing(key, m, needed_by, whole_ok=False)
-        s = self.split(name, needed_by=needed_by)
-        return Rates(
-            cpu=s.cpu / m.vcpus if m.vcpus else 0.0,
-            mem=s.memory / m.memory_gb if m.memory_gb else 0.0,
-            acc=s.accelerators / m.accelerators if m.accelerators else 0.0,
-        )
-
-    def priced_machines(self) -> list[str]:
-        """Every known machine type this catalog can price."""
-        out = []
-        for name in MACHINES:
-            try:
-                self.split(name)
-            except SpecError:
-                continue
-            out.append(name)
-        return out
-
-    def _missing(self, key: str, m: MachineShape, needed_by: str, whole_ok: bool = True) -> SpecError:
-        fams = ", ".join(sorted(self.data.rates)) or "none"
-        whole = ", ".join(sorted(self.data.machines)) or "none"
+    def _missing(self, key: str, m: MachineShape, provisioning: str, needed_by: str,
+                 whole_ok: bool = True) -> SpecError:
+        p = self.prices(provisioning)
+        fams = ", ".join(sorted(p.rates)) or "none"
+        whole = ", ".join(sorted(p.machines)) or "none"
+        label = PROVISIONING_LABEL[provisioning]
         why = f", needed {needed_by}" if needed_by else ""
+        nest = (lambda text: f"spot: {{{text}}}") if provisioning == "spot" else (lambda text: text)
         return SpecError(
-            f"catalog {self.name} has no price for {_RESOURCE[key]} of {m.family} machines "
-            f"({m.name}){why}. It has per-resource rates for: {fams}; and whole-machine prices for: {whole}. "
+            f"catalog {self.name} has no {label} price (provisioning: {provisioning}) for {_RESOURCE[key]} of "
+            f"{m.family} machines ({m.name}){why}. Its {label} prices ({_SECTION[provisioning]}) have "
+            f"per-resource rates for: {fams}; and whole-machine prices for: {whole}. "
             f"Use a catalog that prices it (--prices NAME|FILE), e.g. a copy of this one ({self.path}) "
-            f"with 'rates: {{{m.family}: {{{key}: ...}}}}'"
-            + (f" or 'machines: {{{m.name}: ...}}'." if whole_ok else ".")
+            f"with '{nest(f'rates: {{{m.family}: {{{key}: ...}}}}')}'"
+            + (f" or '{nest(f'machines: {{{m.name}: ...}}')}'." if whole_ok else ".")
         )
+
+
+def _shipped_pricing(m: MachineShape, provisioning: str, exclude: str) -> tuple[str, ...]:
+    """Shipped catalogs (other than `exclude`) that price `m` for this provisioning model."""
+    out = []
+    for name in shipped_catalogs():
+        path = CATALOG_DIR / f"{name}.yaml"
+        if str(path) == str(exclude):
+            continue
+        try:
+            load_catalog(name)._split(m, provisioning)
+        except SpecError:
+            continue
+        out.append(name)
+    return tuple(out)
 
 
 def shipped_catalogs() -> list[str]:
@@ -229,48 +355,85 @@ def catalog_from_source(src: YamlSource) -> Catalog:
     if not isinstance(src.data, dict):
         got = "an empty file" if src.data is None else f"a {type(src.data).__name__}"
         raise SpecError(
-            f"a price catalog is a mapping with name, date, source, currency and rates and/or machines; got {got}.",
+            "a price catalog is a mapping with name, date, source, currency and rates and/or machines "
+            f"(on-demand prices), and optionally spot (Spot prices); got {got}.",
             where=src.where(()),
         )
-    rates = src.data.get("rates")
-    if isinstance(rates, dict):
-        # Validate each family's rates on its own first: errors inside a dict entry then
-        # get the "did you mean 'vcpu_hour'?" hint that validate() gives for model fields.
-        for fam, entry in rates.items():
-            validate(FamilyRates, src, entry, prefix=("rates", fam))
+    spot = src.data.get("spot")
+    sections = [((), src.data)] + ([(("spot",), spot)] if isinstance(spot, dict) else [])
+    for prefix, section in sections:
+        rates = section.get("rates")
+        if isinstance(rates, dict):
+            # Validate each family's rates on its own first: errors inside a dict entry then
+            # get the "did you mean 'vcpu_hour'?" hint that validate() gives for model fields.
+            for fam, entry in rates.items():
+                validate(FamilyRates, src, entry, prefix=(*prefix, "rates", fam))
+    if isinstance(spot, dict):
+        validate(PriceList, src, spot, prefix=("spot",))
     data = validate(CatalogFile, src)
-    _check(data, src)
-    return Catalog(data, src.path)
+    _check(data.prices("standard"), src, ())
+    if data.spot is not None:
+        _check(data.spot, src, ("spot",))
+    catalog = Catalog(data, src.path)
+    _check_spot_not_dearer(catalog, src)
+    return catalog
 
 
-def _check(data: CatalogFile, src: YamlSource) -> None:
-    for fam in data.rates:
+def _check(prices: PriceList, src: YamlSource, prefix: tuple) -> None:
+    """Names known, and machine prices agreeing with the rates, within one provisioning model's prices."""
+    for fam in prices.rates:
         if fam not in FAMILIES:
             raise src.error(
-                ("rates", fam),
+                (*prefix, "rates", fam),
                 f"unknown machine family or series '{fam}'. Known, closest first: {known_list(fam, FAMILIES)}.",
             )
-    for name, price in data.machines.items():
+    for name, price in prices.machines.items():
         if name not in MACHINES:
             raise src.error(
-                ("machines", name),
+                (*prefix, "machines", name),
                 f"unknown machine type '{name}'. Known machine types, closest first: {known_list(name, MACHINES)}.",
             )
         m = MACHINES[name]
-        r = data.rates.get(m.series) or data.rates.get(m.family)
+        r = prices.rates.get(m.series) or prices.rates.get(m.family)
         if r is None or r.vcpu_hour is None or r.gb_hour is None:
             continue
         host = m.vcpus * r.vcpu_hour + m.memory_gb * r.gb_hour
         full = host + m.accelerators * (r.accelerator_hour or 0.0)
         rated_whole = not m.accelerators or r.accelerator_hour is not None
+        which = "Spot " if prefix else ""
         if m.accelerators and host > price * (1 + AGREEMENT):
-            problem = f"its host alone costs ${host:.4f}/h at the {m.family} rates"
+            problem = f"its host alone costs ${host:.4f}/h at the {which}{m.family} rates"
         elif rated_whole and abs(full - price) > AGREEMENT * price:
-            problem = f"its {m.family} rates add up to ${full:.4f}/h"
+            problem = f"its {which}{m.family} rates add up to ${full:.4f}/h"
         else:
             continue
         raise src.error(
-            ("machines", name),
+            (*prefix, "machines", name),
             f"{name} is priced at ${price}/h but {problem} ({m.vcpus} vCPUs, {m.memory_gb:g} GB, "
             f"{m.accelerators} accelerators). Give the machine price or the rates, or make them agree within 1%.",
+        )
+
+
+def _check_spot_not_dearer(catalog: Catalog, src: YamlSource) -> None:
+    """A Spot price above the on-demand one is a price in the wrong section: Spot VMs never cost more."""
+    spot = catalog.data.spot
+    if spot is None:
+        return
+    for name, m in MACHINES.items():
+        try:
+            s = catalog._split(m, "spot").total
+            d = catalog._split(m, "standard").total
+        except SpecError:
+            continue
+        if s <= d * (1 + 1e-9):
+            continue
+        if name in spot.machines:
+            loc = ("spot", "machines", name)
+        else:
+            loc = ("spot", "rates", m.series if m.series in spot.rates else m.family)
+        raise src.error(
+            loc,
+            f"{name} costs {_usd_hour(s)} as a Spot VM but {_usd_hour(d)} on demand in this catalog; Spot VMs "
+            "never cost more than on-demand ones. On-demand prices go at the top level (rates, machines), "
+            "Spot prices under spot.",
         )

@@ -41,6 +41,10 @@ class CostBreakdown:
     job_time_s: float
     batches: float | None = None
     notes: tuple[str, ...] = field(default=())
+    # How each part was bought and so which of the catalog's prices it was charged at:
+    # 'standard' (on-demand) or 'spot'; service None when there is no service (colocated).
+    service_provisioning: str | None = None
+    trainer_provisioning: str | None = None
 
     @property
     def service(self) -> float:

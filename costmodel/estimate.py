@@ -27,7 +27,8 @@ def _require_positive(value, what: str, hint: str) -> float:
 
 def usage_from_spec(spec: JobSpec, *, job_time_s: float, batches: float | None = None,
                     workers: int | None = None) -> RunUsage:
-    """The machines a spec asks for, with no measurements; workers=0 means colocated (no service)."""
+    """The machines a spec asks for, and how they are bought (service.provisioning, trainer.provisioning),
+    with no measurements; workers=0 means colocated (no service)."""
     n_workers = spec.service.workers if workers is None else workers
     if n_workers < 0:
         raise SpecError(f"the number of workers must be 0 (colocated, no tf.data service) or more, got {n_workers}.")
@@ -40,6 +41,8 @@ def usage_from_spec(spec: JobSpec, *, job_time_s: float, batches: float | None =
         n_workers=n_workers,
         worker_machine=spec.service.worker_machine if n_workers else None,
         dispatcher_machine=spec.service.dispatcher_machine if n_workers else None,
+        service_provisioning=spec.service.provisioning,
+        trainer_provisioning=spec.trainer.provisioning,
     )
 
 

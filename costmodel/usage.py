@@ -11,8 +11,13 @@ from dataclasses import dataclass, replace
 
 from dsctl.specs.errors import SpecError
 
-from .catalog import Catalog
+from .catalog import Catalog, ProvisioningError
 from .equation import BASES, CostBreakdown, Rates, equation_1, vm_hours
+from .provisioning import check_provisioning, provisioning_label
+
+# The spec field that chooses each part's provisioning model, and what it prices.
+SERVICE_FIELD = ("service.provisioning", "the service (dispatcher and workers)")
+TRAINER_FIELD = ("trainer.provisioning", "the trainers")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +44,11 @@ class RunUsage:
     # Recorded for reports only: Equation 1 charges trainer hosts on what they have.
     trainer_avg_cpu_cores: float | None = None
     trainer_avg_mem_gb: float | None = None
+    # How the machines are bought, which picks the catalog's prices: 'standard' (on-demand,
+    # the catalog's top level) or 'spot' (its spot section). The service model prices the
+    # workers and the dispatcher (spec service.provisioning), the trainer model the trainers.
+    service_provisioning: str = "standard"
+    trainer_provisioning: str = "standard"
 
 
 def _positive(value, what: str, zero_ok: bool = False) -> None:
@@ -61,22 +71,34 @@ def _check(u: RunUsage, basis: str) -> None:
         raise SpecError(f"the number of workers must be 0 (colocated) or more, got {u.n_workers!r}.")
     if u.n_workers and not u.worker_machine:
         raise SpecError(f"{u.n_workers} workers were given but no worker machine type to price them as.")
+    check_provisioning(u.service_provisioning, "service_provisioning (how the dispatcher and workers are bought)")
+    check_provisioning(u.trainer_provisioning, "trainer_provisioning (how the trainers are bought)")
     for name in ("worker_avg_cpu_cores", "worker_avg_mem_gb", "dispatcher_avg_cpu_cores", "dispatcher_avg_mem_gb"):
         if getattr(u, name) is not None:
             _positive(getattr(u, name), f"the measured {name.replace('_', ' ')}", zero_ok=True)
 
 
-def _service_use(catalog: Catalog, machine: str, cpu, mem, role: str) -> tuple[Rates, float, float, bool]:
+def _for(field: tuple[str, str], lookup, *args, **kwargs):
+    """A catalog lookup whose 'only the other provisioning model is priced' error names the spec field to change."""
+    try:
+        return lookup(*args, **kwargs)
+    except ProvisioningError as exc:
+        raise exc.for_field(*field) from None
+
+
+def _service_use(catalog: Catalog, machine: str, cpu, mem, role: str,
+                 provisioning: str) -> tuple[Rates, float, float, bool]:
     """Rates, vCPUs and GB to charge one worker (or the dispatcher) on the utilization basis.
 
     Measured use when known; otherwise the whole machine (last item True), which
     needs only the machine's price, not per-resource rates.
     """
     if cpu is not None and mem is not None:
-        rates = catalog.unit_rates(machine, needed_by=f"by the utilization basis to charge the {role} on measured use")
+        rates = _for(SERVICE_FIELD, catalog.unit_rates, machine, provisioning=provisioning,
+                     needed_by=f"by the utilization basis to charge the {role} on measured use")
         return rates, cpu, mem, False
     m = catalog.machine(machine)
-    s = catalog.split(machine, needed_by=f"to price the {role}")
+    s = _for(SERVICE_FIELD, catalog.split, machine, provisioning=provisioning, needed_by=f"to price the {role}")
     rates = Rates(cpu=s.cpu / m.vcpus if m.vcpus else 0.0, mem=s.memory / m.memory_gb if m.memory_gb else 0.0)
     return rates, float(m.vcpus), m.memory_gb, True
 
@@ -92,10 +114,22 @@ def price(usage: RunUsage, catalog: Catalog, basis: str = "utilization") -> Cost
             f"accelerators_per_trainer is {n_acc} but a {t_machine.name} has {t_machine.accelerators} "
             f"({t_machine.accelerator_type or 'no accelerators'}); use at most {t_machine.accelerators} or a larger machine type."
         )
-    split = catalog.split(usage.trainer_machine, needed_by="to price the trainers")
+    svc_p, trn_p = usage.service_provisioning, usage.trainer_provisioning
+    has_service = bool(usage.n_workers or usage.dispatcher_machine)
+    split = _for(TRAINER_FIELD, catalog.split, usage.trainer_machine, provisioning=trn_p, needed_by="to price the trainers")
     if split.whole:
         where = "accelerators (host CPU and memory included)" if t_machine.accelerators else "trainer CPU (memory included)"
-        notes.append(f"catalog {catalog.name} prices {t_machine.name} only as a whole machine; its price is shown under {where}.")
+        notes.append(f"catalog {catalog.name} prices {t_machine.name} only as a whole machine ({provisioning_label(trn_p)} "
+                     f"price); its price is shown under {where}.")
+    parts = {"workers and dispatcher": svc_p if has_service else None, "trainers": trn_p}
+    spot = [part for part, p in parts.items() if p == "spot"]
+    if spot:
+        on_demand = [part for part, p in parts.items() if p == "standard"]
+        notes.append(f"catalog {catalog.name}'s Spot prices are used for the {' and the '.join(spot)}"
+                     + (f" (on-demand prices for the {on_demand[0]})" if on_demand else "")
+                     + ": Spot VMs can be preempted at any time, and what preemptions cost (restarts, lost steps) "
+                     "is not priced.")
+    models = dict(service_provisioning=svc_p if has_service else None, trainer_provisioning=trn_p)
 
     if basis == "vm-hours":
         if n_acc < t_machine.accelerators:
@@ -103,14 +137,16 @@ def price(usage: RunUsage, catalog: Catalog, basis: str = "utilization") -> Cost
         b = vm_hours(
             usage.job_time_s,
             n_w=usage.n_workers,
-            worker_vm_hour=catalog.machine_hour(usage.worker_machine, needed_by="to price the workers") if usage.n_workers else 0.0,
-            dispatcher_vm_hour=catalog.machine_hour(usage.dispatcher_machine, needed_by="to price the dispatcher") if usage.dispatcher_machine else 0.0,
+            worker_vm_hour=_for(SERVICE_FIELD, catalog.machine_hour, usage.worker_machine, provisioning=svc_p,
+                                needed_by="to price the workers") if usage.n_workers else 0.0,
+            dispatcher_vm_hour=_for(SERVICE_FIELD, catalog.machine_hour, usage.dispatcher_machine, provisioning=svc_p,
+                                    needed_by="to price the dispatcher") if usage.dispatcher_machine else 0.0,
             n_t=usage.n_trainers,
             trainer_cpu_hour=split.cpu,
             trainer_memory_hour=split.memory,
             trainer_accelerators_hour=split.accelerators,
         )
-        return replace(b, batches=usage.batches, notes=tuple(notes))
+        return replace(b, batches=usage.batches, notes=tuple(notes), **models)
 
     if n_acc < t_machine.accelerators:
         notes.append(f"trainers use {n_acc} of the {t_machine.accelerators} accelerators of a {t_machine.name}; Equation 1 charges the {n_acc} used (n_ACC/T).")
@@ -123,13 +159,14 @@ def price(usage: RunUsage, catalog: Catalog, basis: str = "utilization") -> Cost
     w_rates, w_cpu, w_mem = trainer_rates, 0.0, 0.0
     if usage.n_workers:
         w_rates, w_cpu, w_mem, w_whole = _service_use(
-            catalog, usage.worker_machine, usage.worker_avg_cpu_cores, usage.worker_avg_mem_gb, "workers")
+            catalog, usage.worker_machine, usage.worker_avg_cpu_cores, usage.worker_avg_mem_gb, "workers", svc_p)
         if w_whole:
             whole.append(f"{usage.n_workers} x {usage.worker_machine} for the workers")
     d_rates, d_cpu, d_mem = w_rates, 0.0, 0.0
     if usage.dispatcher_machine:
         d_rates, d_cpu, d_mem, d_whole = _service_use(
-            catalog, usage.dispatcher_machine, usage.dispatcher_avg_cpu_cores, usage.dispatcher_avg_mem_gb, "dispatcher")
+            catalog, usage.dispatcher_machine, usage.dispatcher_avg_cpu_cores, usage.dispatcher_avg_mem_gb, "dispatcher",
+            svc_p)
         if d_whole:
             whole.append(f"1 x {usage.dispatcher_machine} for the dispatcher")
     if whole:
@@ -144,4 +181,4 @@ def price(usage: RunUsage, catalog: Catalog, basis: str = "utilization") -> Cost
         rates=trainer_rates, dispatcher_cpu=d_cpu, dispatcher_mem=d_mem,
         worker_rates=w_rates, dispatcher_rates=d_rates,
     )
-    return replace(b, batches=usage.batches, notes=tuple(notes))
+    return replace(b, batches=usage.batches, notes=tuple(notes), **models)

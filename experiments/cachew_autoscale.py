@@ -33,7 +33,7 @@ STEPS_PRICED = 100_000
 
 JOB = """
 name: {name}
-service: {{workers: 1, worker_machine: n2-standard-8, dispatcher_machine: n2-standard-8}}
+service: {{workers: 1, worker_machine: n2-standard-8, dispatcher_machine: n2-standard-8, provisioning: spot}}
 trainer:
   machine: tpu-v2-8
   duration_s: {duration}
@@ -108,7 +108,8 @@ def _policy_result(run_id: str, spec, curve: dict) -> dict:
     usage = RunUsage(job_time_s=STEPS_PRICED / bps, batches=STEPS_PRICED, trainer_machine=spec.trainer.machine,
                      n_workers=final, worker_machine=spec.service.worker_machine,
                      dispatcher_machine=spec.service.dispatcher_machine,
-                     worker_avg_cpu_cores=None, worker_avg_mem_gb=None)
+                     worker_avg_cpu_cores=None, worker_avg_mem_gb=None,
+                     service_provisioning=spec.service.provisioning, trainer_provisioning=spec.trainer.provisioning)
     cost = price(usage, catalog, "vm-hours")
     return {"run_id": run_id, "final_workers": final, "final_bps": bps,
             "mean_workers": store.get(run_id).summary.get("mean_workers"),

@@ -41,6 +41,7 @@ name: fig10-{mode_l}-k{k}{suffix}
 service:
   workers: 1
   worker_machine: n2-standard-8
+  provisioning: spot            # paper-2023-06's n2 prices are Spot prices
 {sharing}trainer:
   machine: tpu-v2-8
   count: {count}

@@ -49,6 +49,7 @@ service:
   worker_cpus: [1]               # the worker (and the dispatcher) on the other core
   worker_machine: n2-standard-8
   dispatcher_machine: n2-standard-8
+  provisioning: spot             # paper-2023-06's n2 prices are Spot prices
 trainer:
   machine: tpu-v2-8              # priced as the paper's ResNet50 trainer
   cpus: [0]                      # the trainer on one core, in every mode
@@ -65,7 +66,7 @@ cost_basis: utilization
 PAPER_SPEC = """
 name: fig8-paper-{model}
 provider: gcp
-service: {{workers: {workers}, worker_machine: n2-standard-8, dispatcher_machine: n2-standard-8}}
+service: {{workers: {workers}, worker_machine: n2-standard-8, dispatcher_machine: n2-standard-8, provisioning: spot}}
 trainer: {{machine: tpu-v2-8, count: {hosts}, accelerators_per_trainer: 8, steps: {steps}}}
 pipeline: {{builtin: images, params: {{epochs: null}}}}
 pricing: paper-2023-06
@@ -124,7 +125,8 @@ def _steady_cost(spec, mode: str, s: dict) -> float | None:
         worker_avg_mem_gb=s.get("worker_mem_gb") if service else None,
         dispatcher_machine=spec.service.dispatcher_machine if service else None,
         dispatcher_avg_cpu_cores=s.get("dispatcher_cpu_cores") if service else None,
-        dispatcher_avg_mem_gb=s.get("dispatcher_mem_gb") if service else None)
+        dispatcher_avg_mem_gb=s.get("dispatcher_mem_gb") if service else None,
+        service_provisioning=spec.service.provisioning, trainer_provisioning=spec.trainer.provisioning)
     return price(usage, load_catalog(spec.pricing), spec.cost_basis).per_1000_batches
 
 

@@ -46,6 +46,7 @@ service:
   workers: 1
   worker_machine: n2-standard-8
   dispatcher_machine: n2-standard-8
+  provisioning: spot             # paper-2023-06's n2 prices are Spot prices
 trainer:
   machine: tpu-v2-8
   model: {kind: synthetic, step_time_ms: 4}   # ideal ~200-250 batches/s
@@ -129,7 +130,9 @@ def _predict(spec, model: ThroughputModel, measured: list[dict], colocated_cost:
         usage = RunUsage(job_time_s=3600.0, batches=bps * 3600.0, n_trainers=1, trainer_machine=spec.trainer.machine,
                          accelerators_per_trainer=spec.trainer.accelerators_per_trainer, n_workers=n,
                          worker_machine=spec.service.worker_machine, worker_avg_cpu_cores=cpu, worker_avg_mem_gb=mem,
-                         dispatcher_machine=spec.service.dispatcher_machine)
+                         dispatcher_machine=spec.service.dispatcher_machine,
+                         service_provisioning=spec.service.provisioning,
+                         trainer_provisioning=spec.trainer.provisioning)
         cost = price(usage, catalog, spec.cost_basis).per_1000_batches
         out.append({"workers": n, "batches_per_s": bps, "speedup": model.speedup(n),
                     "fraction_of_ideal": bps / model.ideal_bps, "cost_per_1000_batches": cost,
@@ -148,7 +151,8 @@ def _m1() -> dict:
         usage = RunUsage(job_time_s=3600.0, batches=bps * 3600.0 * M1_TRAINER_HOSTS, n_trainers=M1_TRAINER_HOSTS,
                          trainer_machine="tpu-v2-8", n_workers=workers,
                          worker_machine="n2-standard-8" if workers else None,
-                         dispatcher_machine="n2-standard-8" if workers else None)
+                         dispatcher_machine="n2-standard-8" if workers else None,
+                         service_provisioning="spot")  # the paper's n2 prices are Spot prices
         return price(usage, catalog, "vm-hours").per_1000_batches
 
     c0 = cost(cal.colocated, 0)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dsctl.costmodel import Catalog, CostBreakdown, RunUsage, load_catalog, price
+from dsctl.costmodel import Catalog, CostBreakdown, RunUsage, describe_provisioning, load_catalog, price
 from dsctl.specs import JobSpec, SpecError
 
 from .store import RunRecord
 
 
 def usage_from_record(record: RunRecord) -> RunUsage:
-    """A run's usage: the spec's machine types, the measured job time and per-process utilization.
+    """A run's usage: the spec's machine types and how they are bought, the measured job time and
+    per-process utilization.
 
     Local processes are priced as the machines they stand for (the spec's machine types).
     """
@@ -34,6 +35,8 @@ def usage_from_record(record: RunRecord) -> RunUsage:
         dispatcher_avg_mem_gb=s.get("dispatcher_mem_gb") if service else None,
         trainer_avg_cpu_cores=s.get("trainer_cpu_cores"),
         trainer_avg_mem_gb=s.get("trainer_mem_gb"),
+        service_provisioning=spec.service.provisioning,
+        trainer_provisioning=spec.trainer.provisioning,
     )
 
 
@@ -56,4 +59,6 @@ def cost_summary(record: RunRecord) -> dict | None:
         return {"error": str(exc)}
     note = "priced as the spec's machine types" if record.provider == "local" else "list prices"
     return {"total": b.total, "service": b.service, "trainers": b.trainers, "per_1000_batches": b.per_1000_batches,
-            "basis": b.basis, "catalog": catalog.name, "note": note}
+            "basis": b.basis, "catalog": catalog.name, "note": note,
+            "service_provisioning": b.service_provisioning, "trainer_provisioning": b.trainer_provisioning,
+            "provisioning": describe_provisioning(b.service_provisioning, b.trainer_provisioning)}

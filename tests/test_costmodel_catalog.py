@@ -1,5 +1,6 @@
 """Price catalogs: every shipped one loads and prices what it lists; a user's catalog is
-validated like a spec, with one-paragraph errors naming file:line and the field."""
+validated like a spec, with one-paragraph errors naming file:line and the field; on-demand
+(top level) and Spot (`spot:`) prices are looked up by provisioning model, never one for the other."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dsctl.costmodel import MACHINES, RunUsage, load_catalog, price, shipped_catalogs
+from dsctl.costmodel import MACHINES, ProvisioningError, RunUsage, load_catalog, price, shipped_catalogs
 from dsctl.specs import SpecError
 
 GOOD = """
@@ -21,6 +22,14 @@ rates:
   n2: {vcpu_hour: 0.03, gb_hour: 0.004}
 machines:
   tpu-v2-8: 4.5
+"""
+
+# GOOD plus Spot prices. Lines: 9 spot, 10 rates, 11 n2, 12 machines, 13 tpu-v2-8.
+SPOT = GOOD + """spot:
+  rates:
+    n2: {vcpu_hour: 0.0075, gb_hour: 0.001}
+  machines:
+    tpu-v2-8: 1.35
 """
 
 
@@ -44,24 +53,39 @@ def test_shipped_catalogs_load_and_price_every_machine_they_list():
     for name in names:
         cat = load_catalog(name)
         assert cat.name == name and cat.currency == "USD" and cat.date and cat.source
-        for machine in cat.data.machines:
-            assert machine in MACHINES, f"{name}: no shape for {machine}"
-        priced = cat.priced_machines()
-        assert set(cat.data.machines) <= set(priced)
-        for machine in priced:
-            s = cat.split(machine)
-            assert s.total > 0 and min(s.cpu, s.memory, s.accelerators) >= 0
-            assert cat.machine_hour(machine) == pytest.approx(s.total)
+        assert cat.provisioning_models == ("standard", "spot"), name
+        for model in ("standard", "spot"):
+            listed = cat.prices(model).machines
+            for machine in listed:
+                assert machine in MACHINES, f"{name}: no shape for {machine}"
+            priced = cat.priced_machines(model)
+            assert set(listed) <= set(priced)
+            for machine in priced:
+                s = cat.split(machine, provisioning=model)
+                assert s.total > 0 and min(s.cpu, s.memory, s.accelerators) >= 0
+                assert cat.machine_hour(machine, provisioning=model) == pytest.approx(s.total)
+                if machine in listed:
+                    assert s.total == pytest.approx(listed[machine])
 
 
-def test_paper_catalog_prices_and_split():
+def test_paper_catalog_n2_is_spot_and_the_tpu_on_demand():
     cat = load_catalog("paper-2023-06")
     assert cat.machine_hour("tpu-v2-8") == 4.50
-    assert cat.machine_hour("n2-standard-8") == pytest.approx(0.08, abs=1e-12)
-    r = cat.unit_rates("n2-standard-8")
+    assert cat.machine_hour("tpu-v2-8", provisioning="standard") == 4.50
+    assert cat.machine_hour("n2-standard-8", provisioning="spot") == pytest.approx(0.08, abs=1e-12)
+    r = cat.unit_rates("n2-standard-8", provisioning="spot")
     assert 8 * r.cpu + 32 * r.mem == pytest.approx(0.08, abs=1e-12)
+    assert (r.cpu, r.mem) == (0.0065, 0.000875)
     shape = cat.machine("tpu-v2-8")
     assert (shape.vcpus, shape.memory_gb, shape.accelerators) == (96, 335, 8)
+    # Only the model each price is for: the $0.08/h is not an on-demand n2, the $4.50/h not a Spot TPU.
+    assert cat.priced_machines("standard") == ["tpu-v2-8"]
+    assert "tpu-v2-8" not in cat.priced_machines("spot") and "n2-standard-8" in cat.priced_machines("spot")
+    for call in (cat.split, cat.machine_hour, cat.unit_rates):
+        with pytest.raises(ProvisioningError, match=r"only a Spot price for n2-standard-8 \(\$0\.08/h\)"):
+            call("n2-standard-8")
+        with pytest.raises(ProvisioningError, match=r"only an on-demand price for tpu-v2-8 \(\$4\.50/h\)"):
+            call("tpu-v2-8", provisioning="spot")
 
 
 def test_gcp_catalog_covers_the_families_asked_for():
@@ -73,6 +97,96 @@ def test_gcp_catalog_covers_the_families_asked_for():
         assert m in priced
     assert cat.machine_hour("n2-standard-8") == pytest.approx(8 * 0.031611 + 32 * 0.004237)
     assert cat.machine_hour("a2-highgpu-1g") == pytest.approx(3.673385, rel=1e-6)
+
+
+def test_gcp_catalog_spot_prices_are_plausible_and_cover_what_it_lists():
+    cat = load_catalog("gcp-us-central1-2025")
+    spot = set(cat.priced_machines("spot"))
+    for m in ("n2-standard-8", "n2-highcpu-16", "e2-standard-4", "tpu-v2-8", "tpu-v3-8", "tpu-v4-8",
+              "tpu-v5litepod-1", "tpu-v5litepod-4", "tpu-v5litepod-8", "a2-highgpu-1g", "a2-highgpu-8g",
+              "g2-standard-4", "g2-standard-8"):
+        assert m in spot
+        # Spot is typically 60-91% off on-demand.
+        ratio = cat.machine_hour(m, provisioning="spot") / cat.machine_hour(m, provisioning="standard")
+        assert 0.09 <= ratio <= 0.40, (m, ratio)
+    assert "a3-highgpu-8g" not in spot  # no Spot price known: an error, not the on-demand price
+    with pytest.raises(ProvisioningError, match="only an on-demand price for a3-highgpu-8g"):
+        cat.machine_hour("a3-highgpu-8g", provisioning="spot")
+    # n2-standard-8 Spot was about $0.08/h in 2023 (the paper's price); early 2025 is close to it.
+    assert 0.06 <= cat.machine_hour("n2-standard-8", provisioning="spot") <= 0.12
+    assert cat.unit_rates("a2-highgpu-1g", provisioning="spot").acc == cat.data.spot.rates["a2"].accelerator_hour
+    assert cat.unit_rates("a2-highgpu-1g").acc == cat.data.rates["a2"].accelerator_hour
+
+
+def test_split_machine_hour_and_unit_rates_pick_the_asked_model(tmp_path):
+    cat = load_catalog(write(tmp_path, SPOT))
+    od, sp = cat.data.rates["n2"], cat.data.spot.rates["n2"]
+    assert (od.vcpu_hour, sp.vcpu_hour) == (0.03, 0.0075)  # the test catalog, not the same number twice
+    for model, r in (("standard", od), ("spot", sp)):
+        s = cat.split("n2-standard-8", provisioning=model)
+        assert (s.cpu, s.memory, s.accelerators) == pytest.approx((8 * r.vcpu_hour, 32 * r.gb_hour, 0.0))
+        assert cat.machine_hour("n2-standard-4", provisioning=model) == pytest.approx(4 * r.vcpu_hour + 16 * r.gb_hour)
+        u = cat.unit_rates("n2-highmem-16", provisioning=model)
+        assert (u.cpu, u.mem) == pytest.approx((r.vcpu_hour, r.gb_hour))
+    assert cat.machine_hour("tpu-v2-8") == cat.data.machines["tpu-v2-8"] == 4.5
+    assert cat.machine_hour("tpu-v2-8", provisioning="spot") == cat.data.spot.machines["tpu-v2-8"] == 1.35
+    assert cat.split("n2-standard-8") == cat.split("n2-standard-8", provisioning="standard")  # the default
+    with pytest.raises(SpecError, match="must be 'standard' .* or 'spot' .*, got 'preemptible'"):
+        cat.split("n2-standard-8", provisioning="preemptible")
+
+
+def test_no_silent_fallback_between_models(tmp_path):
+    """A model with no (or an incomplete) price for a machine is an error, never the other model's price."""
+    on_demand_only = load_catalog(write(tmp_path, GOOD))
+    assert on_demand_only.provisioning_models == ("standard",)
+    with pytest.raises(ProvisioningError) as info:
+        on_demand_only.machine_hour("n2-standard-8", provisioning="spot")
+    msg = str(info.value)
+    assert msg.startswith("catalog mine has only an on-demand price for n2-standard-8 ($0.368/h)")
+    assert "not the Spot price (provisioning: spot)" in msg and "\n" not in msg
+    assert "set service.provisioning: standard (dispatcher and workers) or trainer.provisioning: standard" in msg
+    assert "or use pricing: gcp-us-central1-2025 or paper-2023-06 (--prices gcp-us-central1-2025) for Spot prices" in msg
+    # Spot n2 rates without a memory rate: Spot n2 machines are not priced, even though on-demand ones are.
+    partial = load_catalog(write(tmp_path, SPOT.replace(", gb_hour: 0.001}", "}")))
+    assert "n2-standard-8" not in partial.priced_machines("spot")
+    for call in (partial.split, partial.machine_hour, partial.unit_rates):
+        with pytest.raises(SpecError):
+            call("n2-standard-8", provisioning="spot")
+    spot_only = load_catalog(write(tmp_path, GOOD.replace("rates:\n  n2", "spot:\n  rates:\n    n2")
+                                   .replace("machines:\n  tpu", "  machines:\n    tpu")))
+    assert spot_only.provisioning_models == ("spot",) and spot_only.priced_machines("standard") == []
+    with pytest.raises(ProvisioningError, match=r"only a Spot price for tpu-v2-8 \(\$4\.50/h\)"):
+        spot_only.split("tpu-v2-8")
+
+
+def test_asking_for_a_missing_model_names_the_model_and_the_field(tmp_path):
+    paper = load_catalog("paper-2023-06")
+    service = RunUsage(job_time_s=3600, trainer_machine="tpu-v2-8", n_workers=2, worker_machine="n2-standard-8",
+                       dispatcher_machine="n2-standard-8")
+    for basis in ("vm-hours", "utilization"):
+        with pytest.raises(SpecError) as info:
+            price(service, paper, basis)
+        msg = str(info.value)
+        assert msg.startswith("catalog paper-2023-06 has only a Spot price for n2-standard-8 ($0.08/h)")
+        assert "not the on-demand price (provisioning: standard)" in msg and "needed to price the workers" in msg
+        assert "set service.provisioning: spot to price the service" in msg
+        assert "pricing: gcp-us-central1-2025" in msg and "trainer.provisioning" not in msg and "\n" not in msg
+    measured = RunUsage(job_time_s=3600, trainer_machine="tpu-v2-8", n_workers=2, worker_machine="n2-standard-8",
+                        worker_avg_cpu_cores=1.0, worker_avg_mem_gb=2.0)
+    with pytest.raises(SpecError, match="needed by the utilization basis to charge the workers on measured use: "
+                                        "set service.provisioning: spot"):
+        price(measured, paper)
+    spot_tpu = RunUsage(job_time_s=3600, trainer_machine="tpu-v2-8", trainer_provisioning="spot")
+    with pytest.raises(SpecError) as info:
+        price(spot_tpu, paper)
+    msg = str(info.value)
+    assert msg.startswith("catalog paper-2023-06 has only an on-demand price for tpu-v2-8 ($4.50/h)")
+    assert "not the Spot price (provisioning: spot)" in msg and "set trainer.provisioning: standard" in msg
+    assert "service.provisioning" not in msg and "pricing: gcp-us-central1-2025" in msg
+    with pytest.raises(SpecError, match="service_provisioning .* must be 'standard' .* or 'spot'"):
+        price(RunUsage(job_time_s=3600, trainer_machine="tpu-v2-8", service_provisioning="on-demand"), paper)
+    with pytest.raises(SpecError, match="trainer_provisioning .* got 'Spot'"):
+        price(RunUsage(job_time_s=3600, trainer_machine="tpu-v2-8", trainer_provisioning="Spot"), paper)
 
 
 def test_user_catalog_by_path(tmp_path):
@@ -111,6 +225,21 @@ def test_unknown_machine_type_lists_closest_first():
         (GOOD + "  n2-standard-8: 0.5\n", 9, "machines.n2-standard-8", "rates add up to $0.3680/h"),
         (GOOD.replace("tpu-v2-8: 4.5", "tpu-v2-8: 1.0").replace("  n2:", "  tpu-v2:"), 8,
          "machines.tpu-v2-8", "host alone costs"),
+        # The spot section: the same checks, pointing into it.
+        (SPOT.replace("vcpu_hour: 0.0075", "vcpu_hours: 0.0075"), 11, "spot.rates.n2.vcpu_hours",
+         "unknown key 'vcpu_hours'. Did you mean 'vcpu_hour'?"),
+        (SPOT.replace("tpu-v2-8: 1.35", "tpu-v2-8: -1.35"), 13, "spot.machines.tpu-v2-8", "zero or more; got -1.35"),
+        (SPOT.replace("gb_hour: 0.001}", "gb_hour: -0.001}"), 11, "spot.rates.n2.gb_hour", "zero or more"),
+        (SPOT.replace("  machines:\n    tpu", "  machine:\n    tpu"), 12, "spot.machine",
+         "unknown key 'machine'. Did you mean 'machines'?"),
+        (SPOT + "  currency: USD\n", 14, "spot.currency", "unknown key 'currency'"),
+        (GOOD + "spot: 0.08\n", 9, "spot", "mapping"),
+        (SPOT.replace("tpu-v2-8: 1.35", "tpu-v2-9: 1.35"), 13, "spot.machines.tpu-v2-9", "closest first: tpu-v2-8"),
+        (SPOT.replace("    n2:", "    n3:"), 11, "spot.rates.n3", "unknown machine family"),
+        (SPOT + "    n2-standard-8: 0.05\n", 14, "spot.machines.n2-standard-8", "Spot n2 rates add up to $0.0920/h"),
+        (SPOT.replace("tpu-v2-8: 1.35", "tpu-v2-8: 5.0"), 13, "spot.machines.tpu-v2-8",
+         "costs $5.00/h as a Spot VM but $4.50/h on demand"),
+        (SPOT.replace("vcpu_hour: 0.0075", "vcpu_hour: 0.3"), 11, "spot.rates.n2", "never cost more than on-demand"),
     ],
 )
 def test_malformed_catalog_names_file_line_and_field(tmp_path, text, line, field, words):
@@ -134,13 +263,18 @@ def test_missing_resource_price_names_the_resource(tmp_path):
     with pytest.raises(SpecError) as info:
         price(usage, cat, "utilization")
     msg = str(info.value)
-    assert re.search(r"catalog mine has no price for memory \(GB-hour\) of n2 machines \(n2-standard-8\), "
-                     r"needed by the utilization basis to charge the workers", msg)
+    assert re.search(r"catalog mine has no on-demand price \(provisioning: standard\) for memory \(GB-hour\) of n2 "
+                     r"machines \(n2-standard-8\), needed by the utilization basis to charge the workers", msg)
     assert "gb_hour" in msg and "\n" not in msg
     paper = load_catalog("paper-2023-06")
-    with pytest.raises(SpecError, match=r"no price for vCPU \(vCPU-hour\) of e2 machines \(e2-standard-8\), needed to price the workers"):
-        price(RunUsage(job_time_s=3600, trainer_machine="tpu-v2-8", n_workers=1, worker_machine="e2-standard-8"),
-              paper, "vm-hours")
+    for model, label in (("standard", "on-demand"), ("spot", "Spot")):
+        with pytest.raises(SpecError, match=rf"no {label} price \(provisioning: {model}\) for vCPU \(vCPU-hour\) of e2 "
+                                            r"machines \(e2-standard-8\), needed to price the workers"):
+            price(RunUsage(job_time_s=3600, trainer_machine="tpu-v2-8", n_workers=1, worker_machine="e2-standard-8",
+                           service_provisioning=model), paper, "vm-hours")
+    with pytest.raises(SpecError, match=r"'spot: \{rates: \{e2: \{vcpu_hour: \.\.\.\}\}\}'"):
+        paper.split("e2-standard-8", provisioning="spot")
     no_gpu_price = write(tmp_path, GOOD.replace("rates:\n", "rates:\n  a2: {vcpu_hour: 0.03, gb_hour: 0.004}\n"))
-    with pytest.raises(SpecError, match=r"no price for accelerators \(accelerator-hour\) of a2 machines"):
+    with pytest.raises(SpecError, match=r"no on-demand price \(provisioning: standard\) for accelerators "
+                                        r"\(accelerator-hour\) of a2 machines"):
         price(RunUsage(job_time_s=3600, trainer_machine="a2-highgpu-1g"), load_catalog(no_gpu_price))

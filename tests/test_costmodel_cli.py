@@ -15,9 +15,10 @@ from typer.testing import CliRunner
 from dsctl.cli.cost import cost_app
 from dsctl.specs import SpecError
 
+# The paper's n2-standard-8 price ($0.08/h) is a Spot price: the service is priced as Spot VMs.
 SPEC = """
 name: resnet50-disagg
-service: {workers: 16, worker_machine: n2-standard-8, dispatcher_machine: n2-standard-8}
+service: {workers: 16, worker_machine: n2-standard-8, dispatcher_machine: n2-standard-8, provisioning: spot}
 trainer: {machine: tpu-v2-8, steps: 112320}
 pipeline: {builtin: synthetic}
 pricing: paper-2023-06
@@ -55,16 +56,37 @@ def test_paper_example_from_the_cli(job):
     assert round(service["total"], 2) == 40.63
     assert round(service["service"], 1) == 9.4 and round(service["trainers"], 1) == 31.2
     assert f"{service['cost_saving']:.2f}" == "1.97" and f"{service['speedup']:.2f}" == "2.57"
+    # Which of the catalog's prices each part was charged at.
+    assert (service["service_provisioning"], service["trainer_provisioning"]) == ("spot", "standard")
+    assert (colocated["service_provisioning"], colocated["trainer_provisioning"]) == (None, "standard")
+    assert service["prices"] == colocated["prices"] == "paper-2023-06"
 
 
 def test_table_and_markdown_show_the_breakdown(job):
     code, out = run("estimate", str(job), "--batches-per-sec", "4.5", "--basis", "vm-hours",
                     "--compare-colocated", "1.75")
     assert code == 0, out
-    for words in ("$80.23", "$40.63", "$31.20", "1.97x", "2.57x", "paper-2023-06"):
+    for words in ("$80.23", "$40.63", "$31.20", "1.97x", "2.57x", "paper-2023-06",
+                  "16 x n2-standard-8 (Spot)", "1 x n2-standard-8 (Spot)", "1 x tpu-v2-8 (on-demand)"):
         assert words in out
     code, out = run("estimate", str(job), "--batches-per-sec", "4.5", "--format", "markdown")
     assert code == 0 and "| total | $40.63 |" in out and "whole machines" in out
+    assert "| priced as | workers and dispatcher: Spot, trainers: on-demand |" in out
+    assert "prices paper-2023-06 of 2023-06, USD; workers and dispatcher: Spot, trainers: on-demand" in out
+    assert "catalog paper-2023-06's Spot prices are used for the workers and dispatcher" in out
+
+
+def test_on_demand_service_with_the_papers_catalog_exits_2_naming_the_field(job):
+    job.write_text(job.read_text().replace(", provisioning: spot", ""), encoding="utf-8")
+    code, out = run("estimate", str(job), "--batches-per-sec", "4.5")
+    assert code == 2 and "\n" not in out.strip()
+    assert "only a Spot price for n2-standard-8" in out and "set service.provisioning: spot" in out
+    code, out = run("estimate", str(job), "--batches-per-sec", "4.5", "--prices", "gcp-us-central1-2025",
+                    "--format", "json")
+    assert code == 0, out
+    (row,) = json.loads(out)
+    assert (row["service_provisioning"], row["trainer_provisioning"]) == ("standard", "standard")
+    assert row["total"] > 40.63  # on-demand n2 VMs cost several times the paper's Spot price
 
 
 def test_json_and_csv_round_trip(job):

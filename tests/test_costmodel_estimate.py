@@ -7,9 +7,10 @@ import pytest
 from dsctl.costmodel import compare, estimate, load_catalog
 from dsctl.specs import SpecError, load_spec_text
 
+# The paper's n2-standard-8 price ($0.08/h) is a Spot price: the service is priced as Spot VMs.
 SPEC = """
 name: resnet50-disagg
-service: {workers: 16, worker_machine: n2-standard-8, dispatcher_machine: n2-standard-8}
+service: {workers: 16, worker_machine: n2-standard-8, dispatcher_machine: n2-standard-8, provisioning: spot}
 trainer: {machine: tpu-v2-8, steps: 112320}
 pipeline: {builtin: synthetic}
 pricing: paper-2023-06
@@ -34,22 +35,79 @@ def test_estimate_reproduces_paper_example(spec, paper):
     assert round(base.total, 2) == 80.23 and base.service == 0
     assert f"{compare(base, run).cost_saving:.2f}" == "1.97"
     assert run.batches == 112320 and run.job_time_s == pytest.approx(24960)
+    assert (run.service_provisioning, run.trainer_provisioning) == ("spot", "standard")
 
 
-def test_estimate_by_hours_and_by_steps(spec, paper):
-    by_hours = estimate(spec, paper, batches_per_sec=4.5, hours=2)
-    assert by_hours.job_time_s == 7200 and by_hours.batches == pytest.approx(32400)
-    assert by_hours.total == pytest.approx(2 * (17 * 0.08 + 4.5))
-    by_steps = estimate(spec, paper, batches_per_sec=2.0, steps=7200)
-    assert by_steps.job_time_s == 3600
+def test_usage_from_spec_carries_how_machines_are_bought(spec):
+    from dsctl.costmodel import usage_from_spec
+
+    u = usage_from_spec(spec, job_time_s=3600)
+    assert (u.service_provisioning, u.trainer_provisioning) == ("spot", "standard")
+    flipped = load_spec_text(SPEC.replace(", provisioning: spot", "").replace(
+        "steps: 112320}", "steps: 112320, provisioning: spot}"), "job.yaml").spec
+    u = usage_from_spec(flipped, job_time_s=3600)
+    assert (u.service_provisioning, u.trainer_provisioning) == ("standard", "spot")
 
 
-def test_estimate_notes_unknown_utilization_and_local(spec, paper):
-    b = estimate(spec, paper, batches_per_sec=4.5, basis="utilization")
-    assert any("whole machines" in n for n in b.notes)
-    assert any("runs locally" in n for n in b.notes)
-    # Unknown utilization: workers on whole machines, the same as vm-hours.
-    assert b.total == pytest.approx(estimate(spec, paper, batches_per_sec=4.5).total)
+def test_estimate_prices_each_part_at_the_specs_provisioning():
+    gcp = load_catalog("gcp-us-central1-2025")
+    text = SPEC.replace("pricing: paper-2023-06", "pricing: gcp-us-central1-2025")
+    n2_vm = {m: gcp.machine_hour("n2-standard-8", provisioning=m) for m in ("standard", "spot")}
+    tpu_vm = {m: gcp.machine_hour("tpu-v2-8", provisioning=m) for m in ("standard", "spot")}
+    assert n2_vm["spot"] < n2_vm["standard"] and tpu_vm["spot"] < tpu_vm["standard"]
+    for service, trainer in (("spot", "standard"), ("standard", "spot"), ("standard", "standard"), ("spot", "spot")):
+        t = text.replace("provisioning: spot", f"provisioning: {service}").replace(
+            "steps: 112320}", f"steps: 112320, provisioning: {trainer}}}")
+        b = estimate(load_spec_text(t, "job.yaml").spec, gcp, batches_per_sec=4.5, hours=2)
+        assert b.workers == pytest.approx(2 * 16 * n2_vm[service]), (service, trainer)
+        assert b.dispatcher == pytest.approx(2 * n2_vm[service]), (service, trainer)
+        assert b.trainers == pytest.approx(2 * tpu_vm[trainer]), (service, trainer)
+        assert (b.service_provisioning, b.trainer_provisioning) == (service, trainer)
+
+
+def test_spec_without_spot_is_refused_by_the_papers_catalog_not_underpriced(paper):
+    on_demand = load_spec_text(SPEC.replace(", provisioning: spot", ""), "job.yaml").spec
+    assert on_demand.service.provisioning == "standard"
+    with pytest.raises(SpecError) as info:
+        estimate(on_demand, paper, batches_per_sec=4.5)
+    msg = str(info.value)
+    assert "has only a Spot price for n2-standard-8 ($0.08/h)" in msg and "set service.provisioning: spot" in msg
+    assert "pricing: gcp-us-central1-2025" in msg and "\n" not in msg
+    # Colocated, there is no service to price: the on-demand TPU is all there is.
+    assert estimate(on_demand, paper, batches_per_sec=1.75, workers=0).total == pytest.approx(80.23, abs=0.005)
+
+
+@pytest.mark.parametrize("service, trainer", [("spot", "standard"), ("standard", "spot")])
+def test_recorded_runs_are_priced_at_their_specs_provisioning(service, trainer):
+    """usage_from_record reads service.provisioning and trainer.provisioning from the recorded spec."""
+    from dsctl.orchestrator.pricing import cost_summary, price_record, usage_from_record
+    from dsctl.orchestrator.store import RunRecord
+
+    gcp = load_catalog("gcp-us-central1-2025")
+    text = SPEC.replace("pricing: paper-2023-06", "pricing: gcp-us-central1-2025").replace(
+        "provisioning: spot", f"provisioning: {service}").replace(
+        "steps: 112320}", f"steps: 112320, provisioning: {trainer}}}")
+    spec = load_spec_text(text, "job.yaml").spec
+    summary = {"duration_s": 3600.0, "batches": 1000, "worker_cpu_cores": 2.0, "worker_mem_gb": 4.0,
+               "dispatcher_cpu_cores": 0.5, "dispatcher_mem_gb": 1.0}
+    record = RunRecord(id="r1", name="r", kind="job", parent_id=None, provider="gcp", mode="service",
+                       status="succeeded", spec_path=None, spec_yaml=None, spec_json=spec.model_dump_json(),
+                       spec_hash="h", workers=16, trainers=1, created_at=0.0, ended_at=3600.0, run_dir=None,
+                       error=None, summary=summary)
+    u = usage_from_record(record)
+    assert (u.service_provisioning, u.trainer_provisioning) == (service, trainer)
+    _, b, _ = price_record(record, basis="utilization")
+    rates = gcp.unit_rates("n2-standard-8", provisioning=service)
+    assert b.workers == pytest.approx(16 * (2.0 * rates.cpu + 4.0 * rates.mem))
+    assert b.dispatcher == pytest.approx(0.5 * rates.cpu + 1.0 * rates.mem)
+    assert b.trainers == pytest.approx(gcp.machine_hour("tpu-v2-8", provisioning=trainer))
+    _, vm, _ = price_record(record)  # the spec's vm-hours basis: whole VMs
+    assert vm.service == pytest.approx(17 * gcp.machine_hour("n2-standard-8", provisioning=service))
+    assert vm.trainers == pytest.approx(b.trainers)
+    line = cost_summary(record)
+    assert (line["service_provisioning"], line["trainer_provisioning"]) == (service, trainer)
+    label = {"spot": "Spot", "standard": "on-demand"}
+    assert line["provisioning"] == f"workers and dispatcher: {label[service]}, trainers: {label[trainer]}"
 
 
 @pytest.mark.parametrize(
@@ -101,6 +159,7 @@ def test_figure_8_production_rows_within_bounds(model, acc, b0, b1, workers, spe
     """
     gcp = load_catalog("gcp-us-central1-2025")
     text = SPEC.replace("tpu-v2-8", "tpu-v4-8").replace("workers: 16", f"workers: {workers}")
+    text = text.replace(", provisioning: spot", "")  # on-demand list prices for every part
     text = text.replace("steps: 112320", f"steps: 100000, count: {acc // 4}")
     spec = load_spec_text(text, "job.yaml").spec
     run = estimate(spec, gcp, batches_per_sec=b1, basis="utilization")

@@ -17,9 +17,10 @@ from helpers import dsctl
 
 SPEC = load_spec_text("""
 name: rec
-service: {workers: 4, worker_machine: n2-standard-8, dispatcher_machine: n2-standard-8}
+service: {workers: 4, worker_machine: n2-standard-8, dispatcher_machine: n2-standard-8, provisioning: spot}
 trainer: {machine: tpu-v2-8, steps: 100}
 pipeline: {builtin: synthetic}
+pricing: paper-2023-06   # the paper's prices: n2 VMs at its $0.08/h Spot price
 """).spec
 
 
@@ -98,7 +99,7 @@ def test_a_recorded_run_is_priced_as_its_spec_machines_on_measured_use(tmp_path)
     usage = usage_from_record(record)
     assert (usage.n_workers, usage.worker_machine, usage.trainer_machine) == (4, "n2-standard-8", "tpu-v2-8")
     _, cost, catalog = price_record(record)
-    rates = catalog.unit_rates("n2-standard-8")
+    rates = catalog.unit_rates("n2-standard-8", provisioning="spot")
     # One hour: workers on what they used (4 x (2 cores, 4 GB)), the TPU VM whole ($4.50/h in the paper's catalog).
     assert cost.workers == pytest.approx(4 * (2.0 * rates.cpu + 4.0 * rates.mem))
     assert cost.dispatcher == pytest.approx(0.5 * rates.cpu + 1.0 * rates.mem)

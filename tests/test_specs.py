@@ -135,7 +135,9 @@ pipeline:
 def test_defaults_are_filled_in():
     s = load_spec_text(MINIMAL).spec
     assert s.provider == "local"
-    assert s.pricing == "paper-2023-06" and s.cost_basis == "utilization"
+    # List (on-demand) prices by default, for machines bought on demand: the paper's catalog prices n2 VMs as Spot.
+    assert s.pricing == "gcp-us-central1-2025" and s.cost_basis == "utilization"
+    assert s.service.provisioning == s.trainer.provisioning == "standard"
     svc = s.service
     assert svc.workers == 1
     assert svc.processing_mode == "parallel_epochs"
