@@ -72,7 +72,7 @@ def up(
     detached_child: bool = typer.Option(False, "--detached-child", hidden=True),
 ) -> None:
     """Provision the service, run the trainers, measure, record the run, tear everything down."""
-    from dsctl.orchestrator.preflight import check_autoscale, check_data_reachable, check_entrypoints
+    from dsctl.orchestrator.preflight import check_autoscale, check_entrypoints
     from dsctl.orchestrator.run import JobRunner
 
     if mode not in MODES:
@@ -82,9 +82,7 @@ def up(
     loaded = load_spec(spec)
     check_entrypoints(loaded)
     check_autoscale(loaded, autoscale)
-    if mode == "service" and not dry_run:
-        check_data_reachable(loaded)  # before asking to create machines that could not run it
-    if not _plan_approved(loaded.spec, workers, dry_run=dry_run, yes=yes or detached_child):
+    if not _plan_approved(loaded, workers, dry_run=dry_run, yes=yes or detached_child):
         return
     if detach and not detached_child:
         _detach(spec, workers, mode, autoscale)
@@ -109,8 +107,11 @@ def up(
         console.print(summary_table(record))
 
 
-def _plan_approved(spec, workers: Optional[int], *, dry_run: bool, yes: bool) -> bool:
+def _plan_approved(loaded, workers: Optional[int], *, dry_run: bool, yes: bool) -> bool:
     """Show what a run would create and cost; on the cloud, ask before anything bills."""
+    from dsctl.specs import SpecError
+
+    spec = loaded.spec
     if spec.provider != "gcp":
         if dry_run:
             console.print(f"provider {spec.provider}: {workers or spec.service.workers} worker process(es), "
@@ -118,13 +119,17 @@ def _plan_approved(spec, workers: Optional[int], *, dry_run: bool, yes: bool) ->
         return not dry_run
     from dsctl.provisioners.gcp import confirm_up, up_plan
 
-    if dry_run:
-        console.print(up_plan(spec, workers).render())
-        console.print("dry run: nothing was created.")
-        return False
-    if not confirm_up(spec, workers, yes=yes, ask=typer.confirm, echo=console.print):
-        console.print("nothing was created.")
-        return False
+    try:
+        if dry_run:
+            console.print(up_plan(spec, workers).render(), markup=False, highlight=False)
+            console.print("dry run: nothing was created.")
+            return False
+        if not confirm_up(spec, workers, yes=yes, ask=typer.confirm,
+                          echo=lambda text: console.print(text, markup=False, highlight=False)):
+            console.print("nothing was created.")
+            return False
+    except SpecError as exc:
+        raise loaded.locate(exc) from None
     return True
 
 
@@ -178,6 +183,7 @@ def down(
     all_: bool = typer.Option(False, "--all", help="take down every deployment that is up"),
     project: Optional[str] = typer.Option(None, "--project", help="Google Cloud project to search when RUN has no local state"),
     zone: Optional[str] = typer.Option(None, "--zone", help="Google Cloud zone to search when RUN has no local state"),
+    bucket: Optional[str] = typer.Option(None, "--bucket", help="its staging bucket, if not <project>-dsctl (no local state)"),
 ) -> None:
     """Stop and remove everything a run started, even if `dsctl up` was killed or its state is gone."""
     from dsctl.orchestrator.deployments import active_deployments, find, take_down
@@ -185,7 +191,7 @@ def down(
     if run:
         dep = find(run)
         if dep is None:
-            _down_by_label(run, project, zone)
+            _down_by_label(run, project, zone, bucket)
             return
         targets = [dep]
     else:
@@ -201,7 +207,7 @@ def down(
         console.print(f"{dep.run_id}: down")
 
 
-def _down_by_label(run: str, project: Optional[str], zone: Optional[str]) -> None:
+def _down_by_label(run: str, project: Optional[str], zone: Optional[str], bucket: Optional[str]) -> None:
     """No local state for RUN: on Google Cloud its resources still carry its label."""
     if not (project or zone or os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("CLOUDSDK_COMPUTE_ZONE")):
         fail(f"no deployment found for run '{run}' on this machine; `dsctl status` lists the ones that are up. "
@@ -209,7 +215,7 @@ def _down_by_label(run: str, project: Optional[str], zone: Optional[str]) -> Non
              EXIT_BAD_INPUT)
     from dsctl.provisioners.gcp import down_without_state
 
-    found = down_without_state(run, project, zone, log=lambda msg: console.print(msg))
+    found = down_without_state(run, project, zone, log=lambda msg: console.print(msg), bucket=bucket)
     console.print(f"{run}: nothing found on Google Cloud." if found.empty else f"{run}: deleted {found.summary()}")
 
 

@@ -34,23 +34,6 @@ def check_entrypoints(loaded: LoadedSpec) -> None:
             raise loaded.error(("trainer", "model", "entrypoint"), str(exc).split(": ", 1)[-1]) from None
 
 
-def check_data_reachable(loaded: LoadedSpec) -> None:
-    """On remote workers a pipeline can read only what they can reach: refuse local-disk builtins there.
-
-    The `images` and `text` builtins generate TFRecords into a cache on the trainer's disk and the
-    dataset graph names those paths; a worker VM would fail to open them mid-run. The spec itself
-    stays valid (cost estimates, dry runs and simulated sweeps of it need no data).
-    """
-    spec = loaded.spec
-    if spec.provider != "local" and spec.pipeline.builtin in ("images", "text"):
-        raise loaded.error(
-            ("pipeline", "builtin"),
-            f"the '{spec.pipeline.builtin}' builtin generates its TFRecord files on the trainer's local disk, which "
-            f"tf.data service workers on other VMs cannot read, so provider: {spec.provider} cannot run it through the "
-            "service; use builtin: synthetic, or an entrypoint whose dataset reads from gs://, or provider: local. "
-            "`dsctl cost estimate`, `dsctl up --dry-run` and `dsctl sweep --simulate --calibration` accept this spec.")
-
-
 def check_autoscale(loaded: LoadedSpec, policy: str | None = None):
     """The scaling policy a run uses (spec's `autoscale:`, or --autoscale), checked; None without autoscaling."""
     from dsctl.orchestrator.policies import make_policy

@@ -20,7 +20,7 @@ from dsctl.provisioners import Deployment, Node, TrainerLaunch, get_provisioner
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 
 from .outcome import Outcome, RunFailed
-from .preflight import check_autoscale, check_data_reachable
+from .preflight import check_autoscale
 from .pricing import cost_summary
 from .store import RunStore, dsctl_home
 from .summary import summarize
@@ -99,8 +99,10 @@ class JobRunner:
     # -- the run ------------------------------------------------------------------
     def prepare(self) -> Deployment:
         if self.mode == "service":
-            check_data_reachable(self.loaded)
-            self.provisioner.check(self.spec, max(self.workers, self.spec.autoscale.max_workers if self.policy and self.spec.autoscale else 0))
+            try:
+                self.provisioner.check(self.spec, max(self.workers, self.spec.autoscale.max_workers if self.policy and self.spec.autoscale else 0))
+            except SpecError as exc:
+                raise self.loaded.locate(exc) from None
         self.run_dir.mkdir(parents=True, exist_ok=True)
         spec_json = self.spec.model_dump_json(indent=1)
         (self.run_dir / "spec.json").write_text(spec_json)

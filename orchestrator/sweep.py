@@ -25,7 +25,6 @@ from dsctl.specs.calibration import Calibration
 
 from .handles import AttachedDeployment, OwnedDeployment
 from .plots import plot_sweep
-from .preflight import check_data_reachable
 from .pricing import price_record
 from .recommend import recommend
 from .outcome import Outcome, RunFailed
@@ -113,14 +112,16 @@ class SweepRunner:
         if self.opt.calibration is not None:
             return [], counts
         if self.spec.provider != "local" or self.attach is not None:
-            check_data_reachable(self.loaded)
             return counts, []
         from dsctl.provisioners.local import local_capacity
 
         capacity = local_capacity(self.spec.trainer.count)
         fits = [c for c in counts if c <= capacity]
         if not self.opt.simulate:
-            self.provisioner.check(self.spec, counts[-1])
+            try:
+                self.provisioner.check(self.spec, counts[-1])
+            except SpecError as exc:
+                raise self.loaded.locate(exc) from None
             return counts, []
         if not fits:
             raise SpecError(f"none of the worker counts {counts} fits on this machine (at most {capacity} here); "
@@ -368,7 +369,8 @@ class SweepRunner:
         service = dict(n_workers=workers, worker_machine=s.worker_machine, worker_avg_cpu_cores=cpu,
                        worker_avg_mem_gb=mem, dispatcher_machine=s.dispatcher_machine) if workers else {}
         return RunUsage(job_time_s=3600.0, batches=bps * 3600.0 * t.count, n_trainers=t.count, trainer_machine=t.machine,
-                        accelerators_per_trainer=t.accelerators_per_trainer, **service)
+                        accelerators_per_trainer=t.accelerators_per_trainer, service_provisioning=s.provisioning,
+                        trainer_provisioning=t.provisioning, **service)
 
     def _conclude(self, predicted: list[int]) -> dict:
         model = self._predict(predicted) if predicted else None

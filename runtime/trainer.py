@@ -37,7 +37,7 @@ SHARDING = {
 }
 
 
-def build_input(spec: JobSpec, mode: str, index: int, dispatcher: str | None, cache_dir: Path, base_dir: Path,
+def build_input(spec: JobSpec, mode: str, index: int, dispatcher: str | None, cache_dir: Path | str, base_dir: Path,
                 repeat: bool = False):
     """The dataset the trainer iterates, for one of the three modes.
 
@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     from dsctl.runtime.pipelines.errors import PipelineError
 
     try:
-        ds = build_input(spec, args.mode, args.index, args.dispatcher, Path(args.cache_dir), Path(args.base_dir),
+        cache_dir = args.cache_dir if args.cache_dir.startswith("gs://") else Path(args.cache_dir)
+        ds = build_input(spec, args.mode, args.index, args.dispatcher, cache_dir, Path(args.base_dir),
                          repeat=args.repeat)
         step_fn = make_step(spec.trainer.model, Path(args.base_dir))
         harness.run(ds, step_fn)

@@ -30,6 +30,12 @@ class LoadedSpec:
     def error(self, loc: tuple, message: str) -> SpecError:
         return self.source.error(loc, message)
 
+    def locate(self, exc: SpecError) -> SpecError:
+        """A SpecError raised with a field name only (by code that has no file), pointed at that field's line here."""
+        if exc.where or not exc.field:
+            return exc
+        return self.error(tuple(exc.field.split(".")), exc.message)
+
 
 def spec_hash(spec: JobSpec) -> str:
     """Stable hash of what a spec means (defaults filled in), not of its formatting."""

@@ -56,6 +56,8 @@ class ServiceSpec(Strict):
     compression: Optional[Literal["AUTO", "SNAPPY"]] = None
     fault_tolerant: bool = True
     max_outstanding_requests: Optional[int] = Field(None, ge=1)
+    provisioning: Literal["standard", "spot"] = Field(
+        "standard", description="how the dispatcher and worker VMs are bought (and priced): on-demand or Spot")
     worker_cpus: Optional[list[int]] = Field(
         None, min_length=1, description="local provider: pin workers and the dispatcher to these cores (like taskset)")
 
@@ -111,6 +113,8 @@ class TrainerSpec(Strict):
     warmup_batches: int = Field(5, ge=0, description="batches excluded from throughput")
     window_s: float = Field(1.0, gt=0, description="metrics window length")
     cpus: Optional[list[int]] = Field(None, min_length=1, description="local provider: pin trainers to these cores")
+    provisioning: Literal["standard", "spot"] = Field(
+        "standard", description="how trainer VMs are bought (and priced): on-demand or Spot")
 
 
 class PipelineSpec(Strict):
@@ -140,20 +144,25 @@ class GcpSpec(Strict):
     network: str = Field("default", min_length=1, description="VPC network name or URL")
     subnetwork: Optional[str] = Field(None, min_length=1, description="subnetwork name or URL (custom-mode VPCs)")
     service_account: Optional[str] = Field(None, min_length=1, description="VM service account email; default: the Compute Engine default")
-    public_ips: bool = Field(False, description="give VMs external addresses (default: internal only)")
+    public_ips: bool = Field(True, description="ephemeral external addresses, SSH reaches them there; false: run dsctl inside the VPC")
     ssh_user: str = Field("dsctl", min_length=1, description="user the run's SSH key is installed for")
     ssh_port: int = Field(22, ge=1, le=65535, description="overridden by DSCTL_SSH_PORT")
     image: str = Field("projects/debian-cloud/global/images/family/debian-12", description="boot image of CPU VMs")
     gpu_image: str = Field("projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11-py310",
-                           description="boot image of GPU trainer VMs (with NVIDIA drivers)")
-    tpu_runtime_version: str = Field("tpu-ubuntu2204-base", description="TPU VM software version")
+                           description="boot image of GPU trainer VMs (a Deep Learning VM image; its driver is installed at boot)")
+    image_python: Optional[str] = Field(None, min_length=1, description="the image's own Python, which makes the venv; default: known per image")
+    image_python_version: Optional[str] = Field(None, pattern=r"^3\.[0-9]{1,2}$", description="its version, e.g. '3.11'; default: known per image")
+    tpu_runtime_version: Optional[str] = Field(None, min_length=1, description="TPU VM software version; default: the TensorFlow runtime for the TPU generation and TensorFlow version")
+    tpu_timeout_s: float = Field(1800.0, gt=0, description="for a TPU VM to be created and READY (TPUs take minutes)")
     boot_disk_gb: int = Field(50, ge=10)
     boot_disk_type: str = "pd-balanced"
     bucket: Optional[str] = Field(None, min_length=3, description="staging bucket; default: <project>-dsctl (created if missing)")
     dispatcher_port: int = Field(5050, ge=0, le=65535, description="0: chosen on the VM")
     worker_port: int = Field(5051, ge=0, le=65535, description="0: chosen on each VM")
-    tensorflow_version: Optional[str] = Field(None, description="TensorFlow for every VM; default: this machine's")
-    bootstrap: bool = Field(True, description="install TensorFlow and dsctl with a startup script; false: the image has them")
+    tensorflow_version: Optional[str] = Field(
+        None, pattern=r"^2\.[0-9]+\.[0-9]+$",
+        description="one TensorFlow for every VM; default: this machine's if every machine kind has it, else the newest that does")
+    bootstrap: bool = Field(True, description="install TensorFlow and dsctl from a staged wheelhouse at boot; false: the image has them")
     python: Optional[str] = Field(None, description="Python on the VMs; default: the bootstrap venv, or python3")
     remote_dir: str = Field("/var/tmp/dsctl", min_length=1, description="working directory on the VMs")
     running_timeout_s: float = Field(300.0, gt=0, description="for a VM to reach RUNNING (a TPU VM READY)")
@@ -190,7 +199,7 @@ class JobSpec(Strict):
     trainer: TrainerSpec
     pipeline: PipelineSpec
     autoscale: Optional[AutoscaleSpec] = None
-    pricing: str = "paper-2023-06"
+    pricing: str = Field("gcp-us-central1-2025", description="a shipped price catalog name or a path to a prices YAML")
     cost_basis: Literal["utilization", "vm-hours"] = "utilization"
     gcp: Optional[GcpSpec] = Field(None, description="Google Cloud settings, used with provider: gcp")
 

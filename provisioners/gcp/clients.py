@@ -4,7 +4,8 @@ Compute Engine and Cloud TPU clients are REST clients, one set per thread: each
 holds its own HTTP connection, so hundreds of calls can be in flight at once
 (one shared client would funnel them through a pool of ten connections).
 An API whose endpoint is overridden (tests, private endpoints) gets anonymous
-credentials; the others use Application Default Credentials.
+credentials; the others use Application Default Credentials. Cloud Resource
+Manager (the project's number, the caller's permissions) is a REST client too.
 """
 
 from __future__ import annotations
@@ -66,6 +67,43 @@ class Clients:
     @property
     def global_operations(self):
         return self._compute("GlobalOperationsClient")
+
+    # Read-only catalogs and the network, for the checks before anything is created (preflight.py).
+    @property
+    def machine_types(self):
+        return self._compute("MachineTypesClient")
+
+    @property
+    def accelerator_types(self):
+        return self._compute("AcceleratorTypesClient")
+
+    @property
+    def images(self):
+        return self._compute("ImagesClient")
+
+    @property
+    def networks(self):
+        return self._compute("NetworksClient")
+
+    @property
+    def subnetworks(self):
+        return self._compute("SubnetworksClient")
+
+    @property
+    def routers(self):
+        return self._compute("RoutersClient")
+
+    # -- Cloud Resource Manager: the project's number and the caller's permissions ----------------
+    @property
+    def projects(self):
+        cache = self._local.__dict__
+        if "projects" not in cache:
+            from google.cloud import resourcemanager_v3
+
+            endpoint = self.settings.crm_endpoint
+            cache["projects"] = resourcemanager_v3.ProjectsClient(
+                credentials=self._credentials(bool(endpoint)), transport="rest", client_options=self._options(endpoint))
+        return cache["projects"]
 
     # -- Cloud TPU (per thread) -----------------------------------------------------
     @property

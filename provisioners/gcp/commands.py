@@ -27,16 +27,21 @@ def confirm_up(spec: JobSpec, workers: int | None, *, yes: bool, ask: Callable[[
                echo: Callable[[str], None], interactive: bool | None = None) -> bool:
     """For provider gcp: show the plan and ask before creating anything that bills; True to go ahead.
 
-    Project, zone and credentials are checked first (SpecError), so nobody is asked about a run
-    that cannot start. `ask(question) -> bool` is e.g. typer.confirm; without a terminal and
+    Project, zone, credentials, permissions and the network are checked first (SpecError,
+    preflight.py), so nobody is asked about a run that cannot start. `ask(question) -> bool` is e.g. typer.confirm; without a terminal and
     without --yes this refuses (SpecError) instead of waiting for an answer nobody can give.
     """
     if spec.provider != "gcp" or yes:
         return True
+    from . import preflight
+    from .clients import Clients
     from .settings import resolve
 
     settings = resolve(spec)
-    echo(plan(spec, workers, project=settings.project, zone=settings.zone).render())
+    findings = preflight.run(Clients(settings), spec, settings.kinds)  # refuses before asking, if it must
+    shown = plan(spec, workers, project=settings.project, zone=settings.zone)
+    shown.notes += findings.notes
+    echo(shown.render())
     if interactive is None:
         interactive = sys.stdin.isatty()
     if not interactive:
@@ -46,7 +51,7 @@ def confirm_up(spec: JobSpec, workers: int | None, *, yes: bool, ask: Callable[[
 
 
 def down_without_state(run_id: str, project: str | None = None, zone: str | None = None,
-                       log: Callable[[str], None] | None = None) -> Found:
+                       log: Callable[[str], None] | None = None, bucket: str | None = None) -> Found:
     """`dsctl down RUN` when RUN has no local state: delete what carries its label in project/zone.
 
     project/zone default to GOOGLE_CLOUD_PROJECT (or CLOUDSDK_CORE_PROJECT, or the ADC project) and
@@ -61,4 +66,4 @@ def down_without_state(run_id: str, project: str | None = None, zone: str | None
     if not project or not zone:
         raise SpecError(f"run '{run_id}' has no local state; to find its Google Cloud resources by label, give the "
                         "project and zone (--project P --zone Z, or GOOGLE_CLOUD_PROJECT and CLOUDSDK_COMPUTE_ZONE).")
-    return down_by_label(project, zone, run_id, log=log)
+    return down_by_label(project, zone, run_id, log=log, bucket=bucket)

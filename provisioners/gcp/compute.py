@@ -1,10 +1,13 @@
 """Compute Engine VMs: the request bodies, and the calls that create, list and delete them.
 
 Workers are created with ONE bulkInsert call whatever their number; the
-dispatcher and each GPU/CPU trainer with an insert. VMs get internal addresses
-only unless the spec sets gcp.public_ips, the run's network tag (for the
-firewall rule), its labels, the run's SSH public key and a startup script in
-their metadata.
+dispatcher and each GPU/CPU trainer with an insert. VMs get an ephemeral external
+address (unless gcp.public_ips is false), the run's network tag (for the firewall
+rules), its labels, the run's SSH public key and a startup script in their
+metadata. Spot VMs are created as Spot (provisioningModel SPOT, stopped when
+preempted); GPU VMs stop for host maintenance, as GPUs cannot live-migrate.
+Bulk insert's instanceProperties take bare names (machine, disk and accelerator
+types), single inserts zonal URLs: the API refuses the other form.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ class VmConfig:
     labels: dict
     tag: str
     metadata: dict  # key -> value (ssh-keys, startup-script, dsctl-*)
+    image: str = ""  # boot image (a family or image URL)
+    provisioning: str = "standard"  # standard (on-demand) | spot
 
 
 def _network_url(s: GcpSettings) -> str:
@@ -72,7 +77,6 @@ def _common(s: GcpSettings, vm: VmConfig, *, zonal_urls: bool) -> dict:
     from google.cloud import compute_v1 as c
 
     kind = machine_kind(vm.machine)
-    image = s.gpu_image if kind.kind == "gpu" else s.image
     disk_type = f"zones/{s.zone}/diskTypes/{s.boot_disk_type}" if zonal_urls else s.boot_disk_type
     nic = c.NetworkInterface(network=_network_url(s))
     if _subnetwork_url(s):
@@ -83,7 +87,7 @@ def _common(s: GcpSettings, vm: VmConfig, *, zonal_urls: bool) -> dict:
         labels=dict(vm.labels),
         tags=c.Tags(items=[vm.tag]),
         disks=[c.AttachedDisk(boot=True, auto_delete=True, initialize_params=c.AttachedDiskInitializeParams(
-            source_image=image, disk_size_gb=s.boot_disk_gb, disk_type=disk_type, labels=dict(vm.labels)))],
+            source_image=vm.image, disk_size_gb=s.boot_disk_gb, disk_type=disk_type, labels=dict(vm.labels)))],
         network_interfaces=[nic],
         metadata=c.Metadata(items=[c.Items(key=k, value=v) for k, v in vm.metadata.items()]),
     )
@@ -93,9 +97,21 @@ def _common(s: GcpSettings, vm: VmConfig, *, zonal_urls: bool) -> dict:
     if kind.kind == "gpu":
         acc_type = f"zones/{s.zone}/acceleratorTypes/{kind.accelerator}" if zonal_urls else kind.accelerator
         fields["guest_accelerators"] = [c.AcceleratorConfig(accelerator_type=acc_type, accelerator_count=kind.count)]
-        # GPU VMs cannot live-migrate: they stop for host maintenance and come back.
-        fields["scheduling"] = c.Scheduling(on_host_maintenance="TERMINATE", automatic_restart=True)
+    fields["scheduling"] = scheduling(vm.provisioning, gpu=kind.kind == "gpu")
     return fields
+
+
+def scheduling(provisioning: str, *, gpu: bool):
+    """Spot: preemptible, stopped (not deleted) when preempted, never restarted by Compute Engine; GPU
+    VMs stop for host maintenance (they cannot live-migrate) and come back; others live-migrate."""
+    from google.cloud import compute_v1 as c
+
+    if provisioning == "spot":
+        return c.Scheduling(provisioning_model="SPOT", instance_termination_action="STOP", automatic_restart=False,
+                            on_host_maintenance="TERMINATE")
+    if gpu:
+        return c.Scheduling(provisioning_model="STANDARD", on_host_maintenance="TERMINATE", automatic_restart=True)
+    return c.Scheduling(provisioning_model="STANDARD", on_host_maintenance="MIGRATE", automatic_restart=True)
 
 
 def instance_body(s: GcpSettings, name: str, vm: VmConfig):
@@ -168,14 +184,10 @@ def delete(clients: Clients, name: str, cancel: threading.Event | None = None):
         return None
 
 
-def addresses(instance, public: bool) -> tuple[str | None, str | None]:
-    """(internal, external) address of an instance."""
+def addresses(instance) -> tuple[str | None, str | None]:
+    """(internal, external) address of an instance; external is None without an access config."""
     nics = list(instance.network_interfaces)
     if not nics:
         return None, None
-    internal = nics[0].network_i_p or None
-    external = None
-    for ac in nics[0].access_configs:
-        if ac.nat_i_p:
-            external = ac.nat_i_p
-    return internal, external if public else None
+    external = next((ac.nat_i_p for ac in nics[0].access_configs if ac.nat_i_p), None)
+    return nics[0].network_i_p or None, external

@@ -8,6 +8,9 @@ google.api_core exception the client raised.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 
 class GcpError(RuntimeError):
     """A Google Cloud failure, explained in one paragraph: what, where, and what to do."""
@@ -48,22 +51,74 @@ class ApiUnavailable(GcpError):
     """Google Cloud kept answering 429 or 503 after every retry."""
 
 
+@dataclass(frozen=True)
+class QuotaInfo:
+    """Which quota refused a request, as far as the error tells: metric, limit and where."""
+
+    metric: str | None = None  # as the error names it: "N2_CPUS"
+    limit: str | None = None
+    where: str | None = None  # "region us-central1", "zone us-central1-b"
+    metric_name: str | None = None  # the Quotas page's metric, when given apart: "compute.googleapis.com/n2_cpus"
+
+    def describe(self) -> str:
+        parts = []
+        if self.metric:
+            parts.append(f"quota {self.metric}")
+            if self.metric_name and self.metric_name != self.metric:
+                parts.append(f"({self.metric_name})")
+        if self.where:
+            parts.append(f"in {self.where}")
+        if self.limit:
+            parts.append(f"(limit {self.limit})")
+        return " ".join(parts)
+
+
+_QUOTA_IN_MESSAGE = re.compile(r"Quota '([^']+)' exceeded\.?\s*Limit:\s*([\d.]+)\s+in\s+(region|zone)\s+([a-z0-9-]+)")
+_QUOTA_LIMIT_IN_MESSAGE = re.compile(r"[Qq]uota (?:limit|metric) '([^']+)'")
+
+
+def quota_info(message: str, *, metadata: dict | None = None, quota_details: dict | None = None) -> QuotaInfo:
+    """QuotaInfo from an error's structured details (ErrorInfo metadata, Compute's quotaInfo) or its message."""
+    if quota_details:
+        dims = quota_details.get("dimensions") or {}
+        where = next((f"{k} {v}" for k, v in dims.items() if k in ("region", "zone")), None)
+        limit = quota_details.get("limit")
+        metric_name = quota_details.get("metric_name") or quota_details.get("metricName")
+        named = _QUOTA_IN_MESSAGE.search(message or "")
+        return QuotaInfo(named.group(1) if named else metric_name, None if limit is None else f"{float(limit):g}",
+                         where, metric_name)
+    md = metadata or {}
+    if md.get("quota_metric") or md.get("quota_limit"):
+        loc = md.get("quota_location")
+        return QuotaInfo(md.get("quota_metric") or md.get("quota_limit"), md.get("quota_limit_value"),
+                         f"{'zone' if loc and loc.count('-') == 2 else 'region'} {loc}" if loc else None)
+    m = _QUOTA_IN_MESSAGE.search(message or "")
+    if m:
+        return QuotaInfo(m.group(1), f"{float(m.group(2)):g}", f"{m.group(3)} {m.group(4)}")
+    m = _QUOTA_LIMIT_IN_MESSAGE.search(message or "")
+    return QuotaInfo(m.group(1) if m else None)
+
+
 def describe(count: int, what: str) -> str:
     """describe(1, 'n2-standard-8 worker VM') -> '1 n2-standard-8 worker VM'; plural for more."""
     return f"{count} {what}" + ("" if count == 1 else "s")
 
 
-def from_operation_error(code: str, message: str, *, resource: str, zone: str, count: int) -> GcpError:
+def from_operation_error(code: str, message: str, *, resource: str, zone: str, count: int,
+                         quota: QuotaInfo | None = None) -> GcpError:
     """Classify an operation's error (`error.errors[0].code`) for `count` of `resource` in `zone`."""
     asked = f"{describe(count, resource)} in zone {zone}"
     message = message.strip().rstrip(".")
     were = f"{count} {'was' if count == 1 else 'were'} asked for"
     if code == "QUOTA_EXCEEDED":
+        q = quota or quota_info(message)
+        named = q.describe() or "a quota"
+        metric = f"the metric {q.metric}" if q.metric else "the metric named above"
         return QuotaExceeded(
-            f"Google Cloud refused to create {asked}: the project's quota is too small ({message}). "
-            f"{were}. Ask for more quota (console: IAM & Admin > Quotas, the metric named above), "
-            "or ask for fewer or smaller machines (service.workers, service.worker_machine, trainer.machine), "
-            "or use a zone in another region (gcp.zone)."
+            f"Google Cloud refused to create {asked}: {named} is too small for it ({message}). "
+            f"{were}. This is a quota, not a passing rate limit: ask for more (console: IAM & Admin > Quotas, "
+            f"{metric}{', ' + q.where if q.where else ''}), or ask for fewer or smaller machines (service.workers, "
+            "service.worker_machine, trainer.machine), or use a zone in another region (gcp.zone)."
         )
     if code in ("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "RESOURCE_EXHAUSTED"):
         return ZoneExhausted(
@@ -82,17 +137,21 @@ def from_api_error(exc: Exception, *, doing: str, resource: str | None = None, z
     """
     from google.api_core import exceptions as gx
 
+    from .retry import is_quota
+
     detail = getattr(exc, "message", None) or str(exc)
+    quota = quota_info(detail, metadata=dict(getattr(exc, "metadata", None) or {})) if is_quota(exc) else None
     if resource and zone:
         reasons = {e.get("reason", "") for e in (getattr(exc, "errors", None) or []) if isinstance(e, dict)}
         text = f"{detail} {' '.join(reasons)}".lower()
-        if "quota" in text:
-            return from_operation_error("QUOTA_EXCEEDED", detail, resource=resource, zone=zone, count=count)
+        if quota is not None:
+            return from_operation_error("QUOTA_EXCEEDED", detail, resource=resource, zone=zone, count=count, quota=quota)
         if "resource_pool_exhausted" in text or "does not have enough resources" in text or isinstance(exc, gx.ResourceExhausted):
             return from_operation_error("ZONE_RESOURCE_POOL_EXHAUSTED", detail, resource=resource, zone=zone, count=count)
+    if quota is not None:
+        return QuotaExceeded(f"Google Cloud refused {doing}: {quota.describe() or 'a quota'} is exceeded ({detail}). "
+                             "This is a quota, not a passing rate limit: ask for more (console: IAM & Admin > Quotas).")
     if isinstance(exc, gx.PermissionDenied) or isinstance(exc, gx.Forbidden):
-        if "quota" in detail.lower():
-            return QuotaExceeded(f"Google Cloud refused {doing}: quota exceeded ({detail}).")
         return GcpError(
             f"Google Cloud refused {doing}: permission denied ({detail}). The credentials dsctl uses (Application "
             "Default Credentials) need the Compute Admin, TPU Admin and Storage Admin roles on the project, and "

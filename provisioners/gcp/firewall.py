@@ -1,22 +1,41 @@
-"""The run's firewall rule: the dispatcher and worker ports, open only between the run's own VMs.
+"""The run's firewall rules: the tf.data service ports open between the run's own VMs, and to nothing else.
 
-tf.data service has no authentication: whoever reaches a worker can run dataset
-graphs on it. The rule admits TCP to the service ports from instances with the
-run's network tag to instances with that tag, and nothing else; it is deleted
-with the run. (VMs have internal addresses only unless gcp.public_ips is set, and
-SSH reaches them by the network's own rules.)
+tf.data service has no authentication: whoever reaches a worker can run dataset graphs on
+it, as the user. Two rules per run, on the run's network tag:
+  <prefix>-svc   ALLOW tcp <ports> from the run's tag, priority 900
+  <prefix>-deny  DENY  tcp <ports> from 0.0.0.0/0, priority 910
+A network's own allow rules sit at lower priority (the default network's
+default-allow-internal is 65534, and admits every port from 10.128.0.0/9), so the deny
+rule keeps them, and external addresses, off the service ports. `wider_rules()` names
+the network rules that would otherwise have opened them, for the plan. SSH (tcp:22) is
+left to the network's rules; `ssh_rules()` finds the ones that admit it.
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
+from dataclasses import dataclass
 
 from .clients import Clients
 from .retry import call
 
-# With port 0 each VM picks its own ports, so the rule opens the unprivileged range (still only between the run's VMs).
+# With port 0 each VM picks its own ports, so the rules cover the unprivileged range (still only the run's VMs).
 ANY_PORT = "1024-65535"
+ALLOW_PRIORITY = 900
+DENY_PRIORITY = 910
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    allow: bool
+    priority: int
+    ports: tuple[str, ...]
+    target_tag: str
+    source_tag: str | None = None  # allow: the run's VMs
+    source_range: str | None = None  # deny: everything
+    description: str = ""
 
 
 def ports(dispatcher_port: int, worker_port: int) -> list[str]:
@@ -25,25 +44,45 @@ def ports(dispatcher_port: int, worker_port: int) -> list[str]:
     return sorted({str(dispatcher_port), str(worker_port)})
 
 
-def body(clients: Clients, name: str, tag: str, run_id: str):
-    from google.cloud import compute_v1 as c
+def run_rules(run_id: str, tag: str, dispatcher_port: int, worker_port: int) -> list[Rule]:
+    from .naming import deny_firewall_name, firewall_name
 
+    p = tuple(ports(dispatcher_port, worker_port))
+    return [
+        Rule(firewall_name(run_id), True, ALLOW_PRIORITY, p, tag, source_tag=tag,
+             description=f"dsctl run {run_id}: tf.data service ports between the run's VMs (dsctl-run={run_id})"),
+        Rule(deny_firewall_name(run_id), False, DENY_PRIORITY, p, tag, source_range="0.0.0.0/0",
+             description=f"dsctl run {run_id}: tf.data service ports closed to all others (dsctl-run={run_id})"),
+    ]
+
+
+def network_url(clients: Clients) -> str:
     s = clients.settings
-    network = s.network if "/" in s.network else f"projects/{s.project}/global/networks/{s.network}"
-    return c.Firewall(
-        name=name, network=network, direction="INGRESS", priority=1000,
-        description=f"dsctl run {run_id}: tf.data service ports between the run's VMs only (dsctl-run={run_id})",
-        allowed=[c.Allowed(I_p_protocol="tcp", ports=ports(s.dispatcher_port, s.worker_port))],
-        source_tags=[tag], target_tags=[tag],
-    )
+    return s.network if "/" in s.network else f"projects/{s.project}/global/networks/{s.network}"
 
 
-def insert(clients: Clients, name: str, tag: str, run_id: str, cancel: threading.Event | None = None):
+def body(clients: Clients, rule: Rule):
     from google.cloud import compute_v1 as c
 
-    request = c.InsertFirewallRequest(project=clients.settings.project, firewall_resource=body(clients, name, tag, run_id),
+    fw = c.Firewall(name=rule.name, network=network_url(clients), direction="INGRESS", priority=rule.priority,
+                    description=rule.description, target_tags=[rule.target_tag])
+    spec = [{"I_p_protocol": "tcp", "ports": list(rule.ports)}]
+    if rule.allow:
+        fw.allowed = [c.Allowed(**spec[0])]
+        fw.source_tags = [rule.source_tag]
+    else:
+        fw.denied = [c.Denied(**spec[0])]
+        fw.source_ranges = [rule.source_range]
+    return fw
+
+
+def insert(clients: Clients, rule: Rule, cancel: threading.Event | None = None):
+    from google.cloud import compute_v1 as c
+
+    request = c.InsertFirewallRequest(project=clients.settings.project, firewall_resource=body(clients, rule),
                                       request_id=str(uuid.uuid4()))
-    return call(clients.firewalls.insert_unary, request=request, doing=f"creating firewall rule {name}", cancel=cancel)
+    return call(clients.firewalls.insert_unary, request=request, doing=f"creating firewall rule {rule.name}",
+                cancel=cancel)
 
 
 def exists(clients: Clients, name: str, cancel: threading.Event | None = None) -> bool:
@@ -65,3 +104,64 @@ def delete(clients: Clients, name: str, cancel: threading.Event | None = None):
         return call(clients.firewalls.delete_unary, request=request, doing=f"deleting firewall rule {name}", cancel=cancel)
     except gx.NotFound:
         return None
+
+
+# -- the network's own rules --------------------------------------------------------------------------------
+def network_rules(clients: Clients) -> list:
+    """Every enabled ingress rule of the run's network."""
+    from google.cloud import compute_v1 as c
+
+    want = network_url(clients).rsplit("/", 1)[-1]
+    out = []
+    for fw in call(lambda **kw: list(clients.firewalls.list(**kw)),
+                   request=c.ListFirewallsRequest(project=clients.settings.project),
+                   doing="listing the network's firewall rules"):
+        if fw.network.rsplit("/", 1)[-1] == want and fw.direction == "INGRESS" and not fw.disabled:
+            out.append(fw)
+    return out
+
+
+def _port_covered(port_specs: list[str], port: int) -> bool:
+    if not port_specs:  # no ports: every port
+        return True
+    for spec in port_specs:
+        lo, _, hi = spec.partition("-")
+        if int(lo) <= port <= int(hi or lo):
+            return True
+    return False
+
+
+def _allows(fw, port: int) -> bool:
+    return any(a.I_p_protocol in ("tcp", "all") and _port_covered(list(a.ports), port) for a in fw.allowed)
+
+
+def _applies_to_all(fw) -> bool:
+    """A rule with no target tags or service accounts applies to every VM of the network, the run's too."""
+    return not fw.target_tags and not fw.target_service_accounts
+
+
+def _sources(fw) -> str:
+    parts = list(fw.source_ranges) + [f"tag {t}" for t in fw.source_tags]
+    return ", ".join(parts) or "anywhere"
+
+
+def wider_rules(clients: Clients, service_ports: list[str]) -> list[tuple[str, bool]]:
+    """The network's own rules that admit more than the run's VMs to a service port, each with whether the
+    run's deny rule overrides it (it does unless the rule's priority number is lower than the deny rule's)."""
+    probe = int(service_ports[0].split("-")[0])
+    return [(f"{fw.name} (priority {fw.priority}, from {_sources(fw)})", fw.priority > DENY_PRIORITY)
+            for fw in network_rules(clients) if _applies_to_all(fw) and _allows(fw, probe)]
+
+
+def _from_outside(fw) -> bool:
+    """The rule admits some address outside private ranges (the user's machine, when it reaches external addresses)."""
+    import ipaddress
+
+    return any(not ipaddress.ip_network(r, strict=False).is_private for r in fw.source_ranges)
+
+
+def ssh_rules(clients: Clients, from_outside: bool) -> list[str]:
+    """The network's rules that admit SSH (tcp:22) to every VM: from outside the VPC when dsctl connects to
+    external addresses, from anywhere when it runs inside the VPC."""
+    return [f"{fw.name} (from {_sources(fw)})" for fw in network_rules(clients)
+            if _applies_to_all(fw) and _allows(fw, 22) and (_from_outside(fw) or not from_outside)]

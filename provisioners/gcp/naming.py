@@ -2,8 +2,8 @@
 
 Every resource carries the labels `dsctl-run=<run>` and `dsctl-role=<role>`, so
 a run's resources can be found without local state (`down_by_label`). Firewall
-rules cannot carry labels: the run's rule is found by its name, which is derived
-from the run id the same way.
+rules and TPU queued resources cannot carry labels: they are found by their names,
+which are derived from the run id the same way.
 """
 
 from __future__ import annotations
@@ -40,7 +40,17 @@ def instance_name(run_id: str, role: str, index: int) -> str:
 
 
 def firewall_name(run_id: str) -> str:
+    """The rule that allows the service ports between the run's VMs."""
     return f"{prefix(run_id)}-svc"
+
+
+def deny_firewall_name(run_id: str) -> str:
+    """The rule that denies the service ports to everything else (above the network's own allow rules)."""
+    return f"{prefix(run_id)}-deny"
+
+
+def firewall_names(run_id: str) -> list[str]:
+    return [firewall_name(run_id), deny_firewall_name(run_id)]
 
 
 def network_tag(run_id: str) -> str:

@@ -13,7 +13,7 @@ import threading
 import time
 
 from .clients import Clients
-from .errors import CloudTimeout, GcpError, from_operation_error
+from .errors import CloudTimeout, GcpError, from_operation_error, quota_info
 from .retry import Cancelled, call, is_timeout
 
 WAIT_CALL_S = 10.0  # one wait call at most this long, so a teardown is never stuck behind it
@@ -53,13 +53,22 @@ def wait(clients: Clients, op, *, doing: str, timeout_s: float, cancel: threadin
     return op
 
 
-def error_of(op) -> tuple[str, str] | None:
-    """(code, message) of a DONE operation's first error, or None if it succeeded."""
+# Codes that say what to change, preferred over the wrappers around them (a bulk insert that cannot
+# reach minCount reports VM_MIN_COUNT_NOT_REACHED first and the cause after it).
+TELLING = ("QUOTA_EXCEEDED", "ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+           "RESOURCE_EXHAUSTED")
+
+
+def error_of(op) -> tuple[str, str, dict | None] | None:
+    """(code, message, quotaInfo) of a DONE operation's most telling error, or None if it succeeded."""
     errors = list(op.error.errors) if op.error else []
     if errors:
-        return errors[0].code or "UNKNOWN", errors[0].message or op.http_error_message or ""
+        err = next((e for code in TELLING for e in errors if e.code == code), errors[0])
+        quota = next((type(d.quota_info).to_dict(d.quota_info) for d in err.error_details
+                      if d.quota_info and d.quota_info.metric_name), None)
+        return err.code or "UNKNOWN", err.message or op.http_error_message or "", quota
     if op.http_error_status_code and op.http_error_status_code >= 400:
-        return str(op.http_error_status_code), op.http_error_message or ""
+        return str(op.http_error_status_code), op.http_error_message or "", None
     return None
 
 
@@ -67,7 +76,9 @@ def check(op, *, resource: str, zone: str, count: int) -> None:
     """Raise the classified GcpError if the operation failed."""
     err = error_of(op)
     if err is not None:
-        raise from_operation_error(err[0], err[1], resource=resource, zone=zone, count=count)
+        code, message, quota = err
+        raise from_operation_error(code, message, resource=resource, zone=zone, count=count,
+                                   quota=quota_info(message, quota_details=quota) if code == "QUOTA_EXCEEDED" else None)
 
 
 def wait_and_check(clients: Clients, op, *, resource: str, count: int, doing: str, timeout_s: float,

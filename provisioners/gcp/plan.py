@@ -1,12 +1,14 @@
 """What `dsctl up` would create on Google Cloud, and what it costs: shown by `--dry-run`, and before asking.
 
-`plan(spec, workers)` needs no credentials and creates nothing. Each line is a
-machine type, its count and its $/hour from the spec's price catalog (the cost
-model's); the job's cost is estimated on the vm-hours basis (whole machines
-for the whole job, as they bill) when the job's length can be told: from
-trainer.duration_s, or from trainer.steps at a throughput (given, or at most
-1000/step_time_ms batches/s for a synthetic model, in which case the cost is a
-lower bound). Otherwise the plan gives the cost per hour.
+`plan(spec, workers)` needs no credentials and creates nothing. Each line is a machine
+type, its count, how it is bought (on-demand or Spot, the spec's `provisioning`) and its
+$/hour at that model from the spec's price catalog (never the other model's price); the
+job's cost is estimated on the vm-hours basis (whole machines for the whole job, as they
+bill) when the job's length can be told: from trainer.duration_s, or from trainer.steps at
+a throughput (given, or at most 1000/step_time_ms batches/s for a synthetic model, in
+which case the cost is a lower bound). Otherwise the plan gives the cost per hour. It also
+says which TensorFlow every VM gets and how (software.py), how dsctl reaches the VMs, and
+what else is created; with credentials, `confirm_up` adds what preflight.py found.
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ from dsctl.specs.schema import GcpSpec, JobSpec
 
 from . import naming
 from .compute import machine_kind
-from .firewall import ports
+from .firewall import ALLOW_PRIORITY, DENY_PRIORITY, ports
+from .settings import local_tensorflow_version
+from .software import Software, resolve as resolve_software
+
+MODEL_NAMES = {"standard": "on-demand", "spot": "Spot"}
 
 
 @dataclass
@@ -28,6 +34,7 @@ class PlanLine:
     machine: str
     count: int
     kind: str  # "VM", "GPU VM", "TPU VM"
+    provisioning: str  # standard | spot
     per_hour_each: float | None  # None: not in the price catalog
 
     @property
@@ -43,11 +50,12 @@ class Plan:
     catalog: str
     lines: list[PlanLine]
     per_hour: float | None
+    software: list[str] = field(default_factory=list)  # which TensorFlow, installed how, per VM kind
     job_hours: float | None = None
     job_cost: float | None = None
     estimate_basis: str = ""  # how the job's length was told
     lower_bound: bool = False
-    creates: list[str] = field(default_factory=list)  # other resources (firewall rule, staging)
+    creates: list[str] = field(default_factory=list)  # other resources (firewall rules, staging, caches)
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -58,15 +66,16 @@ class Plan:
 
     def render(self) -> str:
         where = f"project {self.project or '(not set)'}, zone {self.zone or '(not set)'}"
-        rows = [("", "machine", "count", "$/h each", "$/h")]
+        rows = [("", "machine", "count", "bought as", "$/h each", "$/h")]
         for l in self.lines:
             each = "?" if l.per_hour_each is None else f"{l.per_hour_each:.4f}"
             tot = "?" if l.per_hour is None else f"{l.per_hour:.4f}"
-            rows.append((l.role, f"{l.machine} ({l.kind})", str(l.count), each, tot))
-        rows.append(("total", "", str(sum(l.count for l in self.lines)), "",
+            rows.append((l.role, f"{l.machine} ({l.kind})", str(l.count), MODEL_NAMES[l.provisioning], each, tot))
+        rows.append(("total", "", str(sum(l.count for l in self.lines)), "", "",
                      "?" if self.per_hour is None else f"{self.per_hour:.4f}"))
-        widths = [max(len(r[i]) for r in rows) for i in range(5)]
-        fmt = lambda r: "  " + "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        widths = [max(len(r[i]) for r in rows) for i in range(6)]
+        fmt = lambda r: "  " + "  ".join(c.ljust(w) if i in (0, 1, 3) else c.rjust(w)  # noqa: E731
+                                         for i, (c, w) in enumerate(zip(r, widths)))
         out = [f"Plan for job '{self.job}' on Google Cloud ({where}); prices: {self.catalog}", *map(fmt, rows)]
         if self.job_cost is not None:
             bound = "at least " if self.lower_bound else ""
@@ -76,6 +85,7 @@ class Plan:
                        "(vm-hours: every machine for the whole job; VM start-up not included).")
         elif self.per_hour is not None:
             out.append(f"Estimated job: {self.estimate_basis}; it costs ${self.per_hour:.2f} per hour it runs.")
+        out += [f"Software: {line}" for line in self.software]
         if self.creates:
             out.append("Also creates: " + "; ".join(self.creates) + ".")
         out += [f"Note: {n}" for n in self.notes]
@@ -87,66 +97,100 @@ def _kind_label(machine: str) -> str:
     return {"tpu": "TPU VM", "gpu": "GPU VM"}.get(kind, "VM")
 
 
+def software_lines(software: Software) -> list[str]:
+    out = [f"TensorFlow {software.tensorflow_version} on every VM ({software.why})."]
+    for k in software.kinds.values():
+        who = {"cpu": "dispatcher and workers", "gpu": "GPU trainers", "tpu": "TPU trainers"}[k.kind]
+        if k.uses_image_tensorflow:
+            out.append(f"{who}: TPU runtime {k.image} (TensorFlow included), dsctl added for Python {k.python_version}.")
+        else:
+            out.append(f"{who}: {k.image.rsplit('/', 1)[-1]}, {k.tensorflow} for Python {k.python_version} from a "
+                       "wheelhouse built here and staged in Cloud Storage (no PyPI or apt on the VMs).")
+    return out
+
+
 def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | None = None,
          run_id: str = "<run>", project: str | None = None, zone: str | None = None) -> Plan:
-    """The machines `dsctl up` would create for `spec` (with `workers` workers), priced; creates nothing."""
+    """The machines `dsctl up` would create for `spec` (with `workers` workers), priced; creates nothing.
+
+    SpecError (exit 2) when the run could not start: no TensorFlow version for every machine kind,
+    an image whose Python is unknown, a multi-host TPU.
+    """
     from dsctl.costmodel import estimate, load_catalog
+
+    from . import data
 
     g = spec.gcp or GcpSpec()
     n_workers = spec.service.workers if workers is None else workers
     catalog = load_catalog(spec.pricing)
     notes: list[str] = []
+    software = resolve_software(spec, local_tensorflow_version())
 
-    def price(machine: str) -> float | None:
+    def price(machine: str, provisioning: str) -> float | None:
         try:
-            return catalog.split(machine, needed_by="for the plan").total
+            return catalog.split(machine, provisioning=provisioning, needed_by="for the plan").total
         except SpecError as exc:
             notes.append(f"no price for {machine}: {exc}")
             return None
 
+    svc, tr = spec.service, spec.trainer
     lines = []
     if n_workers:
-        lines.append(PlanLine("dispatcher", spec.service.dispatcher_machine, 1, _kind_label(spec.service.dispatcher_machine),
-                              price(spec.service.dispatcher_machine)))
-        lines.append(PlanLine("workers", spec.service.worker_machine, n_workers, _kind_label(spec.service.worker_machine),
-                              price(spec.service.worker_machine)))
-    lines.append(PlanLine("trainers", spec.trainer.machine, spec.trainer.count, _kind_label(spec.trainer.machine),
-                          price(spec.trainer.machine)))
+        lines.append(PlanLine("dispatcher", svc.dispatcher_machine, 1, _kind_label(svc.dispatcher_machine),
+                              svc.provisioning, price(svc.dispatcher_machine, svc.provisioning)))
+        lines.append(PlanLine("workers", svc.worker_machine, n_workers, _kind_label(svc.worker_machine),
+                              svc.provisioning, price(svc.worker_machine, svc.provisioning)))
+    lines.append(PlanLine("trainers", tr.machine, tr.count, _kind_label(tr.machine), tr.provisioning,
+                          price(tr.machine, tr.provisioning)))
     per_hour = None if any(l.per_hour is None for l in lines) else sum(l.per_hour for l in lines)
 
     project = project or g.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("CLOUDSDK_CORE_PROJECT")
     result = Plan(job=spec.name, project=project, zone=zone or g.zone or os.environ.get("CLOUDSDK_COMPUTE_ZONE"),
-                  catalog=f"{catalog.name} ({catalog.date})",
-                  lines=lines, per_hour=per_hour, notes=notes)
+                  catalog=f"{catalog.name} ({catalog.date})", lines=lines, per_hour=per_hour,
+                  software=software_lines(software), notes=notes)
     if not result.project:
         notes.append("no project is set (gcp.project or GOOGLE_CLOUD_PROJECT); the default project of Application "
                      "Default Credentials will be used, if any.")
     if not result.zone:
         notes.append("no zone is set: set gcp.zone (or CLOUDSDK_COMPUTE_ZONE) before `dsctl up`.")
     if n_workers:
-        fw = naming.firewall_name(run_id) if run_id != "<run>" else "dsctl-<run>-svc"
-        result.creates.append(f"firewall rule {fw} (tcp {', '.join(ports(g.dispatcher_port, g.worker_port))} "
-                              "between the run's VMs only)")
+        prefix = naming.prefix(run_id) if run_id != "<run>" else "dsctl-<run>"
+        result.creates.append(
+            f"firewall rules {prefix}-svc and {prefix}-deny (tcp {', '.join(ports(g.dispatcher_port, g.worker_port))} "
+            f"allowed between the run's VMs at priority {ALLOW_PRIORITY}, denied to all others at {DENY_PRIORITY}, "
+            "above the network's own rules such as the default network's default-allow-internal)")
     bucket = g.bucket or (f"{result.project}-dsctl" if result.project else "<project>-dsctl")
     staged = "the dsctl wheel, the spec" if g.bootstrap else "the spec"
     if spec.pipeline.entrypoint or spec.trainer.model.kind == "python":
         staged += " and the spec's folder (your code)"
-    result.creates.append(f"staging objects under gs://{bucket}/dsctl/runs/{run_id}/ ({staged})")
-    if not g.public_ips:
-        result.creates.append("internal addresses only (dsctl must run inside the VPC to reach them)")
+    result.creates.append(f"staging objects under gs://{bucket}/dsctl/runs/{run_id}/ ({staged}; deleted with the run)")
+    if g.bootstrap:
+        result.creates.append(f"a wheelhouse per VM kind, downloaded here once and kept in gs://{bucket}/dsctl/wheelhouses/")
+    data_root = data.root(spec, bucket)
+    if data_root:
+        result.creates.append(f"the {spec.pipeline.builtin} builtin's TFRecords, generated here once and kept in "
+                              f"{data_root}/ (the workers read them there)")
+    if g.public_ips:
+        notes.append("every VM gets an ephemeral external address; dsctl connects over SSH to it from here (the "
+                     "network must admit tcp:22, as the default network's default-allow-ssh does).")
+    else:
+        notes.append("VMs get internal addresses only: run dsctl inside the VPC; their subnet needs Private Google "
+                     "Access or a Cloud NAT to reach Cloud Storage (checked before anything is created).")
+    if "spot" in (svc.provisioning, tr.provisioning):
+        notes.append("Spot VMs can be preempted at any time; a preempted VM ends the run (dsctl tears down; "
+                     "it does not yet restart preempted VMs).")
 
     # The job's length, if it can be told.
-    t = spec.trainer
     rate, lower = batches_per_s, False
-    if t.duration_s:
-        result.estimate_basis = f"trainer.duration_s = {t.duration_s:g} s"
+    if tr.duration_s:
+        result.estimate_basis = f"trainer.duration_s = {tr.duration_s:g} s"
         rate = rate or 1.0  # any rate: the duration fixes the time
-    elif t.steps and rate:
-        result.estimate_basis = f"{t.steps:,} steps at {rate:g} batches/s"
-    elif t.steps and t.model.kind == "synthetic" and t.model.step_time_ms > 0:
-        rate, lower = 1000.0 / t.model.step_time_ms, True
-        result.estimate_basis = (f"{t.steps:,} steps at most {rate:.2f} batches/s (model step {t.model.step_time_ms:g} ms; "
-                                 "slower if input-bound)")
+    elif tr.steps and rate:
+        result.estimate_basis = f"{tr.steps:,} steps at {rate:g} batches/s"
+    elif tr.steps and tr.model.kind == "synthetic" and tr.model.step_time_ms > 0:
+        rate, lower = 1000.0 / tr.model.step_time_ms, True
+        result.estimate_basis = (f"{tr.steps:,} steps at most {rate:.2f} batches/s (model step {tr.model.step_time_ms:g} "
+                                 "ms; slower if input-bound)")
     else:
         result.estimate_basis = "the job's length depends on its throughput"
         return result

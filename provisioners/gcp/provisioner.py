@@ -1,10 +1,13 @@
 """The gcp provider: the provisioner contract on Compute Engine VMs, TPU VMs, Cloud Storage and SSH.
 
 A job's life, as the orchestrator drives it (see provisioners/contract.py):
-  check        resolve project, zone, credentials (SpecError, exit 2, before anything is made)
-  up           key pair; stage the dsctl wheel; record every resource in state BEFORE creating it;
-               create firewall rule + dispatcher + workers (one bulk insert) + trainer VMs/TPU VMs in
-               parallel; wait for RUNNING; SSH; check TensorFlow versions; start dispatcher and workers
+  check        resolve project, zone, credentials and the run's software (software.py); preflight.py's
+               checks against the live project (SpecError, exit 2, before anything is made)
+  up           key pair; stage the dsctl wheel, the wheelhouses (wheelhouse.py) and a builtin's data
+               (data.py); record every resource in state BEFORE creating it; create the firewall rules +
+               dispatcher + workers (one bulk insert) + trainer VMs/TPU VMs in parallel; as each is
+               RUNNING (a TPU READY): SSH, wait for its bootstrap; check TensorFlow versions everywhere;
+               start dispatcher and workers
   start_trainers  stage spec (+ code) in GCS, fetch them on the trainer VMs, start the trainers
   wait_ready   until the dispatcher and every worker have written their ready file
   poll/sample  from the background watcher: restart dead workers, copy metrics home, CPU/RSS
@@ -23,14 +26,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from dsctl.runtime.sampler import Sample
 from dsctl.specs.schema import JobSpec
 
 from ..contract import Deployment, EventSink, Node, TrainerLaunch, TrainerState
-from . import compute, naming, remote, startup, versions
+from . import compute, data, firewall, naming, preflight, remote, startup, versions, wheelhouse
 from .clients import Clients
 from .errors import CloudTimeout, GcpError, RemoteError
 from .keys import ensure_key_pair, key_dir, load_key_pair
@@ -56,10 +59,43 @@ def _dsctl_version() -> str | None:
         return None
 
 
-def parallel(fn, items: list, *, threads: int = SSH_THREADS, cancel: threading.Event | None = None) -> list:
+class Relay:
+    """An event sink worker threads may call: their events are held and delivered on the thread that made the
+    relay (the orchestrator's, which owns the run store's SQLite connection and the live view) when it flushes."""
+
+    def __init__(self, sink: EventSink):
+        self.sink = sink
+        self.owner = threading.get_ident()
+        self.pending: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, kind: str, message: str) -> None:
+        if threading.get_ident() != self.owner:
+            with self.lock:
+                self.pending.append((kind, message))
+            return
+        self.flush()
+        self.sink(kind, message)
+
+    def flush(self) -> None:
+        if threading.get_ident() != self.owner:
+            return
+        with self.lock:
+            items, self.pending = self.pending, []
+        for kind, message in items:
+            self.sink(kind, message)
+
+
+def relay(events: EventSink) -> Relay:
+    return events if isinstance(events, Relay) else Relay(events)
+
+
+def parallel(fn, items: list, *, threads: int = SSH_THREADS, cancel: threading.Event | None = None,
+             events: Relay | None = None) -> list:
     """fn(item) for every item in threads; the first exception is raised once every thread has returned.
 
     On an exception (or Ctrl-C) `cancel` is set first, so the others stop waiting and return quickly.
+    Events the threads raise through `events` are delivered while waiting.
     """
     if not items:
         return []
@@ -67,19 +103,24 @@ def parallel(fn, items: list, *, threads: int = SSH_THREADS, cancel: threading.E
     futures = [pool.submit(fn, item) for item in items]
     errors: list[Exception] = []
     try:
-        for f in futures:
-            try:
-                f.result()
-            except Exception as exc:  # noqa: BLE001 - re-raised below
-                errors.append(exc)
-                if cancel is not None:
-                    cancel.set()
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            if events is not None:
+                events.flush()
+            for f in done:
+                if f.exception() is not None:
+                    errors.append(f.exception())
+                    if cancel is not None:
+                        cancel.set()
     except BaseException:  # Ctrl-C in the waiting thread
         if cancel is not None:
             cancel.set()
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        if events is not None:
+            events.flush()
     if errors:  # the first real one: the others may only say they were cancelled because of it
         raise next((e for e in errors if not isinstance(e, Cancelled)), errors[0])
     return [f.result() for f in futures]
@@ -98,10 +139,20 @@ class GcpProvisioner:
         self._cancel = threading.Event()
         self._state_lock = threading.Lock()
         self._staged_wheel_version: str | None = None
+        self._findings: preflight.Findings | None = None
 
     # -- context ------------------------------------------------------------------------------
     def check(self, spec: JobSpec, workers: int) -> None:
+        """Everything that can refuse the run before anything is created: settings, software, the live project."""
         self._settings = resolve(spec)
+        data.root(spec, self._settings.bucket)
+        self._clients = Clients(self._settings)
+        self._preflight(spec)
+
+    def _preflight(self, spec: JobSpec) -> preflight.Findings:
+        if self._findings is None:
+            self._findings = preflight.run(self._clients, spec, self._settings.kinds)
+        return self._findings
 
     def _gcp_node(self, dep: Deployment) -> Node | None:
         nodes = dep.by_role("gcp")
@@ -141,33 +192,39 @@ class GcpProvisioner:
     def _fleet(self, dep: Deployment, events: EventSink) -> Fleet:
         return Fleet(self._clients, dep.run_id, self._cancel, log=lambda msg: events("cloud", msg))
 
-    def _metadata(self, dep: Deployment, kind: str, wheel: str | None) -> dict:
+    def _metadata(self, dep: Deployment, kind: str) -> dict:
         s = self._settings
         kp = load_key_pair(dep.run_dir)
         md = {"ssh-keys": kp.metadata_entry(s.ssh_user), "enable-oslogin": "FALSE", "dsctl-run": dep.run_id}
-        if s.bootstrap and wheel:
-            md["startup-script"] = startup.script(kind=kind, tf_version=s.tensorflow_version, bucket=s.bucket,
-                                                  staging_prefix=Staging(self._clients, dep.run_id).staging_prefix,
-                                                  wheel=wheel)
+        if kind == "gpu":
+            md["install-nvidia-driver"] = "True"  # the Deep Learning VM image installs the driver at first boot
+        if s.bootstrap:
+            staged = self._gcp_node(dep).extra["staged_software"]
+            md["startup-script"] = startup.script(
+                kind=s.kinds.for_kind(kind), tf_version=s.tensorflow_version, bucket=s.bucket,
+                wheelhouse_prefix=staged["wheelhouses"][kind], dsctl_prefix=Staging(self._clients, dep.run_id).staging_prefix,
+                dsctl_wheel=staged["wheel"], storage_host=s.storage_host)
         return md
 
     def _layout(self, dep: Deployment, node: Node) -> remote.Layout:
         return remote.Layout(node.extra["dir"])
 
     # -- machines -------------------------------------------------------------------------------
-    def _plan_nodes(self, dep: Deployment, spec: JobSpec, role: str, indices: list[int], machine: str,
-                    wheel: str | None) -> list[Machine]:
+    def _plan_nodes(self, dep: Deployment, spec: JobSpec, role: str, indices: list[int], machine: str) -> list[Machine]:
         """Record nodes for VMs about to be created (saved before any API call) and return what to create."""
         s = self._settings
         kind = compute.machine_kind(machine)
         tag = naming.network_tag(dep.run_id)
-        metadata = self._metadata(dep, kind.kind, wheel)
+        metadata = self._metadata(dep, kind.kind)
+        image = s.kinds.for_kind(kind.kind).image  # a boot image, or a TPU VM's runtime version
+        provisioning = spec.trainer.provisioning if role == "trainer" else spec.service.provisioning
         out = []
         for i in indices:
             name = naming.instance_name(dep.run_id, role, i)
             # Workers share one bulk insert, hence one set of labels: their index is in their names only.
             labels = naming.labels(dep.run_id, spec.name, role, s.labels, index=None if role == "worker" else i)
-            vm = compute.VmConfig(machine=machine, labels=labels, tag=tag, metadata=metadata)
+            vm = compute.VmConfig(machine=machine, labels=labels, tag=tag, metadata=metadata, image=image,
+                                  provisioning=provisioning)
             node = Node(role=role, index=i, extra={
                 "instance": name, "kind": kind.kind, "machine": machine, "state": "creating",
                 "dir": remote.node_dir(s.remote_dir, dep.run_id, name)})
@@ -200,36 +257,59 @@ class GcpProvisioner:
         for key in [k for k, v in vms.items() if v.get("instance") == name]:
             del vms[key]
 
-    def _create(self, dep: Deployment, machines: list[Machine], firewall: bool, events: EventSink) -> dict[str, dict]:
-        """Create machines (and the firewall rule), wait for RUNNING and SSH, probe versions. Returns probe reports."""
+    def _create(self, dep: Deployment, machines: list[Machine], rules: bool, events: EventSink) -> dict[str, dict]:
+        """Create machines (and the run's firewall rules); as each VM runs, SSH to it, wait for its bootstrap and
+        probe its versions. Returns the probe reports by node label."""
         s = self._settings
+        events = relay(events)
         fleet = self._fleet(dep, events)
-        fw = None
-        if firewall and not dep.by_role("firewall"):
-            fw = (naming.firewall_name(dep.run_id), naming.network_tag(dep.run_id))
-            dep.nodes.append(Node(role="firewall", index=0, extra={"name": fw[0], "state": "creating"}))
+        new_rules = []
+        if rules and not dep.by_role("firewall"):
+            new_rules = firewall.run_rules(dep.run_id, naming.network_tag(dep.run_id), s.dispatcher_port, s.worker_port)
+            for i, rule in enumerate(new_rules):
+                dep.nodes.append(Node(role="firewall", index=i, extra={"name": rule.name, "state": "creating"}))
         self._save(dep)  # intent first: a kill -9 from here on leaves names `dsctl down` can delete
         t0 = time.monotonic()
-        fleet.create(machines, fw)
+        fleet.create(machines, new_rules)
         for m in machines:
             self._node_of(dep, m).extra["state"] = "created"
-        if fw:
-            dep.by_role("firewall")[0].extra["state"] = "created"
+        for fw in dep.by_role("firewall"):
+            fw.extra["state"] = "created"
         self._save(dep)
 
         def running(m: Machine, internal: str | None, external: str | None) -> None:
-            node = self._node_of(dep, m)
-            node.extra.update(state="running", internal_ip=internal, host=external or internal)
+            if s.public_ips and not external:
+                raise RemoteError(f"{m.name} has no external address although gcp.public_ips is true; dsctl cannot "
+                                  "reach it over SSH from here.")
+            with self._state_lock:
+                self._node_of(dep, m).extra.update(state="running", internal_ip=internal, external_ip=external,
+                                                   host=external if s.public_ips else internal)
+                dep.save()
 
-        fleet.wait_running(machines, s.running_timeout_s, running)
-        self._save(dep)
-        events("cloud", f"{len(machines)} VM(s) running after {time.monotonic() - t0:.1f} s; connecting over SSH")
-        reports = parallel(lambda m: self._prepare_vm(self._node_of(dep, m)), machines, cancel=self._cancel)
+        def prepare(ms: list[Machine]) -> list[dict]:
+            return parallel(lambda m: self._prepare_vm(self._node_of(dep, m)), ms, cancel=self._cancel)
+
+        def vms() -> list[dict]:
+            group = [m for m in machines if m.kind != "tpu"]
+            if not group:
+                return []
+            fleet.wait_running(group, s.running_timeout_s, running)
+            events("cloud", f"{len(group)} VM(s) running after {time.monotonic() - t0:.1f} s; connecting over SSH")
+            return prepare(group)
+
+        def one_tpu(m: Machine) -> list[dict]:
+            fleet.wait_tpu(m, running)
+            events("cloud", f"TPU VM {m.name} ready after {time.monotonic() - t0:.1f} s; connecting over SSH")
+            return prepare([m])
+
+        jobs = [vms] + [lambda m=m: one_tpu(m) for m in machines if m.kind == "tpu"]
+        reports = [r for group in parallel(lambda job: job(), jobs, cancel=self._cancel, events=events) for r in group]
+        order = [m for m in machines if m.kind != "tpu"] + [m for m in machines if m.kind == "tpu"]
         for m in machines:
             if m.role == "trainer":
                 self._register_trainer_vm(dep, self._node_of(dep, m))
         self._save(dep)
-        return dict(zip((f"{m.role}-{m.index}" for m in machines), reports))
+        return dict(zip((f"{m.role}-{m.index}" for m in order), reports))
 
     def _prepare_vm(self, node: Node) -> dict:
         """SSH reachable; startup script done (if any); report versions."""
@@ -267,8 +347,10 @@ class GcpProvisioner:
         return report
 
     def _check_versions(self, dep: Deployment, reports: dict[str, dict]) -> None:
-        recorded = next((n.extra["tensorflow"] for n in dep.by_role("trainer")
-                         if n.extra.get("tensorflow") and f"trainer-{n.index}" not in reports), None)
+        """The new machines' TensorFlow against the trainers' (checked before, if the trainers are not new)."""
+        trainer_vms = self._gcp_node(dep).extra.get("trainer_vms", {})
+        known = [n.extra for n in dep.by_role("trainer")] + list(trainer_vms.values())
+        recorded = next((e["tensorflow"] for e in known if e.get("tensorflow")), None)
         tf, who = versions.reference(reports, recorded, self._settings.tensorflow_version)
         versions.check(reports, reference_tf=tf, who=who, local_dsctl=_dsctl_version(),
                        staged_dsctl=self._staged_wheel_version)
@@ -338,14 +420,16 @@ class GcpProvisioner:
         self._cancel.clear()
         try:
             self._context(dep, spec)
-            wheel = self._stage_wheel(dep, events) if self._settings.bootstrap else None
-            machines = self._plan_nodes(dep, spec, "dispatcher", [0], spec.service.dispatcher_machine, wheel)
-            machines += self._plan_nodes(dep, spec, "worker", list(range(workers)), spec.service.worker_machine, wheel)
-            machines += self._plan_nodes(dep, spec, "trainer", list(range(spec.trainer.count)), spec.trainer.machine, wheel)
+            self._preflight(spec)
+            kinds = {"cpu", compute.machine_kind(spec.trainer.machine).kind}
+            self._stage(dep, spec, kinds, events)
+            machines = self._plan_nodes(dep, spec, "dispatcher", [0], spec.service.dispatcher_machine)
+            machines += self._plan_nodes(dep, spec, "worker", list(range(workers)), spec.service.worker_machine)
+            machines += self._plan_nodes(dep, spec, "trainer", list(range(spec.trainer.count)), spec.trainer.machine)
             cache_mb = spec.service.cross_trainer_cache_mb if spec.service.cross_trainer_cache else 0
             for n in dep.by_role("worker"):
                 n.extra["cache_mb"] = cache_mb
-            reports = self._create(dep, machines, firewall=True, events=events)
+            reports = self._create(dep, machines, rules=True, events=events)
             self._check_versions(dep, reports)
             self._ensure_watcher()
             self._start_dispatcher(dep, spec)
@@ -355,19 +439,43 @@ class GcpProvisioner:
             self._cleanup_failed_up(dep, events, exc)
             raise
 
-    def _stage_wheel(self, dep: Deployment, events: EventSink) -> str:
-        from .wheel import build_wheel
-
-        staging = Staging(self._clients, dep.run_id)
-        staging.ensure_bucket()
-        path = build_wheel(Path(dep.run_dir) / "staging")
-        self._staged_wheel_version = path.name.split("-")[1]
-        staging.upload(path.name, path)
+    def _stage(self, dep: Deployment, spec: JobSpec, kinds: set[str], events: EventSink) -> None:
+        """Everything the VMs fetch from Cloud Storage, staged before any VM exists: the bucket (readable by the
+        VMs' service account), this dsctl's wheel, one wheelhouse per VM kind, a builtin's data files."""
+        s = self._settings
         gcp = self._gcp_node(dep)
-        gcp.extra.update(wheel=path.name, staged=True)
+        staged = gcp.extra.setdefault("staged_software", {"wheelhouses": {}})
+        staging = Staging(self._clients, dep.run_id)
+        if not gcp.extra.get("bucket_ready"):
+            staging.ensure_bucket()
+            if staging.grant_reader(self._preflight(spec).service_account):
+                events("cloud", f"gave the VMs' service account read access to gs://{s.bucket}")
+            gcp.extra["bucket_ready"] = True
+        if s.bootstrap and "wheel" not in staged:
+            from .wheel import build_wheel
+
+            path = build_wheel(Path(dep.run_dir) / "staging")
+            gcp.extra["staged"] = True
+            self._save(dep)  # before the upload: `down` deletes the run's staging objects
+            staging.upload(path.name, path)
+            staged["wheel"] = path.name
+            events("cloud", f"staged {path.name} in {staging.url('')}")
+        if s.bootstrap:
+            self._staged_wheel_version = staged["wheel"].split("-")[1]
+            for kind in sorted(kinds - set(staged["wheelhouses"])):
+                recipe = wheelhouse.Recipe.for_kind(s.kinds.for_kind(kind))
+                house = wheelhouse.build(recipe, log=lambda msg: events("cloud", msg))
+                sent = wheelhouse.stage(self._clients.storage, s.bucket, house, log=lambda msg: events("cloud", msg))
+                staged["wheelhouses"][kind] = house.prefix
+                events("cloud", f"{kind} VMs install from gs://{s.bucket}/{house.prefix} ({house.size / 1e6:.0f} MB; "
+                                f"{'uploaded now' if sent else 'already there'})")
+        root = data.root(spec, s.bucket)
+        if root and not gcp.extra.get("data_root"):
+            sent = data.stage(spec, self._clients.storage, root, Path(dep.run_dir).parent.parent / "cache",
+                              log=lambda msg: events("cloud", msg))
+            gcp.extra["data_root"] = root
+            events("cloud", f"{spec.pipeline.builtin} data in {root} ({'uploaded now' if sent else 'already there'})")
         self._save(dep)
-        events("cloud", f"staged {path.name} in {staging.url('')}")
-        return path.name
 
     def _cleanup_failed_up(self, dep: Deployment, events: EventSink, exc: BaseException) -> None:
         self._cancel.set()
@@ -427,7 +535,8 @@ class GcpProvisioner:
             metrics_local = str(launch.metrics_dir / f"trainer-{node.index}.jsonl")
             with self._state_lock:
                 node.extra["metrics"] = metrics_local
-            args = launch.harness_args(node.index, spec=layout.spec, metrics=layout.metrics, cache_dir=layout.cache,
+            cache_dir = self._gcp_node(dep).extra.get("data_root") or layout.cache
+            args = launch.harness_args(node.index, spec=layout.spec, metrics=layout.metrics, cache_dir=cache_dir,
                                        base_dir=layout.code if uses_code else layout.dir,
                                        dispatcher=dep.dispatcher_address)
             # launch.cpus pins local processes to cores; a trainer VM has its cores to itself.
@@ -448,11 +557,12 @@ class GcpProvisioner:
         events("training", f"{launch.count} trainer(s) started ({launch.mode}) on Google Cloud")
 
     def _create_trainers(self, dep: Deployment, spec: JobSpec, count: int, events: EventSink) -> None:
-        wheel = self._stage_wheel(dep, events) if self._settings.bootstrap else None
+        self._preflight(spec)
+        self._stage(dep, spec, {compute.machine_kind(spec.trainer.machine).kind}, events)
         have = {n.index for n in dep.by_role("trainer")}
         machines = self._plan_nodes(dep, spec, "trainer", [i for i in range(count) if i not in have],
-                                    spec.trainer.machine, wheel)
-        reports = self._create(dep, machines, firewall=False, events=events)
+                                    spec.trainer.machine)
+        reports = self._create(dep, machines, rules=False, events=events)
         self._check_versions(dep, reports)
 
     # -- the contract: readiness, supervision, metrics ------------------------------------------------
@@ -554,11 +664,10 @@ class GcpProvisioner:
             raise GcpError("scaling needs the run's spec; scale from the process that started the run.")
         self._context(dep, spec)
         if workers > len(current):
-            wheel = self._gcp_node(dep).extra.get("wheel")
             machines = self._plan_nodes(dep, spec, "worker", list(range(len(current), workers)),
-                                        spec.service.worker_machine, wheel)
+                                        spec.service.worker_machine)
             try:
-                reports = self._create(dep, machines, firewall=False, events=events)
+                reports = self._create(dep, machines, rules=False, events=events)
                 self._check_versions(dep, reports)
             except BaseException:
                 self._delete_nodes(dep, [self._node_of(dep, m) for m in machines], events)
@@ -640,7 +749,11 @@ class GcpProvisioner:
         instances = [name for name, n in by_name.items() if n.extra.get("kind") != "tpu"]
         tpus = [name for name, n in by_name.items() if n.extra.get("kind") == "tpu"]
         fws = [fw.extra["name"] for fw in dep.by_role("firewall")] if firewall else []
-        Fleet(self._clients, dep.run_id, log=lambda msg: events("cloud", msg)).delete(instances, tpus, fws, gone)
+        events = relay(events)
+        try:
+            Fleet(self._clients, dep.run_id, log=lambda msg: events("cloud", msg)).delete(instances, tpus, fws, gone)
+        finally:
+            events.flush()
 
     def down(self, dep: Deployment, events: EventSink) -> None:
         if self._gcp_node(dep) is None and self._settings is None:
@@ -649,6 +762,7 @@ class GcpProvisioner:
             events("down", "nothing was created on Google Cloud")
             return
         self._context(dep)
+        events = relay(events)
         self._cancel.set()  # anything still waiting on the way up stops
         if self._watcher is not None:
             self._watcher.stop()
@@ -664,16 +778,20 @@ class GcpProvisioner:
             except Exception as exc:  # best effort: the VMs are deleted below either way
                 events("cloud", f"stopping processes: {exc}")
             self._ssh.close()
+        self._delete_nodes(dep, machines, events, firewall=True)
+        fleet = Fleet(self._clients, dep.run_id, log=lambda msg: events("cloud", msg))
+        found = fleet.sweep()
+        events.flush()
+        # Billing resources are gone; now the bookkeeping: a copy of the results, the run's staging objects.
         try:
             staging = Staging(self._clients, dep.run_id)
             if self._gcp_node(dep).extra.get("staged") or any(n.extra.get("remote_pid") for n in machines):
                 staging.collect(Path(dep.run_dir))
-                staging.delete_staging()
-        except Exception as exc:  # keeping a copy in GCS is a convenience; deleting VMs is not
-            events("cloud", f"copying metrics and logs to Cloud Storage failed: {exc}")
-        self._delete_nodes(dep, machines, events, firewall=True)
-        fleet = Fleet(self._clients, dep.run_id, log=lambda msg: events("cloud", msg))
-        found = fleet.sweep()
+                left = staging.delete_staging()
+                if left:
+                    events("cloud", f"{len(left)} staging object(s) could not be deleted: {', '.join(left[:3])}")
+        except Exception as exc:  # keeping a copy in GCS is a convenience; deleting VMs was not
+            events("cloud", f"copying metrics and logs to Cloud Storage, or deleting the staging objects, failed: {exc}")
         dep.status = "down"
         self._save(dep)
         extra = f"; also removed {found.summary()} found by label" if not found.empty else ""

@@ -205,40 +205,74 @@ def parse_probe(stdout: str) -> dict | None:
     return None
 
 
-# Runs on a VM: download staged objects from Cloud Storage with the VM's service account (metadata
-# server token), or from STORAGE_EMULATOR_HOST without credentials. Archives (.tar.gz) are unpacked.
+# Runs on a VM with the image's own Python (standard library only): download objects from Cloud
+# Storage's JSON API, with the VM's service-account token from the metadata server when `token` is
+# "metadata" (always on a VM; "none" only for an overridden endpoint with no metadata server). Modes:
+#   objects  prefix + each name -> dest/name; a .tar.gz is unpacked into dest/<name without .tar.gz>
+#   manifest prefix + MANIFEST.json lists {"name", "sha256", "size"}: each is fetched and checked
+# Prints {"bytes": N, "files": K} (bytes fetched from Cloud Storage).
 FETCH = r"""
-import io, json, os, sys, tarfile, urllib.parse, urllib.request
-bucket, prefix, dest = sys.argv[1:4]
-host = os.environ.get("STORAGE_EMULATOR_HOST")
+import hashlib, io, json, os, sys, tarfile, urllib.parse, urllib.request
+storage, token, bucket, prefix, dest, mode = sys.argv[1:7]
+names = sys.argv[7:]
 headers = {}
-if not host:
-    host = "https://storage.googleapis.com"
+if token == "metadata":
     req = urllib.request.Request("http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token",
                                  headers={"Metadata-Flavor": "Google"})
-    headers["Authorization"] = "Bearer " + json.load(urllib.request.urlopen(req, timeout=10))["access_token"]
+    try:
+        headers["Authorization"] = "Bearer " + json.load(urllib.request.urlopen(req, timeout=10))["access_token"]
+    except Exception as exc:
+        raise SystemExit("no access token from the metadata server (does the VM have a service account?): %s" % exc)
+total = 0
+def get(name):
+    global total
+    url = "%s/storage/v1/b/%s/o/%s?alt=media" % (storage.rstrip("/"), bucket, urllib.parse.quote(prefix + name, safe=""))
+    try:
+        data = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=300).read()
+    except Exception as exc:
+        raise SystemExit("could not download gs://%s/%s%s: %s" % (bucket, prefix, name, exc))
+    total += len(data)
+    return data
 os.makedirs(dest, exist_ok=True)
-for name in sys.argv[4:]:
-    url = "%s/storage/v1/b/%s/o/%s?alt=media" % (host.rstrip("/"), bucket, urllib.parse.quote(prefix + name, safe=""))
-    data = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=120).read()
-    if name.endswith(".tar.gz"):
-        target = os.path.join(dest, name[: -len(".tar.gz")])
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            for member in tar.getmembers():
-                path = os.path.realpath(os.path.join(target, member.name))
-                if not path.startswith(os.path.realpath(target) + os.sep) or not (member.isfile() or member.isdir()):
-                    raise SystemExit("refusing archive member %r" % member.name)
-            tar.extractall(target)
-    else:
-        with open(os.path.join(dest, name), "wb") as f:
-            f.write(data)
-print("fetched", len(sys.argv) - 4)
+if mode == "manifest":
+    files = json.loads(get("MANIFEST.json"))["files"]
+    for f in files:
+        data = get(f["name"])
+        if hashlib.sha256(data).hexdigest() != f["sha256"]:
+            raise SystemExit("gs://%s/%s%s does not match its manifest (sha256)" % (bucket, prefix, f["name"]))
+        with open(os.path.join(dest, f["name"]), "wb") as out:
+            out.write(data)
+    names = [f["name"] for f in files]
+else:
+    for name in names:
+        data = get(name)
+        if name.endswith(".tar.gz"):
+            target = os.path.join(dest, name[: -len(".tar.gz")])
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                for member in tar.getmembers():
+                    path = os.path.realpath(os.path.join(target, member.name))
+                    if not path.startswith(os.path.realpath(target) + os.sep) or not (member.isfile() or member.isdir()):
+                        raise SystemExit("refusing archive member %r" % member.name)
+                tar.extractall(target)
+        else:
+            with open(os.path.join(dest, name), "wb") as out:
+                out.write(data)
+print(json.dumps({"bytes": total, "files": len(names)}))
 """
+REAL_STORAGE = "https://storage.googleapis.com"
 
 
-def fetch(python: str, bucket: str, prefix: str, dest: str, objects: list[str], storage_host: str | None) -> str:
-    env = f"STORAGE_EMULATOR_HOST={q(storage_host)} " if storage_host else ""
-    return f"{env}{q(python)} -c {q(FETCH)} {q(bucket)} {q(prefix)} {q(dest)} " + " ".join(q(o) for o in objects)
+def fetch(python: str, bucket: str, prefix: str, dest: str, objects: list[str], storage_host: str | None,
+          manifest: bool = False, token: str | None = None) -> str:
+    """A command that downloads staged objects (or a whole manifest's worth) on a VM; see FETCH.
+
+    token: "metadata" (the VM's service account) or "none"; default: "none" only for an overridden
+    Storage endpoint, which has no metadata server beside it.
+    """
+    mode = "manifest" if manifest else "objects"
+    token = token or ("none" if storage_host else "metadata")
+    return " ".join([q(python), "-c", q(FETCH), q(storage_host or REAL_STORAGE), q(token), q(bucket), q(prefix),
+                     q(dest), mode, *map(q, objects)])
 
 
 def tail(path: str, lines: int = 15) -> str:

@@ -1,13 +1,14 @@
 """Create and delete one run's cloud resources, in parallel, and confirm deletion.
 
-`create()` starts everything at once (firewall rule, dispatcher VM, ONE bulk
-insert for all workers, each trainer VM or TPU VM), waits for every operation
-and raises the most telling classified error if any failed. `wait_running()`
-polls one list call (per 500 VMs) until every VM is RUNNING (TPU VMs READY).
-`delete()` deletes in parallel threads and returns only what it has seen gone,
-so the caller's state never forgets a resource that may still bill. `sweep()`
-deletes whatever carries the run's label (and the run's firewall rule), which
-is how a run is removed with no local state.
+`create()` starts everything at once (the firewall rules, dispatcher VM, ONE bulk
+insert for all workers, each trainer VM, each TPU VM's queued resource), waits for
+every operation and raises the most telling classified error if any failed.
+`wait_running()` polls one list call (per 500 VMs) until every VM is RUNNING;
+TPU VMs, which take minutes, are waited for one by one (`wait_tpu`, with their own
+timeout). `delete()` deletes in parallel threads and returns only what it has seen
+gone, so the caller's state never forgets a resource that may still bill. `sweep()`
+deletes whatever carries the run's label (and the run's firewall rules and queued
+resources, by name), which is how a run is removed with no local state.
 
 The caller cleans up after a failed `create()`; nothing here leaves threads
 creating things behind it: on cancel, inserts in flight finish first.
@@ -24,7 +25,7 @@ from typing import Callable
 from . import compute, firewall, operations, tpu
 from .clients import Clients
 from .errors import CloudTimeout, GcpError, QuotaExceeded, RemoteError, ZoneExhausted, describe, from_api_error
-from .naming import run_filter
+from .naming import firewall_names, prefix, run_filter
 from .retry import Cancelled
 
 DELETE_TIMEOUT_S = 900.0
@@ -49,10 +50,11 @@ class Found:
     instances: dict[str, str] = field(default_factory=dict)  # name -> status
     tpus: dict[str, str] = field(default_factory=dict)  # node id -> state
     firewalls: list[str] = field(default_factory=list)
+    staged: list[str] = field(default_factory=list)  # the run's staging objects (found by `down_by_label`)
 
     @property
     def empty(self) -> bool:
-        return not (self.instances or self.tpus or self.firewalls)
+        return not (self.instances or self.tpus or self.firewalls or self.staged)
 
     def summary(self) -> str:
         parts = []
@@ -62,6 +64,8 @@ class Found:
             parts.append(describe(len(self.tpus), "TPU VM"))
         if self.firewalls:
             parts.append(describe(len(self.firewalls), "firewall rule"))
+        if self.staged:
+            parts.append(describe(len(self.staged), "staging object"))
         return ", ".join(parts) or "nothing"
 
 
@@ -117,13 +121,13 @@ class Fleet:
         return self.clients.settings.zone
 
     # -- create ------------------------------------------------------------------------------------------
-    def _firewall(self, name: str, tag: str) -> None:
+    def _firewall(self, rule) -> None:
         with self._inflight:
             if self.cancel.is_set():
                 raise Cancelled()
-            op = firewall.insert(self.clients, name, tag, self.run_id, self.cancel)
+            op = firewall.insert(self.clients, rule, self.cancel)
         operations.wait_and_check(self.clients, op, resource="firewall rule", count=1,
-                                  doing=f"creating firewall rule {name}", timeout_s=300, cancel=self.cancel)
+                                  doing=f"creating firewall rule {rule.name}", timeout_s=300, cancel=self.cancel)
 
     def _instance(self, m: Machine) -> None:
         with self._inflight:
@@ -144,14 +148,14 @@ class Fleet:
                                   timeout_s=self.clients.settings.running_timeout_s, cancel=self.cancel)
 
     def _tpu(self, m: Machine) -> None:
-        accelerator = m.vm.machine.removeprefix("tpu-")
+        """Ask for the TPU VM (a queued resource); `wait_tpu` waits for it to be READY."""
         with self._inflight:
             if self.cancel.is_set():
                 raise Cancelled()
-            node = tpu.node_body(self.clients, accelerator, m.vm.labels, m.vm.tag, m.vm.metadata)
-            lro = tpu.create(self.clients, m.name, node, self.cancel)
-        tpu.wait_created(self.clients, lro, m.name, accelerator, timeout_s=self.clients.settings.running_timeout_s,
-                         cancel=self.cancel)
+            node = tpu.node_body(self.clients, m.vm.machine.removeprefix("tpu-"), m.vm.image, m.vm.labels, m.vm.tag,
+                                 m.vm.metadata)
+            tpu.create(self.clients, m.name, node, spot=m.vm.provisioning == "spot",
+                       timeout_s=self.clients.settings.tpu_timeout_s, cancel=self.cancel)
 
     def _classified(self, fn: Callable, args: tuple) -> None:
         """Run one creation job; an API error raised by the call itself is classified like an operation's."""
@@ -161,22 +165,20 @@ class Fleet:
             fn(*args)
         except gx.GoogleAPICallError as exc:
             if fn == self._firewall:
-                raise from_api_error(exc, doing=f"creating firewall rule {args[0]}") from exc
+                raise from_api_error(exc, doing=f"creating firewall rule {args[0].name}") from exc
             ms = args[0] if isinstance(args[0], list) else [args[0]]
             kind = "TPU VM" if ms[0].kind == "tpu" else "VM"
             raise from_api_error(exc, doing=f"creating {describe(len(ms), f'{ms[0].role} {kind}')}",
                                  resource=f"{ms[0].vm.machine} {ms[0].role} {kind}", zone=self.zone,
                                  count=len(ms)) from exc
 
-    def create(self, machines: list[Machine], firewall_rule: tuple[str, str] | None) -> None:
-        """Create the firewall rule (name, tag) and every machine, in parallel; raise the first real failure.
+    def create(self, machines: list[Machine], rules: list = ()) -> None:
+        """Create the firewall rules and every machine, in parallel; raise the first real failure.
 
         Workers of one machine type go in ONE bulk insert; TPU trainers are TPU
-        VMs; everything else is one insert per VM.
+        VMs (asked for here, READY later: `wait_tpu`); everything else is one insert per VM.
         """
-        jobs: list[tuple[Callable, tuple]] = []
-        if firewall_rule:
-            jobs.append((self._firewall, firewall_rule))
+        jobs: list[tuple[Callable, tuple]] = [(self._firewall, (rule,)) for rule in rules]
         workers = [m for m in machines if m.role == "worker"]
         by_type: dict[str, list[Machine]] = {}
         for m in workers:
@@ -206,40 +208,33 @@ class Fleet:
             pool.shutdown(wait=False, cancel_futures=True)
 
     # -- wait for RUNNING ------------------------------------------------------------------------------------
+    def wait_tpu(self, m: Machine, on_running: Callable[[Machine, str | None, str | None], None]) -> None:
+        """Wait (gcp.tpu_timeout_s) until the TPU VM is READY, then on_running(machine, internal, external)."""
+        node = tpu.wait_ready(self.clients, m.name, m.vm.machine.removeprefix("tpu-"),
+                              timeout_s=self.clients.settings.tpu_timeout_s, cancel=self.cancel)
+        on_running(m, *tpu.addresses(node))
+
     def wait_running(self, machines: list[Machine], timeout_s: float,
                      on_running: Callable[[Machine, str | None, str | None], None]) -> None:
-        """Poll until every VM is RUNNING (TPU VMs READY), calling on_running(machine, internal, external) once each."""
+        """Poll until every (non-TPU) VM is RUNNING, calling on_running(machine, internal, external) once each."""
         s = self.clients.settings
-        pending = {m.name: m for m in machines}
+        pending = {m.name: m for m in machines if m.kind != "tpu"}
         deadline = time.monotonic() + timeout_s
         delay = 0.3
         last: dict[str, str] = {}
         while pending:
             if self.cancel.is_set():
                 raise Cancelled()
-            if any(m.kind != "tpu" for m in pending.values()):
-                for inst in compute.list_instances(self.clients, run_filter(self.run_id), self.cancel):
-                    m = pending.get(inst.name)
-                    if m is None:
-                        continue
-                    last[m.name] = inst.status
-                    if inst.status == "RUNNING":
-                        internal, external = compute.addresses(inst, s.public_ips)
-                        on_running(pending.pop(m.name), internal, external)
-                    elif inst.status in ("TERMINATED", "STOPPING", "STOPPED", "SUSPENDED"):
-                        raise RemoteError(f"VM {m.name} ({m.vm.machine}, {m.role}) stopped while starting "
-                                          f"(status {inst.status}); it may have been preempted or failed to boot.")
-            if any(m.kind == "tpu" for m in pending.values()):
-                for node in tpu.list_nodes(self.clients, self.run_id, self.cancel):
-                    m = pending.get(tpu.short_id(node))
-                    if m is None:
-                        continue
-                    state = node.state.name
-                    last[m.name] = state
-                    if state == "READY":
-                        on_running(pending.pop(m.name), tpu.address(node), tpu.address(node) if s.public_ips else None)
-                    elif state in ("PREEMPTED", "TERMINATED", "STOPPED"):
-                        raise RemoteError(f"TPU VM {m.name} ({m.vm.machine}) is {state} instead of READY.")
+            for inst in compute.list_instances(self.clients, run_filter(self.run_id), self.cancel):
+                m = pending.get(inst.name)
+                if m is None:
+                    continue
+                last[m.name] = inst.status
+                if inst.status == "RUNNING":
+                    on_running(pending.pop(m.name), *compute.addresses(inst))
+                elif inst.status in ("TERMINATED", "STOPPING", "STOPPED", "SUSPENDED"):
+                    raise RemoteError(f"VM {m.name} ({m.vm.machine}, {m.role}) stopped while starting "
+                                      f"(status {inst.status}); it may have been preempted or failed to boot.")
             if not pending:
                 return
             if time.monotonic() > deadline:
@@ -254,18 +249,20 @@ class Fleet:
             delay = min(delay * 1.5, 2.0)
 
     # -- delete ---------------------------------------------------------------------------------------------------
-    def find(self) -> Found:
-        """Everything that carries the run's label (and the run's firewall rule)."""
-        from .naming import firewall_name
+    def _listed_tpus(self) -> dict[str, str]:
+        """The run's TPU VMs: nodes by label, and queued resources (which have no labels) by name."""
+        out = {tpu.short_id(n): n.state.name for n in tpu.list_nodes(self.clients, self.run_id)}
+        for name in tpu.list_queued(self.clients, prefix(self.run_id)):
+            out.setdefault(name, "QUEUED")
+        return out
 
+    def find(self) -> Found:
+        """Everything that carries the run's label (and the run's firewall rules and queued TPU resources)."""
         found = Found()
         for inst in compute.list_instances(self.clients, run_filter(self.run_id)):
             found.instances[inst.name] = inst.status
-        for node in tpu.list_nodes(self.clients, self.run_id):
-            found.tpus[tpu.short_id(node)] = node.state.name
-        name = firewall_name(self.run_id)
-        if firewall.exists(self.clients, name):
-            found.firewalls.append(name)
+        found.tpus = self._listed_tpus()
+        found.firewalls = [name for name in firewall_names(self.run_id) if firewall.exists(self.clients, name)]
         return found
 
     def _delete_instance(self, name: str) -> None:
@@ -274,12 +271,12 @@ class Fleet:
             operations.wait(self.clients, op, doing=f"deleting VM {name}", timeout_s=DELETE_TIMEOUT_S)
 
     def _delete_tpu(self, name: str) -> None:
-        lro = tpu.delete(self.clients, name)
-        if lro is not None:
-            try:
-                lro.result(timeout=DELETE_TIMEOUT_S)
-            except Exception as exc:  # confirmed by listing below either way
-                self.log(f"deleting TPU VM {name}: {exc}")
+        try:
+            tpu.delete(self.clients, name, timeout_s=DELETE_TIMEOUT_S)
+        except GcpError:
+            raise
+        except Exception as exc:  # confirmed by listing below either way
+            self.log(f"deleting TPU VM {name}: {exc}")
 
     def _delete_firewall(self, name: str) -> None:
         op = firewall.delete(self.clients, name)
@@ -310,7 +307,7 @@ class Fleet:
         delay = 0.2
         while True:
             listed_i = {i.name for i in compute.list_instances(self.clients, run_filter(self.run_id))} if want_i else set()
-            listed_t = {tpu.short_id(n) for n in tpu.list_nodes(self.clients, self.run_id)} if want_t else set()
+            listed_t = set(self._listed_tpus()) if want_t else set()
             listed_f = {n for n in want_f if firewall.exists(self.clients, n)}
             for name in (want_i - listed_i) | (want_t - listed_t) | (want_f - listed_f):
                 on_gone(name)

@@ -4,7 +4,8 @@ Project and zone come from the spec, else the environment (GOOGLE_CLOUD_PROJECT,
 CLOUDSDK_CORE_PROJECT; CLOUDSDK_COMPUTE_ZONE), else (project only) Application
 Default Credentials. Endpoints can be overridden for tests and private endpoints:
 DSCTL_GCE_ENDPOINT (Compute Engine), DSCTL_TPU_ENDPOINT (Cloud TPU),
-STORAGE_EMULATOR_HOST (Cloud Storage); an overridden API is called with
+DSCTL_CRM_ENDPOINT (Cloud Resource Manager), STORAGE_EMULATOR_HOST (Cloud
+Storage); an overridden API is called with
 anonymous credentials. DSCTL_SSH_PORT and DSCTL_REMOTE_PYTHON override the
 spec's ssh_port and python.
 
@@ -21,6 +22,8 @@ from importlib import metadata
 from dsctl.specs import SpecError
 from dsctl.specs.schema import GcpSpec, JobSpec
 
+from .software import resolve as resolve_software
+
 BOOTSTRAP_PYTHON = "/opt/dsctl/venv/bin/python"
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 
@@ -32,12 +35,9 @@ class GcpSettings:
     network: str = "default"
     subnetwork: str | None = None
     service_account: str | None = None
-    public_ips: bool = False
+    public_ips: bool = True
     ssh_user: str = "dsctl"
     ssh_port: int = 22
-    image: str = ""
-    gpu_image: str = ""
-    tpu_runtime_version: str = ""
     boot_disk_gb: int = 50
     boot_disk_type: str = "pd-balanced"
     bucket: str = ""
@@ -48,17 +48,26 @@ class GcpSettings:
     python: str = "python3"
     remote_dir: str = "/var/tmp/dsctl"
     running_timeout_s: float = 300.0
+    tpu_timeout_s: float = 1800.0
     ssh_timeout_s: float = 300.0
     startup_timeout_s: float = 900.0
     ready_timeout_s: float = 300.0
     labels: dict = field(default_factory=dict)
+    software: dict = field(default_factory=dict)  # software.Software.as_dict(): the TensorFlow and images per VM kind
     compute_endpoint: str | None = None
     tpu_endpoint: str | None = None
+    crm_endpoint: str | None = None
     storage_host: str | None = None
 
     @property
     def region(self) -> str:
         return self.zone.rsplit("-", 1)[0]
+
+    @property
+    def kinds(self) -> "Software":
+        from .software import Software
+
+        return Software.from_dict(self.software)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -73,6 +82,7 @@ class GcpSettings:
         env = os.environ
         self.compute_endpoint = env.get("DSCTL_GCE_ENDPOINT") or None
         self.tpu_endpoint = env.get("DSCTL_TPU_ENDPOINT") or None
+        self.crm_endpoint = env.get("DSCTL_CRM_ENDPOINT") or None
         self.storage_host = env.get("STORAGE_EMULATOR_HOST") or None
         return self
 
@@ -110,7 +120,7 @@ def _no_credentials_error() -> SpecError:
 
 def check_credentials(settings: GcpSettings) -> None:
     """Fail early (SpecError, exit 2) when an API that is not overridden has no credentials."""
-    if settings.compute_endpoint and settings.tpu_endpoint and settings.storage_host:
+    if settings.compute_endpoint and settings.tpu_endpoint and settings.crm_endpoint and settings.storage_host:
         return
     try:
         import google.auth
@@ -145,20 +155,17 @@ def resolve(spec: JobSpec, *, check_creds: bool = True) -> GcpSettings:
             "TPU v2-8 VMs are offered in us-central1-b, -c and -f) or CLOUDSDK_COMPUTE_ZONE in the environment.",
             field="gcp.zone",
         )
-    tf_version = g.tensorflow_version or local_tensorflow_version()
-    if not tf_version:
-        raise SpecError("gcp.tensorflow_version is not set and TensorFlow is not installed here to copy the version "
-                        "from; set it (e.g. '2.21.0').", field="gcp.tensorflow_version")
+    software = resolve_software(spec, local_tensorflow_version())
     ssh_port = int(env.get("DSCTL_SSH_PORT") or g.ssh_port)
     python = env.get("DSCTL_REMOTE_PYTHON") or g.python or (BOOTSTRAP_PYTHON if g.bootstrap else "python3")
     settings = GcpSettings(
         project=project, zone=zone, network=g.network, subnetwork=g.subnetwork, service_account=g.service_account,
-        public_ips=g.public_ips, ssh_user=g.ssh_user, ssh_port=ssh_port, image=g.image, gpu_image=g.gpu_image,
-        tpu_runtime_version=g.tpu_runtime_version, boot_disk_gb=g.boot_disk_gb, boot_disk_type=g.boot_disk_type,
-        bucket=g.bucket or f"{project}-dsctl", dispatcher_port=g.dispatcher_port, worker_port=g.worker_port,
-        tensorflow_version=tf_version, bootstrap=g.bootstrap, python=python, remote_dir=g.remote_dir,
-        running_timeout_s=g.running_timeout_s, ssh_timeout_s=g.ssh_timeout_s, startup_timeout_s=g.startup_timeout_s,
-        ready_timeout_s=g.ready_timeout_s, labels=dict(g.labels),
+        public_ips=g.public_ips, ssh_user=g.ssh_user, ssh_port=ssh_port, boot_disk_gb=g.boot_disk_gb,
+        boot_disk_type=g.boot_disk_type, bucket=g.bucket or f"{project}-dsctl", dispatcher_port=g.dispatcher_port,
+        worker_port=g.worker_port, tensorflow_version=software.tensorflow_version, bootstrap=g.bootstrap, python=python,
+        remote_dir=g.remote_dir, running_timeout_s=g.running_timeout_s, tpu_timeout_s=g.tpu_timeout_s,
+        ssh_timeout_s=g.ssh_timeout_s, startup_timeout_s=g.startup_timeout_s, ready_timeout_s=g.ready_timeout_s,
+        labels=dict(g.labels), software=software.as_dict(),
     ).with_env_endpoints()
     if check_creds:
         check_credentials(settings)

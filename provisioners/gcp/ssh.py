@@ -146,9 +146,9 @@ class Ssh:
             if time.monotonic() + delay > deadline:
                 raise CloudTimeout(
                     f"{what} at {host} did not answer SSH on port {self.port} as {self.user} within {timeout_s:.0f} s "
-                    f"(last: {type(last).__name__}: {last}). dsctl connects to the VMs' internal addresses unless "
-                    "gcp.public_ips is true: run it inside the VPC (or set gcp.public_ips: true), and make sure the "
-                    "network allows SSH from here and OS Login is not enforced."
+                    f"(last: {type(last).__name__}: {last}). dsctl connects to the VMs' external addresses (or, with "
+                    "gcp.public_ips: false, their internal ones, from inside the VPC): make sure the network admits "
+                    "SSH (tcp:22) from here and OS Login is not enforced by an organization policy."
                 ) from None
             time.sleep(delay)
             delay = min(delay * 1.5, 3.0)

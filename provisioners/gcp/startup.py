@@ -1,59 +1,113 @@
-"""The startup script that gives each VM the trainer's TensorFlow and the dsctl wheel of this version.
+"""The startup script that gives a VM the run's TensorFlow and this dsctl, from Cloud Storage only.
 
-It runs as root at first boot: makes a virtualenv at /opt/dsctl/venv, installs
-TensorFlow at exactly the run's version (tensorflow-cpu on CPU VMs,
-tensorflow[and-cuda] on GPU VMs, tensorflow-tpu on TPU VMs), downloads the
-staged dsctl wheel from Cloud Storage with the VM's service account and
-installs it, then writes /var/lib/dsctl/bootstrap.json ({"ok": true,
-"tensorflow": "2.21.0"} or {"ok": false, "error": ...}), which dsctl waits for
-over SSH. dsctl then checks the versions itself (versions.py).
+It runs as root at first boot (the guest environment's metadata script runner) and needs
+no apt and no PyPI, so it works the same on 640 VMs at once and on VMs whose only way out
+is Private Google Access:
 
-With gcp.bootstrap: false the VMs are expected to have both already (a custom
-image), and no script is set.
+1. fetch the run's wheelhouse (wheelhouse.py; every file checked against its manifest's
+   sha256) and the staged dsctl wheel from Cloud Storage, with the image's own Python and
+   the VM's service-account token from the metadata server;
+2. make /opt/dsctl/venv with `python -m venv --without-pip`, which needs neither ensurepip
+   nor Debian's python3-venv package (on a TPU VM with --system-site-packages, to see the
+   runtime's TensorFlow); an image whose Python has no venv module at all gets a plain
+   directory of packages and a `python` wrapper at the same path instead;
+3. install with pip run from its own wheel, `--no-index --find-links` the wheelhouse;
+4. check that TensorFlow imports at exactly the run's version (on a GPU VM, also wait for
+   the NVIDIA driver that the Deep Learning VM image installs at boot);
+5. write /var/lib/dsctl/bootstrap.json: {"ok": true, "tensorflow": ..., "seconds": ...,
+   "storage_bytes": ...} or {"ok": false, "error": ...}, which dsctl waits for over SSH.
+
+Every value that reaches the script is quoted here.
 """
 
 from __future__ import annotations
 
 import shlex
 
-from .remote import FETCH
+from .remote import FETCH, REAL_STORAGE
+from .software import KindSoftware
 
 MARKER = "/var/lib/dsctl/bootstrap.json"
 LOG = "/var/lib/dsctl/bootstrap.log"
-TPU_FIND_LINKS = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
+VENV = "/opt/dsctl/venv"
+WHEELS = "/opt/dsctl/wheelhouse"
+GPU_DRIVER_WAIT_S = 900
 
 
-def tensorflow_requirement(kind: str, version: str) -> tuple[str, list[str]]:
-    """(pip requirement, extra pip args) for a VM of this kind (cpu, gpu, tpu)."""
-    if kind == "gpu":
-        return f"tensorflow[and-cuda]=={version}", []
-    if kind == "tpu":
-        return f"tensorflow-tpu=={version}", ["-f", TPU_FIND_LINKS]
-    return f"tensorflow-cpu=={version}", []
-
-
-def script(*, kind: str, tf_version: str, bucket: str, staging_prefix: str, wheel: str) -> str:
+def script(*, kind: KindSoftware, tf_version: str, bucket: str, wheelhouse_prefix: str, dsctl_prefix: str,
+           dsctl_wheel: str, storage_host: str | None = None) -> str:
+    """The bash startup script for one kind of VM (cpu, gpu, tpu) of a run."""
     q = shlex.quote
-    requirement, extra = tensorflow_requirement(kind, tf_version)
+    storage = storage_host or REAL_STORAGE
+    venv_flags = "--without-pip" + (" --system-site-packages" if kind.uses_image_tensorflow else "")
+    requirements = " ".join(q(r) for r in ((kind.tensorflow,) if kind.tensorflow else ()))
+    gpu_wait = ""
+    if kind.kind == "gpu":
+        gpu_wait = f"""
+step "waiting for the NVIDIA driver (the image installs it at boot)"
+i=0; until nvidia-smi -L > /dev/null 2>&1; do
+  i=$((i+1)); [ $i -gt {GPU_DRIVER_WAIT_S // 5} ] && fail "the NVIDIA driver did not come up within {GPU_DRIVER_WAIT_S} s (nvidia-smi)"
+  sleep 5
+done"""
     return f"""#!/bin/bash
-# dsctl bootstrap: TensorFlow {tf_version} ({kind}) and the dsctl wheel {wheel}.
+# dsctl bootstrap ({kind.kind} VM): TensorFlow {tf_version} and {dsctl_wheel}, from gs://{bucket} only.
 set -uo pipefail
-mkdir -p /var/lib/dsctl /opt/dsctl/dist
+mkdir -p /var/lib/dsctl {WHEELS}
 exec >> {LOG} 2>&1
 [ -s {MARKER} ] && grep -q '"ok": true' {MARKER} && exit 0   # done at an earlier boot
-fail() {{ printf '{{"ok": false, "error": "%s"}}\\n' "$1" > {MARKER}.tmp && mv {MARKER}.tmp {MARKER}; exit 1; }}
-if ! python3 -m venv --help > /dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv python3-pip \\
-    || fail "could not install python3-venv"
+PY={q(kind.python)}
+T0=$(date +%s.%N)
+phase() {{ printf '%s=%s ' "$1" "$(date +%s.%N)" >> /var/lib/dsctl/phases; }}
+step() {{ echo "dsctl bootstrap: $1"; }}
+fail() {{
+  "$PY" -c 'import json, sys; print(json.dumps({{"ok": False, "error": sys.argv[1]}}))' "$1" > {MARKER}.tmp 2>/dev/null \\
+    || printf '{{"ok": false, "error": "%s"}}\\n' "bootstrap failed" > {MARKER}.tmp
+  mv {MARKER}.tmp {MARKER}; exit 1
+}}
+[ -x "$PY" ] || fail "the image has no Python at $PY (set gcp.image_python)"
+"$PY" -c 'import sys; v = "%d.%d" % sys.version_info[:2]; sys.exit(v != sys.argv[1] and "Python " + v)' {q(kind.python_version)} \\
+  || fail "$PY is not Python {kind.python_version}, which the wheelhouse was built for (set gcp.image_python_version)"
+
+step "fetching the wheelhouse and dsctl from gs://{bucket}"
+"$PY" -c {q(FETCH)} {q(storage)} metadata {q(bucket)} {q(wheelhouse_prefix)} {WHEELS} manifest > /var/lib/dsctl/fetch-wheels.json \\
+  || fail "could not download the wheelhouse gs://{bucket}/{wheelhouse_prefix} (see {LOG}: the VM needs a route to Cloud Storage, external address, Cloud NAT or Private Google Access, and its service account needs Storage Object Viewer on the bucket)"
+"$PY" -c {q(FETCH)} {q(storage)} metadata {q(bucket)} {q(dsctl_prefix)} {WHEELS} objects {q(dsctl_wheel)} > /var/lib/dsctl/fetch-dsctl.json \\
+  || fail "could not download gs://{bucket}/{dsctl_prefix}{dsctl_wheel} (see {LOG})"
+phase fetched
+
+step "creating {VENV}"
+if [ ! -x {VENV}/bin/python ]; then
+  if ! "$PY" -m venv {venv_flags} {VENV}; then
+    step "this Python cannot make a venv: installing into {VENV}/site with a wrapper instead"
+    rm -rf {VENV} && mkdir -p {VENV}/bin {VENV}/site || fail "could not create {VENV}"
+    printf '#!/bin/sh\\nPYTHONPATH={VENV}/site${{PYTHONPATH:+:$PYTHONPATH}} exec %s "$@"\\n' "$PY" > {VENV}/bin/python
+    chmod 755 {VENV}/bin/python
+    TARGET="--target {VENV}/site"
+  fi
 fi
-[ -x /opt/dsctl/venv/bin/python ] || python3 -m venv /opt/dsctl/venv || fail "could not create /opt/dsctl/venv"
-/opt/dsctl/venv/bin/python -m pip install -q --upgrade pip || true
-python3 -c {q(FETCH)} {q(bucket)} {q(staging_prefix)} /opt/dsctl/dist {q(wheel)} \\
-  || fail "could not download the dsctl wheel from gs://{bucket}/{staging_prefix}{wheel} (does the VM's service account have Storage Object Viewer?)"
-/opt/dsctl/venv/bin/python -m pip install -q {" ".join(q(a) for a in extra)} {q(requirement)} \\
-  || fail "could not install {requirement}"
-/opt/dsctl/venv/bin/python -m pip install -q /opt/dsctl/dist/{q(wheel)} || fail "could not install {wheel}"
-V=$(/opt/dsctl/venv/bin/python -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null | tail -n 1) \\
-  || fail "TensorFlow {tf_version} was installed but does not import"
-printf '{{"ok": true, "tensorflow": "%s"}}\\n' "$V" > {MARKER}.tmp && mv {MARKER}.tmp {MARKER}
+PIP=$(ls {WHEELS}/pip-*.whl 2>/dev/null | head -n 1)
+[ -n "$PIP" ] || fail "the wheelhouse has no pip wheel"
+phase venv
+
+step "installing from the wheelhouse (no index)"
+{VENV}/bin/python "$PIP/pip" install --no-index --find-links {WHEELS} --no-cache-dir --disable-pip-version-check \\
+    --no-warn-script-location --quiet ${{TARGET:-}} {requirements} {WHEELS}/{q(dsctl_wheel)} \\
+  || fail "pip could not install {kind.tensorflow or 'dsctl'} from the wheelhouse (see {LOG})"
+phase installed
+
+V=$({VENV}/bin/python -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null | tail -n 1)
+[ "$V" = {q(tf_version)} ] || fail "TensorFlow on this VM is ${{V:-not importable}}, not {tf_version}"
+{VENV}/bin/python -c 'import dsctl.runtime.worker' || fail "dsctl's runtime does not import"
+phase checked{gpu_wait}
+
+"$PY" - "$T0" {MARKER} "$V" <<'EOF'
+import json, sys, time
+t0, marker, version = float(sys.argv[1]), sys.argv[2], sys.argv[3]
+fetched = sum(json.load(open("/var/lib/dsctl/" + f))["bytes"] for f in ("fetch-wheels.json", "fetch-dsctl.json"))
+phases = dict(p.split("=") for p in open("/var/lib/dsctl/phases").read().split())
+out = {{"ok": True, "tensorflow": version, "seconds": round(time.time() - t0, 2), "storage_bytes": fetched,
+       "phases_s": {{k: round(float(v) - t0, 2) for k, v in phases.items()}}}}
+open(marker + ".tmp", "w").write(json.dumps(out) + "\\n")
+EOF
+mv {MARKER}.tmp {MARKER}
 """

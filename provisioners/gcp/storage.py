@@ -5,7 +5,11 @@ Objects live under gs://<bucket>/dsctl/runs/<run>/:
   staging/spec.json             the job spec, for the trainers
   staging/code.tar.gz           the spec's folder (the user's pipeline and model code), if the spec uses it
   results/...                   metrics and logs collected at the end of the run
-Staging objects are deleted with the run; results are kept.
+Staging objects are deleted with the run; results are kept. Caches shared by runs live beside
+them: dsctl/wheelhouses/<digest>/ (wheelhouse.py) and dsctl/data/<kind>-<digest>/ (data.py).
+
+The bucket is created (in the zone's region) with uniform bucket-level access, and the VMs'
+service account is given Storage Object Viewer on it, so every VM can read what was staged.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from .clients import Clients
 from .errors import GcpError, from_api_error
 
 CODE_LIMIT_BYTES = 100 * 2**20
+# Roles that let a member read a bucket's objects (storage.objects.get).
+READER_ROLES = {"roles/storage.objectViewer", "roles/storage.objectUser", "roles/storage.objectAdmin",
+                "roles/storage.admin", "roles/storage.legacyObjectReader", "roles/storage.legacyObjectOwner"}
 SKIP_DIRS = {"__pycache__", "node_modules", ".git", ".venv", "venv", ".tox", ".mypy_cache", ".pytest_cache"}
 
 
@@ -74,11 +81,33 @@ class Staging:
         storage = self.clients.storage
         try:
             if storage.lookup_bucket(self.bucket_name) is None:
-                storage.create_bucket(self.bucket_name, location=self.clients.settings.region)
+                bucket = storage.bucket(self.bucket_name)
+                bucket.iam_configuration.uniform_bucket_level_access_enabled = True
+                storage.create_bucket(bucket, location=self.clients.settings.region)
         except gx.Conflict:
             pass  # created meanwhile, or exists in another project: the upload will tell
         except gx.GoogleAPICallError as exc:
             raise from_api_error(exc, doing=f"preparing the staging bucket gs://{self.bucket_name}") from exc
+
+    def grant_reader(self, service_account: str) -> bool:
+        """Make sure the VMs' service account may read the bucket's objects; True if a binding was added."""
+        from google.api_core import exceptions as gx
+
+        member = f"serviceAccount:{service_account}"
+        bucket = self._bucket()
+        try:
+            policy = bucket.get_iam_policy(requested_policy_version=3)
+            if any(member in b.get("members", ()) and b.get("role") in READER_ROLES for b in policy.bindings):
+                return False
+            policy.bindings.append({"role": "roles/storage.objectViewer", "members": {member}})
+            bucket.set_iam_policy(policy)
+            return True
+        except gx.GoogleAPICallError as exc:
+            raise GcpError(
+                f"could not let the VMs' service account {service_account} read gs://{self.bucket_name} "
+                f"({type(exc).__name__}: {getattr(exc, 'message', exc)}); the VMs fetch their software from it. Grant "
+                f"it yourself: `gcloud storage buckets add-iam-policy-binding gs://{self.bucket_name} --member={member} "
+                "--role=roles/storage.objectViewer`, or use a bucket you own (gcp.bucket).") from exc
 
     def upload(self, name: str, data: bytes | Path) -> str:
         """Upload to staging/<name>; returns the object name relative to the staging prefix."""
@@ -119,13 +148,15 @@ class Staging:
             names.append(name)
         return names
 
-    def delete_staging(self) -> None:
+    def delete_staging(self) -> list[str]:
+        """Delete the run's staging objects; returns the names still there (deletion is checked by listing)."""
         bucket = self._bucket()
         for blob in list(self.clients.storage.list_blobs(self.bucket_name, prefix=self.staging_prefix)):
             try:
                 bucket.delete_blob(blob.name)
             except Exception:
                 pass
+        return [b.name for b in self.clients.storage.list_blobs(self.bucket_name, prefix=self.staging_prefix)]
 
 
 __all__ = ["GcpError", "Staging", "code_archive", "run_prefix"]

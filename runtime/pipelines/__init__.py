@@ -7,6 +7,7 @@ TensorFlow is imported lazily, on the first build, so `PipelineError` and
 
     build_dataset(builtin, params, *, cache_dir, bucketing=None) -> batched tf.data.Dataset
     prepare_data(builtin, params, *, cache_dir) -> Path | None   (generate files only)
+    data_dir_name(builtin, params) -> str | None   (the folder the files live in, without TensorFlow)
     load_entrypoint_dataset(entrypoint, params, base_dir) -> tf.data.Dataset
     is_infinite(ds) -> bool
     batch_stats(batch) -> {"examples", "tokens", "padded_tokens"}
@@ -32,6 +33,7 @@ __all__ = [
     "PipelineError",
     "batch_stats",
     "build_dataset",
+    "data_dir_name",
     "is_infinite",
     "load_entrypoint_dataset",
     "prepare_data",
@@ -72,6 +74,14 @@ def _check_bucketing(bucketing) -> tuple[list[int], int]:
     return boundaries, num_consumers
 
 
+def data_dir_name(builtin: str, params: dict) -> str | None:
+    """The folder name ('images-<digest>') of a file-backed builtin's data; None for synthetic. No TensorFlow."""
+    from . import _cache
+
+    p = validate_params(builtin, params)
+    return _cache.dir_name(builtin, p) if builtin in _cache.FORMAT_VERSIONS else None
+
+
 def prepare_data(builtin: str, params: dict, *, cache_dir: Path) -> Path | None:
     """Generate a file-backed builtin's TFRecords (idempotent, safe concurrently); None for synthetic.
 
@@ -82,10 +92,10 @@ def prepare_data(builtin: str, params: dict, *, cache_dir: Path) -> Path | None:
     p = validate_params(builtin, params)
     if builtin == "images":
         from . import images
-        return images.prepare(p, Path(cache_dir))
+        return images.prepare(p, cache_dir)
     if builtin == "text":
         from . import text
-        return text.prepare(p, Path(cache_dir))
+        return text.prepare(p, cache_dir)
     return None
 
 
@@ -93,7 +103,7 @@ def build_dataset(
     builtin: str,
     params: dict,
     *,
-    cache_dir: Path,
+    cache_dir: Path | str,
     bucketing: tuple[list[int], int] | None = None,
 ) -> "tf.data.Dataset":
     """The batched dataset of a builtin pipeline ("synthetic" | "images" | "text").
@@ -113,9 +123,9 @@ def build_dataset(
         return synthetic.build(p)
     if builtin == "images":
         from . import images
-        return images.build(p, Path(cache_dir))
+        return images.build(p, cache_dir)
     from . import text
-    return text.build(p, Path(cache_dir), None if bucketing is None else _check_bucketing(bucketing))
+    return text.build(p, cache_dir, None if bucketing is None else _check_bucketing(bucketing))
 
 
 def load_entrypoint_dataset(entrypoint: str, params: dict, base_dir: Path) -> "tf.data.Dataset":

@@ -26,21 +26,10 @@ from dsctl.specs.pipelines import ImagesParams
 from . import _cache
 
 NUM_CLASSES = 1000
-FORMAT_VERSION = 1
 _FEATURES = {
     "image/encoded": tf.io.FixedLenFeature([], tf.string),
     "image/class/label": tf.io.FixedLenFeature([], tf.int64),
 }
-
-
-def _generation_params(p: ImagesParams) -> dict:
-    return {
-        "version": FORMAT_VERSION,
-        "num_files": p.num_files,
-        "images_per_file": p.images_per_file,
-        "image_size": p.image_size,
-        "seed": p.seed,
-    }
 
 
 def _smooth_noise(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
@@ -74,12 +63,11 @@ def _write_files(p: ImagesParams):
     return write
 
 
-def prepare(p: ImagesParams, cache_dir: Path) -> Path:
-    """Generate the TFRecords if needed; returns their directory."""
-    gen = _generation_params(p)
-    root = _cache.cache_root(p.cache_dir, cache_dir)
-    final = root / f"images-{_cache.digest('images', gen)}"
-    return _cache.materialize(final, _write_files(p), {"kind": "images", "params": gen})
+def prepare(p: ImagesParams, cache_dir):
+    """Generate the TFRecords if needed (or find them under a gs:// cache_dir); returns their directory."""
+    final = _cache.location("images", p, cache_dir)
+    meta = {"kind": "images", "params": _cache.generation_params("images", p)}
+    return _cache.materialize(final, _write_files(p), meta)
 
 
 def _decode_and_augment(crop: int):
@@ -94,9 +82,9 @@ def _decode_and_augment(crop: int):
     return fn
 
 
-def build(p: ImagesParams, cache_dir: Path) -> tf.data.Dataset:
+def build(p: ImagesParams, cache_dir) -> tf.data.Dataset:
     directory = prepare(p, cache_dir)
-    files = [str(directory / name) for name in _cache.read_manifest(directory)["files"]]
+    files = _cache.data_files(directory)
     ds = tf.data.Dataset.from_tensor_slices(files)
     ds = ds.shuffle(len(files), seed=p.seed)
     ds = ds.interleave(

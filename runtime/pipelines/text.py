@@ -32,21 +32,7 @@ from dsctl.specs.pipelines import TextParams
 
 from . import _cache
 
-FORMAT_VERSION = 1
 _FEATURES = {"tokens": tf.io.VarLenFeature(tf.int64)}
-
-
-def _generation_params(p: TextParams) -> dict:
-    return {
-        "version": FORMAT_VERSION,
-        "num_files": p.num_files,
-        "sequences_per_file": p.sequences_per_file,
-        "min_length": p.min_length,
-        "max_length": p.max_length,
-        "length_distribution": p.length_distribution,
-        "vocab_size": p.vocab_size,
-        "seed": p.seed,
-    }
 
 
 def sample_lengths(rng: np.random.Generator, n: int, lo: int, hi: int, distribution: str) -> np.ndarray:
@@ -84,12 +70,11 @@ def _write_files(p: TextParams):
     return write
 
 
-def prepare(p: TextParams, cache_dir: Path) -> Path:
-    """Generate the TFRecords if needed; returns their directory."""
-    gen = _generation_params(p)
-    root = _cache.cache_root(p.cache_dir, cache_dir)
-    final = root / f"text-{_cache.digest('text', gen)}"
-    return _cache.materialize(final, _write_files(p), {"kind": "text", "params": gen})
+def prepare(p: TextParams, cache_dir):
+    """Generate the TFRecords if needed (or find them under a gs:// cache_dir); returns their directory."""
+    final = _cache.location("text", p, cache_dir)
+    meta = {"kind": "text", "params": _cache.generation_params("text", p)}
+    return _cache.materialize(final, _write_files(p), meta)
 
 
 def _parse(record: tf.Tensor) -> dict:
@@ -119,9 +104,9 @@ def _bucketed(ds: tf.data.Dataset, p: TextParams, boundaries: list[int], num_con
     return ds.group_by_window(key_func=bucket_id, reduce_func=one_round, window_size=round_size)
 
 
-def build(p: TextParams, cache_dir: Path, bucketing: tuple[list[int], int] | None = None) -> tf.data.Dataset:
+def build(p: TextParams, cache_dir, bucketing: tuple[list[int], int] | None = None) -> tf.data.Dataset:
     directory = prepare(p, cache_dir)
-    files = [str(directory / name) for name in _cache.read_manifest(directory)["files"]]
+    files = _cache.data_files(directory)
     ds = tf.data.Dataset.from_tensor_slices(files)
     ds = ds.shuffle(len(files), seed=p.seed)
     ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8), num_parallel_calls=tf.data.AUTOTUNE)

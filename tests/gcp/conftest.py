@@ -25,7 +25,8 @@ from sshd import AuthorizedKeysWriter, Sshd, loopback_range, sshd_available
 PROJECT = "dsctl-test"
 ZONE = "us-central1-b"
 BUCKET = "dsctl-test-staging"
-VM_ADDRESSES = 16  # sshd listens on 127.0.0.2 .. 127.0.0.17 (OpenSSH allows 16 listen sockets)
+VM_ADDRESSES = 16  # sshd listens on 127.0.0.2 .. 127.0.0.17 (OpenSSH allows 16 listen sockets per process)
+INTERNAL_FIRST, EXTERNAL_FIRST = "127.0.0.2", "127.0.1.2"  # the stand-in's internal / external address ranges
 
 
 def _free_port() -> int:
@@ -38,7 +39,9 @@ def _free_port() -> int:
 def sshd(tmp_path_factory):
     if not sshd_available():
         pytest.skip("OpenSSH server (/usr/sbin/sshd) is not installed; `apt-get install openssh-server`")
-    server = Sshd(tmp_path_factory.mktemp("sshd"), loopback_range("127.0.0.2", VM_ADDRESSES)).start()
+    # Two sshd processes on one port, one authorized_keys: internal addresses (networkIP) and external ones (natIP).
+    server = Sshd(tmp_path_factory.mktemp("sshd"), loopback_range(INTERNAL_FIRST, VM_ADDRESSES),
+                  external_addresses=loopback_range(EXTERNAL_FIRST, VM_ADDRESSES)).start()
     yield server
     server.stop()
 
@@ -70,7 +73,7 @@ def kill_vm_processes(resource: dict) -> None:
 
 @pytest.fixture
 def cloud(request, gcs_emulator, monkeypatch, home):
-    """A fresh stand-in cloud (Compute + TPU) with the environment pointing dsctl at it.
+    """A fresh stand-in cloud (Compute + TPU + Resource Manager) with the environment pointing dsctl at it.
 
     With sshd installed, the stand-in also plays the guest agent for it; tests that SSH into
     the "VMs" ask for the `sshd` fixture themselves (and are skipped without it).
@@ -86,6 +89,7 @@ def cloud(request, gcs_emulator, monkeypatch, home):
     with FakeGce(fake) as server:
         monkeypatch.setenv("DSCTL_GCE_ENDPOINT", server.endpoint)
         monkeypatch.setenv("DSCTL_TPU_ENDPOINT", server.endpoint)
+        monkeypatch.setenv("DSCTL_CRM_ENDPOINT", server.endpoint)
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
         monkeypatch.setenv("DSCTL_GCP_RETRY_BASE_S", "0.05")
         monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
@@ -93,6 +97,8 @@ def cloud(request, gcs_emulator, monkeypatch, home):
         fake.endpoint = server.endpoint
         yield fake
         # Whatever a test leaves, the stand-in's VMs go (and with them their processes).
+        fake.on_created.clear()
+        fake.on_deleted.clear()
         with fake.lock:
             leftovers = list(fake.instances.values()) + list(fake.tpus.values())
         for r in leftovers:

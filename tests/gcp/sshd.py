@@ -1,9 +1,12 @@
 """A real OpenSSH server for tests, listening on several loopback addresses: one per stand-in VM.
 
-The fake Compute API gives each instance a distinct loopback address
-(127.0.0.2, 127.0.0.3, ...); this sshd listens on a range of them, so dsctl
-connects to "each VM" at its networkIP exactly as it would in a VPC. Commands
-run as the current user, as real processes on this machine.
+The fake Compute API gives each instance a distinct internal loopback address
+(127.0.0.2, 127.0.0.3, ...) and, when it asks for one, an external address with
+the same last octet (127.0.1.2, 127.0.1.3, ...). One sshd process listens on the
+internal range and a second, on the same port, on the external range, so dsctl
+connects to "each VM" at its networkIP or its natIP exactly as it would on the
+cloud. Commands run as the
+current user, as real processes on this machine.
 
 Authorized keys come from the stand-in's instances: `AuthorizedKeysWriter`
 plays the guest agent, writing every live instance's `ssh-keys` metadata to the
@@ -15,7 +18,9 @@ from __future__ import annotations
 import getpass
 import ipaddress
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -41,28 +46,61 @@ def loopback_range(first: str, count: int) -> list[str]:
 
 
 class Sshd:
-    def __init__(self, workdir: Path, addresses: list[str], port: int | None = None):
+    """One "VM network" of sshd listeners: a real OpenSSH server per address group, all on one port, sharing one
+    host key and one authorized_keys file.
+
+    `addresses` are the VMs' internal addresses (127.0.0.2 ...); `external_addresses`, if given, their external
+    ones (127.0.1.2 ...), served by a second sshd process on the same port (OpenSSH allows at most 16 listen
+    sockets per process). `env` holds extra environment variables every session gets (sshd's SetEnv); change
+    them later with `set_env`.
+    """
+
+    def __init__(self, workdir: Path, addresses: list[str], port: int | None = None, *,
+                 external_addresses: list[str] | None = None, env: dict[str, str] | None = None):
         self.dir = Path(workdir)
-        self.addresses = addresses
+        self.addresses = list(addresses)
+        self.external_addresses = list(external_addresses or [])
         self.port = port or free_port()
         self.user = getpass.getuser()
         self.authorized_keys = self.dir / "authorized_keys"
-        self.proc: subprocess.Popen | None = None
+        self.env: dict[str, str] = dict(env or {})
+        self.procs: dict[str, subprocess.Popen] = {}  # group ("internal" | "external") -> its sshd
         self.log = self.dir / "sshd.log"
         self.home = self.dir / "home"
 
-    def _config(self) -> Path:
+    @property
+    def groups(self) -> dict[str, list[str]]:
+        out = {"internal": self.addresses}
+        if self.external_addresses:
+            out["external"] = self.external_addresses
+        return out
+
+    @property
+    def proc(self) -> subprocess.Popen | None:  # the internal listener (kept for older callers)
+        return self.procs.get("internal")
+
+    def _setenv_line(self) -> str:
+        # A fresh VM's user has an empty home; this machine's ~/.bashrc (which bash sources for every ssh
+        # command) would otherwise add ~150 ms to each one.
+        env = {"HOME": str(self.home), **self.env}
+        for k, v in env.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) or '"' in v or "\n" in v:
+                raise ValueError(f"cannot pass {k}={v!r} through sshd's SetEnv")
+        return "SetEnv " + " ".join(f'"{k}={v}"' for k, v in env.items())
+
+    def _config(self, group: str, addresses: list[str]) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         host_key = self.dir / "host_ed25519"
         if not host_key.exists():
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key)], check=True)
         self.home.mkdir(exist_ok=True)
-        self.authorized_keys.touch()
+        if not self.authorized_keys.exists():
+            self.authorized_keys.touch()
         os.chmod(self.authorized_keys, 0o600)
-        lines = [f"ListenAddress {a}" for a in self.addresses] + [
+        lines = [f"ListenAddress {a}" for a in addresses] + [
             f"Port {self.port}",
             f"HostKey {host_key}",
-            f"PidFile {self.dir / 'sshd.pid'}",
+            f"PidFile {self.dir / f'sshd-{group}.pid'}",
             f"AuthorizedKeysFile {self.authorized_keys}",
             "AuthenticationMethods publickey",
             "PubkeyAuthentication yes",
@@ -75,46 +113,68 @@ class Sshd:
             "MaxStartups 200:30:400",
             "MaxSessions 100",
             "LogLevel ERROR",
-            # A fresh VM's user has an empty home; this machine's ~/.bashrc (which bash
-            # sources for every ssh command) would otherwise add ~150 ms to each one.
-            f"SetEnv HOME={self.home}",
+            self._setenv_line(),
         ]
-        cfg = self.dir / "sshd_config"
+        cfg = self.dir / f"sshd_config.{group}"
         cfg.write_text("\n".join(lines) + "\n")
+        check = subprocess.run([SSHD, "-t", "-f", str(cfg)], capture_output=True, text=True)
+        if check.returncode != 0:
+            raise RuntimeError(f"sshd config rejected: {check.stderr}")
         return cfg
+
+    def _wait_banner(self, address: str, proc: subprocess.Popen, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection((address, self.port), timeout=1) as s:
+                    if s.recv(4).startswith(b"SSH-"):
+                        return True
+            except OSError:
+                if proc.poll() is not None:
+                    return False
+                time.sleep(0.05)
+        return False
 
     def start(self) -> "Sshd":
         if os.geteuid() == 0:
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
-        cfg = self._config()
-        check = subprocess.run([SSHD, "-t", "-f", str(cfg)], capture_output=True, text=True)
-        if check.returncode != 0:
-            raise RuntimeError(f"sshd config rejected: {check.stderr}")
-        out = open(self.log, "ab")
-        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdout=out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
-        out.close()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection((self.addresses[0], self.port), timeout=1) as s:
-                    if s.recv(4).startswith(b"SSH-"):
-                        return self
-            except OSError:
-                if self.proc.poll() is not None:
-                    break
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"sshd did not start; see {self.log}: {self.log.read_text()[-2000:]}")
+        for group, addresses in self.groups.items():
+            cfg = self._config(group, addresses)
+            out = open(self.log, "ab")
+            proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)
+            out.close()
+            self.procs[group] = proc
+            if not self._wait_banner(addresses[0], proc):
+                self.stop()
+                raise RuntimeError(f"sshd ({group}) did not start; see {self.log}: {self.log.read_text()[-2000:]}")
+        return self
+
+    def set_env(self, env: dict[str, str]) -> None:
+        """Replace the extra session environment: rewrite the configs and SIGHUP each sshd (it re-executes itself
+        with the new configuration, keeping its PID); new sessions get the new variables."""
+        self.env = dict(env)
+        for group, addresses in self.groups.items():
+            self._config(group, addresses)
+            proc = self.procs.get(group)
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGHUP)
+        time.sleep(0.2)  # the old listener closes before the re-executed one binds
+        for group, addresses in self.groups.items():
+            proc = self.procs.get(group)
+            if proc is not None and not self._wait_banner(addresses[0], proc):
+                raise RuntimeError(f"sshd ({group}) did not come back after SIGHUP; see {self.log}")
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
             try:
-                self.proc.wait(5)
+                proc.wait(5)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                proc.kill()
+                proc.wait()
 
 
 class AuthorizedKeysWriter:

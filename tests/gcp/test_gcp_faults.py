@@ -1,6 +1,10 @@
 """Faults on the way up, on the stand-in cloud: each ends with a clear error (or a retried success) and nothing left.
 
-- a quota error on the fifth worker: one paragraph naming the resource, zone and count; zero instances and rules
+"Nothing left" is checked on everything that bills or lingers: instances, TPU VMs (and their queued
+resources), firewall rules, and the run's staging objects in Cloud Storage.
+
+- a quota too small for the workers' bulk insert: one paragraph naming the quota metric, region, resource,
+  zone and count; the bulk insert made none (all or nothing) and everything else was deleted
 - bursts of 503 (and 429): retried with backoff, the job succeeds
 - a VM stuck in PROVISIONING: times out naming it, everything deleted
 - a TensorFlow version mismatch on one VM: refused before anything starts, everything deleted
@@ -25,7 +29,7 @@ from dsctl.provisioners import Deployment
 from dsctl.provisioners.gcp import down_by_label, find_by_label
 from dsctl.specs import load_spec
 
-from conftest import PROJECT, ZONE, gcp_spec
+from conftest import BUCKET, PROJECT, ZONE, gcp_spec
 from helpers import dsctl, processes_under, wait_for
 
 NOTHING = {"instances": 0, "firewalls": 0, "tpus": 0}
@@ -38,32 +42,56 @@ def _run_failing(spec) -> tuple[JobRunner, str]:
     return runner, str(info.value)
 
 
-def test_quota_error_on_the_fifth_worker_leaves_nothing(cloud, home, tmp_path):
-    cloud.faults.fail_nth_instance, cloud.faults.fail_label = 5, ("dsctl-role", "worker")
+def staged(run_id: str) -> list[str]:
+    """The run's staging objects still in the bucket."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    client = storage.Client(project=PROJECT, credentials=AnonymousCredentials())
+    return [b.name for b in client.list_blobs(BUCKET, prefix=f"dsctl/runs/{run_id}/staging/")]
+
+
+def test_a_quota_too_small_for_the_workers_leaves_nothing_and_names_the_quota(cloud, home, tmp_path):
+    cloud.set_quota("N2_CPUS", 24, region="us-central1")  # the dispatcher fits (8); 8 workers (64 CPUs) do not
     spec = gcp_spec(tmp_path / "job", home=home, workers=8, trainer_machine="a2-highgpu-1g")
     runner, message = _run_failing(spec)
-    # One paragraph: what was refused (resource, zone, how many), why, and what to do.
+    # One paragraph: which quota, where, for what, how many, that it is not a rate limit, and what to do.
     assert "\n" not in message
-    for part in ("8 n2-standard-8 worker VMs", f"zone {ZONE}", "quota", "Quota 'N2_CPUS' exceeded", "8 were asked for",
+    for part in ("8 n2-standard-8 worker VMs", f"zone {ZONE}",
+                 "quota N2_CPUS (compute.googleapis.com/n2_cpus) in region us-central1 (limit 24)",
+                 "8 were asked for", "not a passing rate limit", "IAM & Admin > Quotas",
                  "Everything the run had created was deleted"):
         assert part in message, (part, message)
-    # The stand-in made 4 workers, the dispatcher, the GPU trainer and the firewall rule before the failure.
-    made = [k for k, _ in cloud.created]
-    assert made.count("instance") == 6 and made.count("firewall") == 1
-    assert cloud.counts() == NOTHING
+    # All or nothing: the bulk insert made no worker; the dispatcher, the GPU trainer and the rules were deleted.
+    made = [(k, b["labels"]["dsctl-role"]) for k, b in cloud.created if k == "instance"]
+    assert ("instance", "worker") not in made and ("instance", "dispatcher") in made
+    # A quota is not retried as if it were a rate limit: one bulk insert call.
+    assert len([1 for m, p in cloud.calls if m == "POST" and p.endswith("/bulkInsert")]) == 1
+    gpu = next(b for k, b in cloud.created if k == "instance" and b["labels"]["dsctl-role"] == "trainer")
+    assert {"key": "install-nvidia-driver", "value": "True"} in gpu["metadata"]["items"]
+    assert cloud.counts() == NOTHING and staged(runner.run_id) == []
     assert RunStore().get(runner.run_id).status == "failed"
     dep = Deployment.load(runner.run_dir)
     assert dep.status == "down" and not [n for n in dep.nodes if n.role != "gcp"]
+
+
+def test_a_tpu_quota_on_the_queued_request_is_named_and_not_retried(cloud, home, tmp_path):
+    cloud.set_tpu_quota("TPUV2sPerProjectPerZoneForTPUAPI", 0, zone=ZONE)
+    spec = gcp_spec(tmp_path / "job", home=home, workers=1, trainer_machine="tpu-v2-8")
+    runner, message = _run_failing(spec)
+    assert "TPUV2sPerProjectPerZoneForTPUAPI" in message and "not a passing rate limit" in message, message
+    assert len([1 for m, p in cloud.calls if m == "POST" and p.endswith("/queuedResources")]) == 1
+    assert cloud.counts() == NOTHING and staged(runner.run_id) == []
 
 
 def test_zone_exhausted_names_the_zone_and_machine(cloud, home, tmp_path):
     cloud.faults.fail_nth_instance, cloud.faults.fail_label = 1, ("dsctl-role", "dispatcher")
     cloud.faults.error_code = "ZONE_RESOURCE_POOL_EXHAUSTED"
     spec = gcp_spec(tmp_path / "job", home=home, workers=2)
-    _, message = _run_failing(spec)
+    runner, message = _run_failing(spec)
     assert f"zone {ZONE} has no capacity for 1 n2-standard-8 dispatcher VM" in message
     assert "another zone (gcp.zone)" in message
-    assert cloud.counts() == NOTHING
+    assert cloud.counts() == NOTHING and staged(runner.run_id) == []
 
 
 def test_stuck_in_provisioning_times_out_and_is_cleaned_up(cloud, home, tmp_path):
@@ -74,7 +102,7 @@ def test_stuck_in_provisioning_times_out_and_is_cleaned_up(cloud, home, tmp_path
     assert time.monotonic() - t0 < 30
     assert "did not reach RUNNING within 3 s" in message
     assert f"dsctl-{runner.run_id}-worker-1 (PROVISIONING)" in message
-    assert cloud.counts() == NOTHING
+    assert cloud.counts() == NOTHING and staged(runner.run_id) == []
 
 
 def test_tensorflow_version_mismatch_is_refused(cloud, sshd, home, tmp_path):
@@ -99,7 +127,7 @@ def test_tensorflow_version_mismatch_is_refused(cloud, sshd, home, tmp_path):
     assert "every machine must run the trainer's TensorFlow" in message
     assert "\n" not in message
     assert not list((home / "vms").rglob("pid")), "no server was started"
-    assert cloud.counts() == NOTHING
+    assert cloud.counts() == NOTHING and staged(runner.run_id) == []
 
 
 USER_PIPELINE = """
@@ -171,7 +199,7 @@ def _start_then_kill(spec, home, cloud) -> str:
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert cloud.counts() == {"instances": 2, "firewalls": 1, "tpus": 1}
+    assert cloud.counts() == {"instances": 2, "firewalls": 2, "tpus": 1}
     return run_id
 
 
@@ -182,10 +210,11 @@ def test_kill_9_then_down_by_label_with_no_local_state(cloud, sshd, home, tmp_pa
     run_id = _start_then_kill(spec, home, cloud)
     shutil.rmtree(home / "runs" / run_id)  # no local state at all
     found = find_by_label(PROJECT, ZONE, run_id)
-    assert (len(found.instances), len(found.tpus), found.firewalls) == (2, 1, [f"dsctl-{run_id}-svc"])
-    removed = down_by_label(PROJECT, ZONE, run_id)
-    assert removed.summary() == "2 VMs, 1 TPU VM, 1 firewall rule"
-    assert cloud.counts() == NOTHING
+    assert (len(found.instances), len(found.tpus), found.firewalls) == (2, 1, [f"dsctl-{run_id}-svc",
+                                                                               f"dsctl-{run_id}-deny"])
+    removed = down_by_label(PROJECT, ZONE, run_id, bucket=BUCKET)
+    assert removed.summary().startswith("2 VMs, 1 TPU VM, 2 firewall rules")  # (and the spec, if already staged)
+    assert cloud.counts() == NOTHING and staged(run_id) == []
     assert find_by_label(PROJECT, ZONE, run_id).empty
     wait_for(lambda: not processes_under(home), timeout=20, what="the VMs' processes to end with their VMs")
 
@@ -197,7 +226,7 @@ def test_kill_9_then_dsctl_down_from_state(cloud, sshd, home, tmp_path):
     run_id = _start_then_kill(spec, home, cloud)
     proc = dsctl("down", run_id, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert cloud.counts() == NOTHING
+    assert cloud.counts() == NOTHING and staged(run_id) == []
     dep = Deployment.load(home / "runs" / run_id)
     assert dep.status == "down" and not [n for n in dep.nodes if n.role != "gcp"]
     # `down` stopped the servers over SSH and brought their logs home before deleting the VMs.

@@ -10,6 +10,8 @@ VM, no process (the `home` fixture checks processes).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import stat
 
 import pytest
@@ -25,10 +27,17 @@ pytestmark = pytest.mark.slow
 
 
 def test_job_runs_on_the_stand_in_cloud_and_leaves_nothing(cloud, sshd, home, tmp_path):
+    """The defaults a new user gets: a TPU trainer, ephemeral external addresses, SSH to them only."""
     spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=2, trainer_machine="tpu-v2-8", epochs=1,
                     elements=256)
     runner = JobRunner(load_spec(spec))
-    summary = runner.run()
+    # The internal addresses answer no SSH for this run: dsctl must reach every VM, the TPU VM too, externally.
+    internal = sshd.procs["internal"]
+    os.kill(internal.pid, signal.SIGSTOP)
+    try:
+        summary = runner.run()
+    finally:
+        os.kill(internal.pid, signal.SIGCONT)
     record = RunStore().get(runner.run_id)
     assert record.status == "succeeded", record.error
     assert summary["batches"] > 0
@@ -42,26 +51,39 @@ def test_job_runs_on_the_stand_in_cloud_and_leaves_nothing(cloud, sshd, home, tm
     assert dep.status == "down"
     assert not [n for n in dep.nodes if n.role in ("dispatcher", "worker", "trainer", "firewall")]
     assert not dep.by_role("gcp")[0].extra.get("trainer_vms")
+    # The tf.data service itself was given the internal addresses (the VMs talk inside the VPC).
+    assert dep.dispatcher_address.startswith("127.0.0."), dep.dispatcher_address  # internal, not 127.0.1.x
 
-    # What was created, and how: ONE bulk insert for the workers, labelled, internal addresses only.
+    # What was created, and how: ONE bulk insert for the workers, labelled, with external addresses.
     posts = [p.rsplit("/", 1)[-1] for m, p in cloud.calls if m == "POST" and "/operations/" not in p]
     assert posts.count("bulkInsert") == 1 and posts.count("instances") == 1  # workers in bulk; the dispatcher alone
     kinds = [k for k, _ in cloud.created]
-    assert kinds.count("instance") == 3 and kinds.count("tpu") == 1 and kinds.count("firewall") == 1
+    assert kinds.count("instance") == 3 and kinds.count("queued_resource") == 1 and kinds.count("firewall") == 2
+    tag = f"dsctl-{runner.run_id}"
+    rules = {b["name"]: b for k, b in cloud.created if k == "firewall"}
+    allow, deny = rules[f"{tag}-svc"], rules[f"{tag}-deny"]
+    # Ports 0 in this spec: chosen on the VMs, so the unprivileged range, open between the run's VMs only ...
+    assert allow["sourceTags"] == allow["targetTags"] == [tag] and allow["allowed"] == [{"IPProtocol": "tcp", "ports": ["1024-65535"]}]
+    # ... and closed to everything else, ahead of the network's own allow rules (default-allow-internal: 65534).
+    assert deny["sourceRanges"] == ["0.0.0.0/0"] and deny["targetTags"] == [tag] and deny["denied"] == allow["allowed"]
+    assert allow["priority"] < deny["priority"] < 65534
     run_label = {"dsctl-run": runner.run_id}
     for kind, body in cloud.created:
         if kind == "firewall":
-            assert body["sourceTags"] == body["targetTags"] == [f"dsctl-{runner.run_id}"]
-            assert body["allowed"] == [{"IPProtocol": "tcp", "ports": ["1024-65535"]}]  # ports 0: chosen on the VMs
+            continue
+        if kind == "queued_resource":
+            assert "spot" not in body  # trainer.provisioning: standard
+            body = body["tpu"]["nodeSpec"][0]["node"]
+            assert body["acceleratorType"] == "v2-8" and body["networkConfig"]["enableExternalIps"] is True
+            assert body["runtimeVersion"] == "tpu-vm-tf-2.18.0-pjrt-v5p-and-below"
+            assert body["tags"] == [tag]
+        elif kind == "instance":
+            assert body["networkInterfaces"][0]["accessConfigs"][0]["type"] == "ONE_TO_ONE_NAT"
+            assert body["tags"]["items"] == [tag]
+        else:
             continue
         assert run_label.items() <= body["labels"].items()
         assert body["labels"]["dsctl-role"] in ("dispatcher", "worker", "trainer")
-        if kind == "instance":
-            assert "accessConfigs" not in body["networkInterfaces"][0], "internal addresses only"
-            assert body["tags"]["items"] == [f"dsctl-{runner.run_id}"]
-        else:
-            assert body["acceleratorType"] == "v2-8" and not body["networkConfig"].get("enableExternalIps")
-            assert body["tags"] == [f"dsctl-{runner.run_id}"]
 
     # The run's key: 0600, in the run dir, and nowhere in state, events or logs.
     key = runner.run_dir / "ssh" / "id_ed25519"
@@ -130,11 +152,50 @@ def test_one_deployment_measured_twice_and_scaled_as_a_sweep_does(cloud, sshd, h
         owned.scale(1, sink)
         assert [w.index for w in Deployment.load(dep.run_dir).by_role("worker")] == [0]
         assert ("scaled", "removed 2 worker(s); 1 remain") in events
-        assert cloud.counts() == {"instances": 2, "firewalls": 1, "tpus": 1}
+        assert cloud.counts() == {"instances": 2, "firewalls": 2, "tpus": 1}
     finally:
         owned.release(sink)
     # One trainer VM for both measurements; the workers in two bulk inserts (1, then 2 added).
-    assert [k for k, _ in cloud.created].count("tpu") == 1
+    assert [k for k, _ in cloud.created].count("queued_resource") == 1
     assert len([path for m, path in cloud.calls if m == "POST" and path.endswith("/bulkInsert")]) == 2
     assert cloud.counts() == {"instances": 0, "firewalls": 0, "tpus": 0}
     assert not Deployment.load(run_dir).by_role("gcp")[0].extra.get("trainer_vms")
+
+
+def test_the_images_builtin_runs_on_the_cloud_with_its_data_in_cloud_storage(cloud, sshd, gcs_emulator, home, tmp_path):
+    """The flagship example's pipeline: its TFRecords are generated here once, uploaded to the bucket, and the
+    workers on other "VMs" read them from there with TensorFlow's own GCS filesystem (through a proxy that
+    serves TensorFlow's fixed GCS endpoints from the emulator: gcs_proxy.py)."""
+    from gcs_proxy import GcsProxy
+
+    params = ("{builtin: images, params: {num_files: 2, images_per_file: 8, image_size: 32, crop_size: 24, "
+              "batch_size: 4, epochs: 1, shuffle_buffer: 0}}")
+    spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=2, trainer_machine="n2-standard-8",
+                    pipeline=params, mode="distributed_epoch")
+    with GcsProxy(emulator_endpoint=gcs_emulator, workdir=tmp_path / "proxy") as proxy:
+        sshd.set_env(proxy.env)  # every process started on a "VM" reaches Cloud Storage through the proxy
+        try:
+            first = JobRunner(load_spec(spec))
+            summary = first.run()
+            read_first = proxy.bytes_read(bucket=BUCKET, prefix="dsctl/data/images-")
+            second = JobRunner(load_spec(spec))
+            second.run()
+        finally:
+            sshd.set_env({})
+    assert RunStore().get(first.run_id).status == "succeeded"
+    assert summary["batches"] == 2 * 8 // 4  # distributed_epoch: every image once, 4 batches of 4
+    # The workers read the TFRecords from the bucket (the trainer only read the manifest).
+    assert read_first > 0
+    names = [b.name for b in storage_client().list_blobs(BUCKET, prefix="dsctl/data/")]
+    assert len([n for n in names if n.endswith(".tfrecord")]) == 2 and any(n.endswith("/manifest.json") for n in names)
+    events = [e["message"] for e in RunStore().events(first.run_id)] + [e["message"] for e in RunStore().events(second.run_id)]
+    assert any("images data in gs://" in m and "uploaded now" in m for m in events)
+    assert any("images data in gs://" in m and "already there" in m for m in events)  # the second run reused it
+    assert cloud.counts() == {"instances": 0, "firewalls": 0, "tpus": 0}
+
+
+def storage_client():
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    return storage.Client(project=PROJECT, credentials=AnonymousCredentials())

@@ -40,7 +40,7 @@ pipeline: {builtin: synthetic}
 def no_credentials(tmp_path, monkeypatch):
     """An environment with no Application Default Credentials and no endpoint overrides."""
     for var in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "CLOUDSDK_COMPUTE_ZONE",
-                "DSCTL_GCE_ENDPOINT", "DSCTL_TPU_ENDPOINT", "STORAGE_EMULATOR_HOST"):
+                "DSCTL_GCE_ENDPOINT", "DSCTL_TPU_ENDPOINT", "DSCTL_CRM_ENDPOINT", "STORAGE_EMULATOR_HOST"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -62,7 +62,7 @@ def test_missing_project_zone_and_credentials_are_clear_errors(no_credentials, m
     assert "needs Google Cloud credentials and none were found" in str(info.value)
     assert "gcloud auth application-default login" in str(info.value)
     # With the APIs pointed elsewhere (tests, private endpoints), anonymous credentials are used instead.
-    for var in ("DSCTL_GCE_ENDPOINT", "DSCTL_TPU_ENDPOINT", "STORAGE_EMULATOR_HOST"):
+    for var in ("DSCTL_GCE_ENDPOINT", "DSCTL_TPU_ENDPOINT", "DSCTL_CRM_ENDPOINT", "STORAGE_EMULATOR_HOST"):
         monkeypatch.setenv(var, "http://127.0.0.1:9")
     monkeypatch.setenv("DSCTL_SSH_PORT", "2222")
     s = resolve(spec)
@@ -100,28 +100,46 @@ def test_tpu_trainer_name_is_checked_for_gcp_only():
 
 def test_every_shipped_gcp_example_still_loads_and_a_local_spec_may_keep_its_gcp_section():
     s = load_spec(EXAMPLES / "gcp-resnet50.yaml").spec
-    assert s.provider == "gcp" and s.gcp is None
+    # The flagship example names only its project and zone: every other gcp field has a working default.
+    assert s.provider == "gcp" and s.gcp.model_dump(exclude_defaults=True) == {"project": "my-project",
+                                                                              "zone": "us-central1-b"}
     local = load_spec_text(MINIMAL_GCP.replace("provider: gcp", "provider: local") + "gcp: {project: p}\n").spec
     assert local.gcp.project == "p"
 
 
 # -- plan ---------------------------------------------------------------------------------------------------
 def test_plan_of_the_papers_resnet50_example(no_credentials):
+    from dsctl.costmodel import load_catalog
     from dsctl.provisioners.gcp import plan
 
-    p = plan(load_spec(EXAMPLES / "gcp-resnet50.yaml").spec)
-    assert [(l.role, l.machine, l.count, l.kind) for l in p.lines] == [
-        ("dispatcher", "n2-standard-8", 1, "VM"), ("workers", "n2-standard-8", 16, "VM"),
-        ("trainers", "tpu-v2-8", 1, "TPU VM")]
-    assert p.per_hour == pytest.approx(0.08 * 17 + 4.50)
+    spec = load_spec(EXAMPLES / "gcp-resnet50.yaml").spec
+    p = plan(spec)
+    assert [(l.role, l.machine, l.count, l.kind, l.provisioning) for l in p.lines] == [
+        ("dispatcher", "n2-standard-8", 1, "VM", "spot"), ("workers", "n2-standard-8", 16, "VM", "spot"),
+        ("trainers", "tpu-v2-8", 1, "TPU VM", "standard")]
+    # Each line at the price of how it is bought: the service as Spot (the paper's $0.08/h), the TPU on-demand.
+    cat = load_catalog(spec.pricing)
+    n2 = cat.split("n2-standard-8", provisioning="spot").total
+    tpu = cat.split("tpu-v2-8", provisioning="standard").total
+    assert p.lines[1].per_hour_each == pytest.approx(n2) and p.lines[2].per_hour_each == pytest.approx(tpu)
+    assert p.per_hour == pytest.approx(n2 * 17 + tpu)
     # 112,320 steps at no more than 1000/222 batches/s: the paper's $40.6 with the service.
     assert p.lower_bound and p.job_cost == pytest.approx(40.6, abs=0.1)
     text = p.render()
-    assert "5.8600" in text and "at least $40.59" in text and "no zone is set" in text
-    big = plan(load_spec(EXAMPLES / "gcp-resnet50.yaml").spec, 640, batches_per_s=4.5)
-    assert big.lines[1].count == 640 and big.per_hour == pytest.approx(0.08 * 641 + 4.5)
+    assert "Spot" in text and "on-demand" in text and "at least $40.59" in text and "no zone is set" not in text
+    assert "TensorFlow 2.18.0 on every VM" in text and "external address" in text
+    big = plan(spec, 640, batches_per_s=4.5)
+    assert big.lines[1].count == 640 and big.per_hour == pytest.approx(n2 * 641 + tpu)
     assert not big.lower_bound and big.job_hours == pytest.approx(112320 / 4.5 / 3600)
-    assert big.as_dict()["lines"][1]["per_hour"] == pytest.approx(51.2)
+    assert big.as_dict()["lines"][1]["per_hour"] == pytest.approx(n2 * 640)
+    # On-demand workers are priced on-demand, never at the Spot price: this catalog has no such price, so it says so.
+    standard = spec.model_copy(update={"service": spec.service.model_copy(update={"provisioning": "standard"})})
+    p = plan(standard)
+    assert p.lines[1].per_hour_each is None and p.per_hour is None
+    assert any("service.provisioning" in n for n in p.notes)
+    listed = plan(standard.model_copy(update={"pricing": "gcp-us-central1-2025"}))
+    assert listed.lines[1].per_hour_each == pytest.approx(
+        load_catalog("gcp-us-central1-2025").split("n2-standard-8", provisioning="standard").total)
 
 
 def test_plan_without_a_known_length_gives_the_hourly_cost(no_credentials):
@@ -145,25 +163,34 @@ def test_names_fit_compute_engine_rules_even_for_long_run_ids():
     assert re.fullmatch(r"[a-z0-9_-]{0,63}", naming.label_value(rid.upper() + "!" * 40))
 
 
-def test_request_bodies_gpu_public_ips_subnetwork_service_account():
+def test_request_bodies_gpu_spot_public_ips_subnetwork_service_account():
     from google.cloud import compute_v1 as c
 
     from dsctl.provisioners.gcp import compute
     from dsctl.provisioners.gcp.settings import GcpSettings
 
-    s = GcpSettings(project="p", zone="us-central1-b", subnetwork="sub", public_ips=True, service_account="none",
-                    image="img", gpu_image="gpu-img")
-    vm = compute.VmConfig(machine="a2-highgpu-2g", labels={"dsctl-run": "r"}, tag="t", metadata={"ssh-keys": "u:k"})
+    s = GcpSettings(project="p", zone="us-central1-b", subnetwork="sub", public_ips=True, service_account="none")
+    vm = compute.VmConfig(machine="a2-highgpu-2g", labels={"dsctl-run": "r"}, tag="t", metadata={"ssh-keys": "u:k"},
+                          image="gpu-img")
     body = c.Instance.to_dict(compute.instance_body(s, "n", vm))
     assert body["guest_accelerators"] == [{"accelerator_type": "zones/us-central1-b/acceleratorTypes/nvidia-tesla-a100",
                                            "accelerator_count": 2}]
+    assert body["scheduling"]["on_host_maintenance"] == "TERMINATE"  # GPUs cannot live-migrate
     assert body["disks"][0]["initialize_params"]["source_image"] == "gpu-img"
     assert body["network_interfaces"][0]["access_configs"][0]["type_"] == "ONE_TO_ONE_NAT"
     assert body["network_interfaces"][0]["subnetwork"] == "projects/p/regions/us-central1/subnetworks/sub"
     assert not body.get("service_accounts")
+    # Bulk insert: bare names in instanceProperties (machine, GPU and disk types), all or nothing.
     bulk = c.BulkInsertInstanceResource.to_dict(compute.bulk_body(s, ["w-0", "w-1"], vm))
     assert (int(bulk["count"]), int(bulk["min_count"]), sorted(bulk["per_instance_properties"])) == (2, 2, ["w-0", "w-1"])
-    assert bulk["instance_properties"]["machine_type"] == "a2-highgpu-2g"
+    props = bulk["instance_properties"]
+    assert props["machine_type"] == "a2-highgpu-2g" and props["guest_accelerators"][0]["accelerator_type"] == "nvidia-tesla-a100"
+    assert props["disks"][0]["initialize_params"]["disk_type"] == "pd-balanced"
+    spot = c.Instance.to_dict(compute.instance_body(s, "n", compute.VmConfig(
+        machine="n2-standard-8", labels={}, tag="t", metadata={}, image="img", provisioning="spot")))["scheduling"]
+    assert (spot["provisioning_model"], spot["instance_termination_action"], spot["automatic_restart"]) == ("SPOT", "STOP", False)
+    internal = GcpSettings(project="p", zone="us-central1-b", public_ips=False)
+    assert not c.Instance.to_dict(compute.instance_body(internal, "n", vm))["network_interfaces"][0].get("access_configs")
     assert compute.machine_kind("n2-standard-8").kind == "cpu" and compute.machine_kind("tpu-v5litepod-4").accelerator == "v5litepod-4"
 
 
@@ -220,15 +247,26 @@ def test_a_process_that_ends_between_readings_is_never_reported_killed(tmp_path)
     assert seen == [0] * 30
 
 
-def test_startup_script_is_valid_bash_and_pins_the_versions():
-    from dsctl.provisioners.gcp import startup
+def test_startup_script_installs_from_the_wheelhouse_only_and_is_valid_bash():
+    """Its real run is tests/gcp/test_gcp_boot.py (a Debian 12 root filesystem with no network but Cloud Storage)."""
+    from dsctl.provisioners.gcp import software, startup
+    from dsctl.specs import load_spec_text
 
-    for kind, pkg in (("cpu", "tensorflow-cpu==2.21.0"), ("gpu", "'tensorflow[and-cuda]==2.21.0'"),
-                      ("tpu", "tensorflow-tpu==2.21.0")):
-        text = startup.script(kind=kind, tf_version="2.21.0", bucket="b", staging_prefix="dsctl/runs/r/staging/",
-                              wheel="dsctl-0.1.0+gabc-py3-none-any.whl")
-        assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
-        assert pkg in text and startup.MARKER in text
+    for machine in ("n2-standard-8", "a2-highgpu-1g", "tpu-v2-8"):
+        spec = load_spec_text(MINIMAL_GCP.replace("tpu-v2-8", machine) + "gcp: {project: p, zone: us-central1-b}\n").spec
+        sw = software.resolve(spec, "2.21.0")
+        for kind in sw.kinds.values():
+            text = startup.script(kind=kind, tf_version=sw.tensorflow_version, bucket="b",
+                                  wheelhouse_prefix="dsctl/wheelhouses/abc/", dsctl_prefix="dsctl/runs/r/staging/",
+                                  dsctl_wheel="dsctl-0.1.0+gabc-py3-none-any.whl")
+            assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+            assert startup.MARKER in text and "--no-index" in text and "--without-pip" in text
+            assert "apt-get" not in text and "pypi" not in text.lower()
+            if kind.tensorflow:
+                assert kind.tensorflow in text
+            if kind.kind == "tpu":  # the runtime's own TensorFlow, seen from the venv
+                assert "--system-site-packages" in text and "tensorflow" not in text.split("--find-links")[1].split("||")[0]
+            assert ("nvidia-smi" in text) == (kind.kind == "gpu")
 
 
 def test_wheel_of_this_version_has_the_runtime_and_a_consistent_record(tmp_path):
@@ -265,31 +303,69 @@ def test_key_pair_is_private_and_reused(tmp_path):
 
 
 # -- against the stand-in, without SSH --------------------------------------------------------------------------
-def _fleet(run_id: str):
+def _fleet(run_id: str, **settings):
     from dsctl.provisioners.gcp.clients import Clients
     from dsctl.provisioners.gcp.resources import Fleet
     from dsctl.provisioners.gcp.settings import GcpSettings
 
-    return Fleet(Clients(GcpSettings(project=PROJECT, zone=ZONE, running_timeout_s=20).with_env_endpoints()), run_id)
+    return Fleet(Clients(GcpSettings(project=PROJECT, zone=ZONE, running_timeout_s=20, **settings).with_env_endpoints()),
+                 run_id)
+
+
+DEBIAN = "projects/debian-cloud/global/images/family/debian-12"
 
 
 def _machine(run_id: str, role: str, index: int, machine: str = "n2-standard-8"):
     from dsctl.provisioners.gcp import compute, naming
     from dsctl.provisioners.gcp.resources import Machine
 
+    kind = compute.machine_kind(machine).kind
     vm = compute.VmConfig(machine=machine, labels=naming.labels(run_id, "j", role, index=index),
-                          tag=naming.network_tag(run_id), metadata={})
-    return Machine(role, index, naming.instance_name(run_id, role, index), vm, compute.machine_kind(machine).kind)
+                          tag=naming.network_tag(run_id), metadata={},
+                          image="tpu-vm-tf-2.18.0-pjrt-v5p-and-below" if kind == "tpu" else DEBIAN)
+    return Machine(role, index, naming.instance_name(run_id, role, index), vm, kind)
+
+
+def _rules(run_id: str):
+    from dsctl.provisioners.gcp import firewall, naming
+
+    return firewall.run_rules(run_id, naming.network_tag(run_id), 5050, 5051)
 
 
 def test_tpu_out_of_capacity_is_classified(cloud):
+    """A TPU queued resource that finds no capacity within gcp.tpu_timeout_s fails with Cloud TPU's reason."""
     from dsctl.provisioners.gcp.errors import ZoneExhausted
 
     cloud.faults.tpu_exhausted = True
-    fleet = _fleet("tpu-run")
+    fleet = _fleet("tpu-run", tpu_timeout_s=2)
+    m = _machine("tpu-run", "trainer", 0, "tpu-v2-8")
+    fleet.create([m])
     with pytest.raises(ZoneExhausted) as info:
-        fleet.create([_machine("tpu-run", "trainer", 0, "tpu-v2-8")], None)
+        fleet.wait_tpu(m, lambda *a: None)
     assert f"zone {ZONE} has no capacity for 1 TPU v2-8 VM" in str(info.value)
+    fleet.sweep()
+    assert cloud.counts() == NOTHING
+
+
+def test_a_retried_tpu_request_is_not_made_twice_and_tpus_wait_on_their_own_clock(cloud):
+    """TPU VMs are asked for as queued resources with a request id, a validity window of gcp.tpu_timeout_s, and
+    the run's Spot choice; their addresses are read from the node once it is READY."""
+    from dsctl.provisioners.gcp import compute
+
+    fleet = _fleet("qr-run", tpu_timeout_s=120, public_ips=True)
+    m = _machine("qr-run", "trainer", 0, "tpu-v2-8")
+    m.vm.provisioning = "spot"
+    fleet.create([m])
+    body = next(b for k, b in cloud.created if k == "queued_resource")
+    assert body["queueingPolicy"]["validUntilDuration"] == "120s" and "spot" in body
+    qr_posts = [(meth, p) for meth, p in cloud.calls if meth == "POST" and p.endswith("/queuedResources")]
+    assert len(qr_posts) == 1
+    seen = []
+    fleet.wait_tpu(m, lambda m, internal, external: seen.append((internal, external)))
+    assert seen and seen[0][0] and seen[0][1] and seen[0][0] != seen[0][1]  # external address requested (default)
+    assert compute.machine_kind(m.vm.machine).kind == "tpu"
+    fleet.sweep()
+    assert cloud.counts() == NOTHING
 
 
 def test_quota_refused_by_the_insert_call_itself_is_classified_the_same(cloud):
@@ -298,7 +374,7 @@ def test_quota_refused_by_the_insert_call_itself_is_classified_the_same(cloud):
     cloud.faults.fail_nth_instance, cloud.faults.fail_label, cloud.faults.fail_sync = 1, ("dsctl-role", "worker"), True
     fleet = _fleet("sync-run")
     with pytest.raises(QuotaExceeded) as info:
-        fleet.create([_machine("sync-run", "worker", i) for i in range(4)], None)
+        fleet.create([_machine("sync-run", "worker", i) for i in range(4)])
     assert f"Google Cloud refused to create 4 n2-standard-8 worker VMs in zone {ZONE}" in str(info.value)
     assert "4 were asked for" in str(info.value)
 
@@ -307,9 +383,9 @@ def test_api_rate_quota_403_is_retried(cloud):
     cloud.faults.burst_every, cloud.faults.burst_length, cloud.faults.burst_status = 3, 2, 403
     fleet = _fleet("rate-run")
     machines = [_machine("rate-run", "worker", i) for i in range(3)] + [_machine("rate-run", "dispatcher", 0)]
-    fleet.create(machines, ("dsctl-rate-run-svc", "dsctl-rate-run"))
+    fleet.create(machines, _rules("rate-run"))
     fleet.wait_running(machines, 20, lambda *a: None)
-    fleet.delete([m.name for m in machines], [], ["dsctl-rate-run-svc"])
+    fleet.delete([m.name for m in machines], [], [r.name for r in _rules("rate-run")])
     assert cloud.errors_injected >= 3
     assert cloud.counts() == NOTHING
 
@@ -318,7 +394,7 @@ def test_deletion_is_confirmed_before_the_state_forgets(cloud):
     cloud.timing.stopping_s = 1.0  # deleted VMs linger in STOPPING for a second
     fleet = _fleet("del-run")
     machines = [_machine("del-run", "worker", i) for i in range(3)]
-    fleet.create(machines, ("dsctl-del-run-svc", "dsctl-del-run"))
+    fleet.create(machines, _rules("del-run"))
     fleet.wait_running(machines, 20, lambda *a: None)
     forgotten = []
 
@@ -331,6 +407,7 @@ def test_deletion_is_confirmed_before_the_state_forgets(cloud):
     fleet.delete([m.name for m in machines], [], ["dsctl-del-run-svc"], on_gone)
     assert time.monotonic() - t0 >= 1.0
     assert sorted(forgotten) == sorted([m.name for m in machines] + ["dsctl-del-run-svc"])
+    fleet.sweep()  # the deny rule, found by its name
     assert cloud.counts() == NOTHING
 
 
@@ -384,7 +461,13 @@ def test_confirm_up_asks_only_for_gcp_and_never_without_a_terminal(cloud, home, 
     assert confirm_up(spec, 3, yes=False, ask=ask, echo=shown.append, interactive=True)
     assert asked == ["Create these machines on Google Cloud?"]
     assert f"project {PROJECT}, zone {ZONE}" in shown[-1] and "workers" in shown[-1]
-    assert cloud.counts() == NOTHING and not cloud.calls  # a plan creates nothing, calls nothing
+    # Before asking, the live project was checked (reads only): nothing was created.
+    assert cloud.counts() == NOTHING and _only_reads(cloud)
+
+
+def _only_reads(cloud) -> bool:
+    """Every call so far was a read: GETs, and Resource Manager's testIamPermissions (a POST that changes nothing)."""
+    return all(m == "GET" or p.endswith(":testIamPermissions") for m, p in cloud.calls)
 
 
 def test_down_without_state_needs_project_and_zone(cloud, monkeypatch):
@@ -393,10 +476,11 @@ def test_down_without_state_needs_project_and_zone(cloud, monkeypatch):
     with pytest.raises(SpecError, match="--project P --zone Z"):
         down_without_state("some-run")
     fleet = _fleet("orphan-run")
-    fleet.create([_machine("orphan-run", "worker", 0)], ("dsctl-orphan-run-svc", "dsctl-orphan-run"))
+    fleet.create([_machine("orphan-run", "worker", 0), _machine("orphan-run", "trainer", 0, "tpu-v2-8")],
+                 _rules("orphan-run"))
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", PROJECT)
     found = down_without_state("orphan-run", zone=ZONE)
-    assert found.summary() == "1 VM, 1 firewall rule" and cloud.counts() == NOTHING
+    assert found.summary() == "1 VM, 1 TPU VM, 2 firewall rules" and cloud.counts() == NOTHING
     assert down_without_state("orphan-run", zone=ZONE).empty
 
 
@@ -405,19 +489,19 @@ def test_cli_dry_run_prints_the_plan_and_a_real_up_asks_first(cloud, home, tmp_p
     plan = dsctl("up", spec, "--dry-run")
     assert plan.returncode == 0, plan.stderr
     assert "n2-standard-8" in plan.stdout and "tpu-v2-8" in plan.stdout and "dry run: nothing was created" in plan.stdout
+    assert not cloud.calls  # the dry run asked nothing of the APIs
     refused = dsctl("up", spec, stdin=subprocess.DEVNULL)
     assert refused.returncode == 2 and "pass --yes" in refused.stderr and "Traceback" not in refused.stderr
-    assert cloud.counts() == NOTHING and not cloud.calls
+    assert cloud.counts() == NOTHING and _only_reads(cloud)
 
 
 def test_cli_down_finds_a_run_by_label_without_local_state(cloud, home):
     fleet = _fleet("lost-run")
-    fleet.create([_machine("lost-run", "worker", 0), _machine("lost-run", "worker", 1)],
-                 ("dsctl-lost-run-svc", "dsctl-lost-run"))
+    fleet.create([_machine("lost-run", "worker", 0), _machine("lost-run", "worker", 1)], _rules("lost-run"))
     assert cloud.counts()["instances"] == 2
     down = dsctl("down", "lost-run", "--project", PROJECT, "--zone", ZONE)
     assert down.returncode == 0, down.stderr
-    assert "deleted 2 VMs, 1 firewall rule" in down.stdout and cloud.counts() == NOTHING
+    assert "deleted 2 VMs, 2 firewall rules" in down.stdout and cloud.counts() == NOTHING
     again = dsctl("down", "lost-run", "--project", PROJECT, "--zone", ZONE)
     assert again.returncode == 0 and "nothing found" in again.stdout
 
@@ -467,18 +551,37 @@ def test_fetch_on_the_vm_unpacks_the_code_and_refuses_paths_outside_it(cloud, tm
     assert not (dest / "escaped.txt").exists()
 
 
-def test_bootstrap_stages_this_dsctl_and_the_startup_script_installs_it(cloud, home, tmp_path):
-    """With gcp.bootstrap (the default), the wheel of this dsctl is in the bucket and every VM's metadata
-    carries a startup script that installs it with the run's TensorFlow (run by the real guest agent only)."""
+def _fake_wheelhouse(cache, kind) -> None:
+    """A complete wheelhouse in the local cache for `kind` (what `pip download` would have left), so no pip runs."""
+    import hashlib
+    import json
+
+    from dsctl.provisioners.gcp import wheelhouse
+
+    recipe = wheelhouse.Recipe.for_kind(kind)
+    final = cache / recipe.digest
+    final.mkdir(parents=True)
+    files = []
+    for name in ("pip-26.0-py3-none-any.whl", f"stand_in_{kind.kind}-1.0-py3-none-any.whl"):
+        data = name.encode() * 100
+        (final / name).write_bytes(data)
+        files.append({"name": name, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)})
+    (final / wheelhouse.MANIFEST).write_text(json.dumps({"files": files}))
+
+
+def test_staging_gives_every_vm_kind_its_wheelhouse_and_the_vms_read_access(cloud, home, tmp_path, monkeypatch):
+    """With gcp.bootstrap (the default): this dsctl's wheel in the run's staging folder, one wheelhouse per VM kind
+    uploaded once (manifest last) to a shared content-addressed folder, the bucket readable by the VMs' service
+    account, and a startup script per kind pointing at them. `down` deletes the run's staging, not the caches."""
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
     from dsctl.provisioners import Deployment
     from dsctl.provisioners.gcp import GcpProvisioner
-    from dsctl.provisioners.gcp.settings import local_tensorflow_version
 
     from conftest import BUCKET
 
+    monkeypatch.setenv("DSCTL_WHEELHOUSE_CACHE", str(tmp_path / "wheelhouses"))
     spec = load_spec(gcp_spec(tmp_path / "job", home=home, gcp={"bootstrap": "true", "python": "null"})).spec
     run_dir = home / "runs" / "boot-0001"
     run_dir.mkdir(parents=True)
@@ -486,24 +589,58 @@ def test_bootstrap_stages_this_dsctl_and_the_startup_script_installs_it(cloud, h
     p = GcpProvisioner()
     p.check(spec, 1)
     p._context(dep, spec)
-    wheel = p._stage_wheel(dep, lambda *a: None)
-    blobs = [b.name for b in storage.Client(project=PROJECT, credentials=AnonymousCredentials()).list_blobs(BUCKET)]
-    assert f"dsctl/runs/boot-0001/staging/{wheel}" in blobs
-    md = p._metadata(dep, "tpu", wheel)
+    kinds = p._settings.kinds
+    for kind in kinds.kinds.values():
+        _fake_wheelhouse(tmp_path / "wheelhouses", kind)
+    events = []
+    p._stage(dep, spec, {"cpu", "tpu"}, lambda kind, msg: events.append(msg))
+    client = storage.Client(project=PROJECT, credentials=AnonymousCredentials())
+    blobs = [b.name for b in client.list_blobs(BUCKET)]
+    staged = dep.by_role("gcp")[0].extra["staged_software"]
+    assert f"dsctl/runs/boot-0001/staging/{staged['wheel']}" in blobs
+    for kind in ("cpu", "tpu"):
+        prefix = staged["wheelhouses"][kind]
+        assert prefix.startswith("dsctl/wheelhouses/") and f"{prefix}MANIFEST.json" in blobs
+        assert f"{prefix}pip-26.0-py3-none-any.whl" in blobs
+    # The VMs' service account (the project's default Compute Engine one) may read the bucket.
+    number = cloud.project_number(PROJECT) if callable(getattr(cloud, "project_number", None)) else None
+    policy = client.bucket(BUCKET).get_iam_policy(requested_policy_version=3)
+    readers = {m for b in policy.bindings if b["role"] == "roles/storage.objectViewer" for m in b["members"]}
+    assert any(m.startswith("serviceAccount:") and m.endswith("-compute@developer.gserviceaccount.com")
+               and (number is None or str(number) in m) for m in readers), readers
+
+    md = p._metadata(dep, "tpu")
     script = md["startup-script"]
-    assert f"tensorflow-tpu=={local_tensorflow_version()}" in script and wheel in script and BUCKET in script
+    assert staged["wheelhouses"]["tpu"] in script and staged["wheel"] in script and BUCKET in script
+    assert "tpu-vm-tf-" not in script and "--system-site-packages" in script  # the TPU runtime brings TensorFlow
+    assert f"tensorflow-cpu=={kinds.tensorflow_version}" in p._metadata(dep, "cpu")["startup-script"]
     assert md["ssh-keys"].startswith(f"{p._settings.ssh_user}:ssh-ed25519 ") and md["enable-oslogin"] == "FALSE"
     assert p._settings.python == "/opt/dsctl/venv/bin/python"
+
+    # A second run finds the wheelhouses in the bucket and uploads nothing.
+    again = Deployment(run_id="boot-0002", provider="gcp", run_dir=str(home / "runs" / "boot-0002"))
+    (home / "runs" / "boot-0002").mkdir()
+    q = GcpProvisioner()
+    q.check(spec, 1)
+    q._context(again, spec)
+    more = []
+    q._stage(again, spec, {"cpu", "tpu"}, lambda kind, msg: more.append(msg))
+    assert sum("already there" in m for m in more) == 2
+
     p.down(dep, lambda *a: None)
-    blobs = [b.name for b in storage.Client(project=PROJECT, credentials=AnonymousCredentials()).list_blobs(BUCKET)]
-    assert not [b for b in blobs if b.startswith("dsctl/runs/boot-0001/staging/")]
+    q.down(again, lambda *a: None)
+    blobs = [b.name for b in client.list_blobs(BUCKET)]
+    assert not [b for b in blobs if b.startswith(("dsctl/runs/boot-0001/staging/", "dsctl/runs/boot-0002/staging/"))]
+    assert f"{staged['wheelhouses']['cpu']}MANIFEST.json" in blobs  # a cache shared by runs: kept
 
 
-def test_local_disk_builtins_are_refused_on_gcp_before_anything_is_created(cloud, home, tmp_path):
-    spec = gcp_spec(tmp_path / "job", home=home, pipeline="{builtin: images, params: {epochs: 1}}")
+def test_images_data_on_gcp_is_planned_and_a_local_cache_dir_is_refused_with_its_line(cloud, home, tmp_path):
+    spec = gcp_spec(tmp_path / "job", home=home, pipeline="{builtin: images, params: {epochs: 1, cache_dir: /tmp/x}}")
     refused = dsctl("up", spec, "--yes")
     flat = " ".join(refused.stderr.split())
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
-    assert "pipeline.builtin" in flat and "job.yaml:" in flat and "builtin: synthetic" in flat
-    assert cloud.counts() == NOTHING and not cloud.calls
-    assert dsctl("up", spec, "--dry-run").returncode == 0  # planning needs no data
+    assert "pipeline.params.cache_dir" in flat and "job.yaml:" in flat and "gs://" in flat
+    assert cloud.counts() == NOTHING
+    ok = gcp_spec(tmp_path / "job2", home=home, pipeline="{builtin: images, params: {epochs: 1}}")
+    plan = dsctl("up", ok, "--dry-run")
+    assert plan.returncode == 0 and "TFRecords, generated here once" in " ".join(plan.stdout.split())

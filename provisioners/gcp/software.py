@@ -1,0 +1,229 @@
+"""Which TensorFlow every VM runs, and how each kind of VM gets it: decided at plan time.
+
+tf.data service sends serialized dataset graphs from the trainers to the
+dispatcher and workers, so ONE TensorFlow version runs on every VM of a run.
+That version must exist for every kind of machine in the run:
+
+  cpu  the dispatcher and workers (and CPU trainers): the `tensorflow-cpu` wheel for the
+       image's Python, installed from the run's wheelhouse (wheelhouse.py)
+  gpu  GPU trainers: the `tensorflow[and-cuda]` wheel for the Deep Learning VM image's Python,
+       installed the same way; the image installs the NVIDIA driver at boot
+  tpu  TPU trainers: a TensorFlow TPU VM runtime (`tpu-vm-tf-X.Y.Z...`), which comes with
+       TensorFlow installed; only dsctl and its few dependencies are added
+
+The tables below are what Google and PyPI publish, as checked on 2026-11-23 (wheels: `pip
+index versions tensorflow-cpu|tensorflow --python-version V --platform manylinux_2_17_x86_64
+...`; TPU runtimes: https://cloud.google.com/tpu/docs/runtimes). A version or pair that is
+not in them is refused before anything is created, naming the versions that would work.
+`tensorflow-tpu` wheels newer than the newest TensorFlow TPU runtime exist on PyPI, but
+they depend on `libtpu~=0.0.14`, which does not pin the libtpu build they were made with,
+so dsctl does not install them on a bare TPU image.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+from dsctl.specs import SpecError
+from dsctl.specs.schema import GcpSpec, JobSpec
+
+# TensorFlow version -> Python minor versions with a manylinux x86_64 wheel, for
+# tensorflow-cpu (cpu VMs) and tensorflow (GPU VMs); the two are published together.
+_ALL_312 = ("3.9", "3.10", "3.11", "3.12")
+WHEEL_PYTHONS: dict[str, tuple[str, ...]] = {
+    "2.21.0": ("3.10", "3.11", "3.12", "3.13"),
+    "2.20.0": ("3.9", "3.10", "3.11", "3.12", "3.13"),
+    "2.19.1": _ALL_312, "2.19.0": _ALL_312,
+    "2.18.1": _ALL_312, "2.18.0": _ALL_312,
+    "2.17.1": _ALL_312, "2.17.0": _ALL_312,
+    "2.16.2": _ALL_312, "2.16.1": _ALL_312,
+    "2.15.1": ("3.9", "3.10", "3.11"), "2.15.0": ("3.9", "3.10", "3.11"),
+}
+
+# TensorFlow TPU VM runtimes (single host), by TensorFlow version and TPU generation.
+# From TensorFlow 2.18.0 on, Google publishes one runtime for v2-v5p and one for v5e/v6e.
+_ALL_GENERATIONS = ("v2", "v3", "v4", "v5p", "v5litepod", "v6e")
+TPU_RUNTIMES: dict[str, dict[tuple[str, ...], str]] = {
+    "2.18.0": {("v2", "v3", "v4", "v5p"): "tpu-vm-tf-2.18.0-pjrt-v5p-and-below",
+               ("v5litepod", "v6e"): "tpu-vm-tf-2.18.0-pjrt-v5e-and-v6"},
+    "2.17.0": {_ALL_GENERATIONS: "tpu-vm-tf-2.17.0-pjrt"},
+    "2.16.1": {_ALL_GENERATIONS: "tpu-vm-tf-2.16.1-pjrt"},
+    "2.15.1": {("v2", "v3", "v4", "v5p", "v5litepod"): "tpu-vm-tf-2.15.1-pjrt"},
+    "2.15.0": {("v2", "v3", "v4", "v5p", "v5litepod"): "tpu-vm-tf-2.15.0-pjrt"},
+}
+TPU_RUNTIME_PYTHON = ("/usr/bin/python3", "3.10", "2.35")  # the TensorFlow TPU runtimes are Ubuntu 22.04 images
+
+# Boot images whose Python dsctl knows: image family -> (interpreter, version, glibc). The glibc
+# version bounds the manylinux wheels the wheelhouse may hold. A custom image names its Python
+# with gcp.image_python_version (and gcp.image_python); its glibc is assumed to be 2.28 or newer.
+IMAGE_PYTHONS: dict[str, tuple[str, str, str]] = {
+    "debian-cloud/global/images/family/debian-12": ("/usr/bin/python3", "3.11", "2.36"),
+    "ubuntu-os-cloud/global/images/family/ubuntu-2204-lts": ("/usr/bin/python3", "3.10", "2.35"),
+    "ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64": ("/usr/bin/python3", "3.12", "2.39"),
+}
+CUSTOM_IMAGE_GLIBC = "2.28"
+# Deep Learning VM families name their Python: common-cu124-debian-11-py310 -> conda's 3.10.
+_DLVM = re.compile(r"deeplearning-platform-release/global/images/family/[a-z0-9-]*-(debian-11|ubuntu-2204)-py3(\d+)$")
+DLVM_PYTHON = "/opt/conda/bin/python3"
+DLVM_GLIBC = {"debian-11": "2.31", "ubuntu-2204": "2.35"}
+
+
+def _version_key(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split("."))
+
+
+def tpu_generation(machine: str) -> tuple[str, int]:
+    """'tpu-v2-8' -> ('v2', 8); 'tpu-v5litepod-4' -> ('v5litepod', 4)."""
+    m = re.fullmatch(r"tpu-(v\d+[a-z]*)-(\d+)", machine)
+    if not m:
+        raise SpecError(f"'{machine}' is not a TPU VM type (like tpu-v2-8 or tpu-v5litepod-8).", field="trainer.machine")
+    return m.group(1), int(m.group(2))
+
+
+def tpu_runtime(tf_version: str, generation: str) -> str | None:
+    for gens, runtime in TPU_RUNTIMES.get(tf_version, {}).items():
+        if generation in gens:
+            return runtime
+    return None
+
+
+def tpu_runtime_tf_version(runtime: str) -> str | None:
+    """The TensorFlow a TensorFlow TPU runtime carries: 'tpu-vm-tf-2.18.0-pjrt-v5e-and-v6' -> '2.18.0'."""
+    m = re.match(r"tpu-vm-tf-(\d+\.\d+\.\d+)(?:-|$)", runtime)
+    return m.group(1) if m else None
+
+
+@dataclass(frozen=True)
+class KindSoftware:
+    """How one kind of VM (cpu, gpu, tpu) gets the run's TensorFlow."""
+
+    kind: str
+    image: str  # boot image (cpu, gpu) or TPU runtime version (tpu)
+    python: str  # the image's own interpreter, which makes /opt/dsctl/venv
+    python_version: str  # e.g. "3.11": the wheelhouse is built for it
+    glibc: str  # e.g. "2.36": the newest manylinux wheels the wheelhouse may hold
+    tensorflow: str | None  # pip requirement installed from the wheelhouse; None: the image has TensorFlow
+
+    @property
+    def uses_image_tensorflow(self) -> bool:
+        return self.tensorflow is None
+
+
+@dataclass(frozen=True)
+class Software:
+    """The run's TensorFlow version and, per machine kind, how it is installed."""
+
+    tensorflow_version: str
+    why: str  # how the version was chosen, for the plan
+    kinds: dict[str, KindSoftware]
+
+    def for_kind(self, kind: str) -> KindSoftware:
+        return self.kinds[kind]
+
+    def as_dict(self) -> dict:
+        return {"tensorflow_version": self.tensorflow_version, "why": self.why,
+                "kinds": {k: asdict(v) for k, v in self.kinds.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Software":
+        return cls(data["tensorflow_version"], data["why"], {k: KindSoftware(**v) for k, v in data["kinds"].items()})
+
+
+def _image_python(g: GcpSpec, image: str, field_prefix: str) -> tuple[str, str, str]:
+    """(interpreter, version, glibc) of a boot image: the spec's, else the known table, else refuse."""
+    known = next((pv for suffix, pv in IMAGE_PYTHONS.items() if image.endswith(suffix)), None)
+    dlvm = _DLVM.search(image)
+    if known is None and dlvm:
+        known = (DLVM_PYTHON, f"3.{dlvm.group(2)}", DLVM_GLIBC[dlvm.group(1)])
+    python = g.image_python or (known[0] if known else "/usr/bin/python3")
+    version = g.image_python_version or (known[1] if known else None)
+    if not version:
+        raise SpecError(
+            f"dsctl does not know which Python the image {image} has, and the wheelhouse of TensorFlow and dsctl "
+            "is built for one Python version: set gcp.image_python_version (e.g. '3.11') and, if it is not "
+            "/usr/bin/python3, gcp.image_python (its interpreter), or use a known image (debian-12, ubuntu-2204-lts, or a Deep "
+            "Learning VM family ending in -py310).", field=field_prefix)
+    return python, version, known[2] if known else CUSTOM_IMAGE_GLIBC
+
+
+def _kinds_in_run(spec: JobSpec) -> dict[str, str]:
+    """kind -> machine type, for every kind of VM the run creates."""
+    from .compute import machine_kind
+
+    kinds = {"cpu": spec.service.worker_machine}
+    kinds.setdefault(machine_kind(spec.trainer.machine).kind, spec.trainer.machine)
+    return kinds
+
+
+def _candidates_for_kind(spec: JobSpec, g: GcpSpec, kind: str) -> set[str]:
+    """TensorFlow versions that exist for this kind of VM of the run."""
+    if kind == "tpu":
+        if g.tpu_runtime_version:
+            return {tpu_runtime_tf_version(g.tpu_runtime_version)}
+        generation, _ = tpu_generation(spec.trainer.machine)
+        return {v for v in TPU_RUNTIMES if tpu_runtime(v, generation)}
+    image = g.gpu_image if kind == "gpu" else g.image
+    py = _image_python(g, image, "gcp.gpu_image" if kind == "gpu" else "gcp.image")[1]
+    return {v for v, pys in WHEEL_PYTHONS.items() if py in pys}
+
+
+def _what_kind_needs(spec: JobSpec, g: GcpSpec, kind: str) -> str:
+    if kind == "tpu":
+        return f"TensorFlow TPU VM runtime for TPU {tpu_generation(spec.trainer.machine)[0]}"
+    image = g.gpu_image if kind == "gpu" else g.image
+    py = _image_python(g, image, "")[1]
+    wheel = "tensorflow GPU" if kind == "gpu" else "tensorflow-cpu"
+    return f"{wheel} wheel for Python {py} (image {image.rsplit('/', 1)[-1]})"
+
+
+def resolve(spec: JobSpec, local_tf: str | None) -> Software:
+    """The run's software, or SpecError (exit 2) naming the field to change and what would work."""
+    g = spec.gcp or GcpSpec()
+    kinds = _kinds_in_run(spec)
+    if "tpu" in kinds:
+        generation, chips = tpu_generation(kinds["tpu"])
+        if generation in ("v2", "v3", "v4", "v5p") and chips > 8 or generation in ("v5litepod", "v6e") and chips > 8:
+            raise SpecError(f"{kinds['tpu']} is a multi-host TPU slice; dsctl runs one trainer process per TPU VM and "
+                            "supports single-host TPU VMs (up to 8 chips, e.g. tpu-v2-8, tpu-v5litepod-8).",
+                            field="trainer.machine")
+        if g.tpu_runtime_version and not tpu_runtime_tf_version(g.tpu_runtime_version):
+            raise SpecError(f"gcp.tpu_runtime_version {g.tpu_runtime_version!r} is not a TensorFlow TPU runtime "
+                            "(tpu-vm-tf-X.Y.Z...): trainers need TensorFlow on the TPU VM. Leave it unset to get the "
+                            "runtime that matches the TensorFlow version.", field="gcp.tpu_runtime_version")
+    per_kind = {kind: _candidates_for_kind(spec, g, kind) for kind in kinds}
+    candidates = sorted(set.intersection(*per_kind.values()), key=_version_key, reverse=True)
+    needs = {kind: _what_kind_needs(spec, g, kind) for kind in kinds}
+    if g.tensorflow_version:
+        version, why = g.tensorflow_version, "gcp.tensorflow_version"
+        if version not in candidates:
+            missing = [needs[kind] for kind in kinds if version not in per_kind[kind]]
+            raise SpecError(
+                f"TensorFlow {version} is not available for every machine of this run: there is no "
+                f"{'; no '.join(missing)} at that version. One TensorFlow runs on every VM (tf.data service sends "
+                f"dataset graphs between them); versions that work here: {', '.join(candidates[:6]) or 'none'}.",
+                field="gcp.tensorflow_version")
+    elif not candidates:
+        raise SpecError(f"no TensorFlow version exists for every machine of this run (needed: {'; '.join(needs.values())}); "
+                        "change the images or the trainer machine.", field="trainer.machine")
+    elif local_tf and local_tf.split("+")[0] in candidates:
+        version, why = local_tf.split("+")[0], "this machine's"
+    else:
+        version = candidates[0]
+        why = (f"the newest with a {' and a '.join(needs[k].split(' (')[0] for k in kinds)}"
+               + (f"; this machine has {local_tf}" if local_tf else ""))
+    out = {"cpu": _kind_software(spec, g, "cpu", version)}
+    for kind in kinds:
+        out[kind] = _kind_software(spec, g, kind, version)
+    return Software(version, why, out)
+
+
+def _kind_software(spec: JobSpec, g: GcpSpec, kind: str, version: str) -> KindSoftware:
+    if kind == "tpu":
+        generation, _ = tpu_generation(spec.trainer.machine)
+        runtime = g.tpu_runtime_version or tpu_runtime(version, generation)
+        return KindSoftware("tpu", runtime, *TPU_RUNTIME_PYTHON, tensorflow=None)
+    if kind == "gpu":
+        return KindSoftware("gpu", g.gpu_image, *_image_python(g, g.gpu_image, "gcp.gpu_image"),
+                            tensorflow=f"tensorflow[and-cuda]=={version}")
+    return KindSoftware("cpu", g.image, *_image_python(g, g.image, "gcp.image"), tensorflow=f"tensorflow-cpu=={version}")

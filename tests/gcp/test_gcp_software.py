@@ -1,0 +1,128 @@
+"""Which TensorFlow each VM gets, and the wheelhouse it installs from: decided and checked before anything exists.
+
+Fast tests: no cloud, no TensorFlow processes. The tables in provisioners/gcp/software.py
+are the published ones; these tests pin the decisions made from them (the version chosen
+for a TPU run, refusals of pairs that do not exist) and the wheelhouse's content-addressing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from dsctl.provisioners.gcp import software, wheelhouse
+from dsctl.provisioners.gcp.errors import GcpError
+from dsctl.specs import SpecError, load_spec_text
+
+
+def _spec(trainer: str = "n2-standard-8", **gcp):
+    extra = "".join(f"\n  {k}: {v!r}" if isinstance(v, str) else f"\n  {k}: {v}" for k, v in gcp.items())
+    return load_spec_text(f"""
+name: s
+provider: gcp
+trainer: {{machine: {trainer}, steps: 10}}
+pipeline: {{builtin: synthetic}}
+gcp:
+  project: p
+  zone: us-central1-b{extra}
+""").spec
+
+
+def test_a_cpu_or_gpu_run_keeps_this_machines_tensorflow_when_every_kind_has_it():
+    s = software.resolve(_spec(), "2.21.0")
+    assert (s.tensorflow_version, s.why) == ("2.21.0", "this machine's")
+    assert s.for_kind("cpu").tensorflow == "tensorflow-cpu==2.21.0" and s.for_kind("cpu").python_version == "3.11"
+    g = software.resolve(_spec("a2-highgpu-1g"), "2.21.0").for_kind("gpu")
+    # The Deep Learning VM family names its Python (py310); its conda interpreter makes the venv.
+    assert (g.tensorflow, g.python, g.python_version) == ("tensorflow[and-cuda]==2.21.0", "/opt/conda/bin/python3", "3.10")
+
+
+def test_a_tpu_run_pins_the_newest_version_with_a_tensorflow_tpu_runtime_for_its_generation():
+    s = software.resolve(_spec("tpu-v2-8"), "2.21.0")
+    # No TensorFlow TPU runtime exists for 2.21 (this machine's); 2.18.0 is the newest for v2.
+    assert s.tensorflow_version == "2.18.0" and "this machine has 2.21.0" in s.why
+    t = s.for_kind("tpu")
+    assert (t.image, t.tensorflow) == ("tpu-vm-tf-2.18.0-pjrt-v5p-and-below", None)  # TensorFlow comes with the image
+    assert s.for_kind("cpu").tensorflow == "tensorflow-cpu==2.18.0"  # the workers run the trainer's version
+    assert software.resolve(_spec("tpu-v5litepod-8"), None).for_kind("tpu").image == "tpu-vm-tf-2.18.0-pjrt-v5e-and-v6"
+    assert software.resolve(_spec("tpu-v2-8", tensorflow_version="2.16.1"), None).for_kind("tpu").image == \
+        "tpu-vm-tf-2.16.1-pjrt"
+
+
+def test_impossible_pairs_are_refused_naming_the_field_and_what_would_work():
+    with pytest.raises(SpecError) as info:
+        software.resolve(_spec("tpu-v2-8", tensorflow_version="2.21.0"), None)
+    assert info.value.field == "gcp.tensorflow_version"
+    assert "no TensorFlow TPU VM runtime for TPU v2" in str(info.value) and "2.18.0, 2.17.0" in str(info.value)
+    with pytest.raises(SpecError, match="no tensorflow-cpu wheel for Python 3.12"):  # 2.15 has wheels up to 3.11
+        software.resolve(_spec(tensorflow_version="2.15.0", image_python_version="3.12",
+                               image="projects/x/global/images/custom"), None)
+    with pytest.raises(SpecError) as info:
+        software.resolve(_spec("tpu-v2-8", tpu_runtime_version="tpu-ubuntu2204-base"), None)
+    assert info.value.field == "gcp.tpu_runtime_version"
+    with pytest.raises(SpecError, match="multi-host TPU slice"):
+        software.resolve(_spec("tpu-v2-32"), None)
+    with pytest.raises(SpecError) as info:
+        software.resolve(_spec(image="projects/acme/global/images/my-image"), None)
+    assert info.value.field == "gcp.image" and "gcp.image_python_version" in str(info.value)
+    custom = software.resolve(_spec(image="projects/acme/global/images/my-image", image_python_version="3.12"), "2.21.0")
+    assert custom.for_kind("cpu").python_version == "3.12" and custom.for_kind("cpu").glibc == software.CUSTOM_IMAGE_GLIBC
+
+
+def test_the_plan_says_which_tensorflow_and_refuses_what_cannot_start(monkeypatch):
+    from dsctl.provisioners.gcp import plan
+
+    text = plan(_spec("tpu-v2-8")).render()
+    assert "TensorFlow 2.18.0 on every VM" in text and "tpu-vm-tf-2.18.0-pjrt-v5p-and-below" in text
+    assert "tensorflow-cpu==2.18.0 for Python 3.11" in text
+    with pytest.raises(SpecError):
+        plan(_spec("tpu-v2-8", tensorflow_version="2.21.0"))
+
+
+# -- wheelhouse ---------------------------------------------------------------------------------------------------
+def _kind(**overrides):
+    base = dict(kind="cpu", image="projects/debian-cloud/global/images/family/debian-12", python="/usr/bin/python3",
+                python_version="3.11", glibc="2.36", tensorflow="tensorflow-cpu==2.21.0")
+    return software.KindSoftware(**{**base, **overrides})
+
+
+def test_a_wheelhouse_is_addressed_by_everything_that_decides_its_contents():
+    r = wheelhouse.Recipe.for_kind(_kind())
+    assert r.requirements[0] == "tensorflow-cpu==2.21.0" and "pip" in r.requirements
+    assert set(wheelhouse.RUNTIME_REQUIREMENTS) <= set(r.requirements)
+    digests = {r.digest}
+    for change in (dict(python_version="3.10"), dict(glibc="2.31"), dict(tensorflow="tensorflow-cpu==2.20.0"),
+                   dict(tensorflow=None)):
+        digests.add(wheelhouse.Recipe.for_kind(_kind(**change)).digest)
+    assert len(digests) == 5
+    assert wheelhouse.Recipe.for_kind(_kind()).digest == r.digest
+    args = r.pip_download_args(wheelhouse.Path("/d"))
+    assert args[:2] == ["download", "--only-binary=:all:"] and "--python-version" in args and "3.11" in args
+    platforms = [args[i + 1] for i, a in enumerate(args) if a == "--platform"]
+    # Every manylinux tag the VM's glibc (2.36) can load, and none newer.
+    assert platforms[0] == "manylinux2014_x86_64" and platforms[-1] == "manylinux_2_36_x86_64"
+    assert "manylinux_2_17_x86_64" in platforms and "manylinux_2_37_x86_64" not in platforms
+
+
+def test_a_built_wheelhouse_is_reused_and_a_failed_download_names_the_cause(tmp_path, monkeypatch):
+    recipe = wheelhouse.Recipe("3.11", "2.36", ("nonexistent-package-dsctl-test==9.9.9", "pip"))
+    # pip with no index and an empty find-links dir: the failure is local, nothing reaches a network.
+    (tmp_path / "links").mkdir()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "links"))
+    with pytest.raises(GcpError) as info:
+        wheelhouse.build(recipe, tmp_path / "cache")
+    assert "nonexistent-package-dsctl-test==9.9.9" in str(info.value) and "Python 3.11" in str(info.value)
+    assert not list((tmp_path / "cache").iterdir()), "a failed build leaves no half-made wheelhouse"
+
+    # A complete wheelhouse in the cache is used as it is: no pip run (pip is made unrunnable here).
+    final = tmp_path / "cache" / recipe.digest
+    final.mkdir()
+    (final / "pip-26.0-py3-none-any.whl").write_bytes(b"x")
+    files = [{"name": "pip-26.0-py3-none-any.whl", "sha256": "00", "size": 1}]
+    (final / wheelhouse.MANIFEST).write_text(json.dumps({"files": files}))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    house = wheelhouse.build(recipe, tmp_path / "cache")
+    assert house.dir == final and house.size == 1 and house.prefix == f"dsctl/wheelhouses/{recipe.digest}/"
