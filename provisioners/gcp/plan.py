@@ -97,10 +97,11 @@ def _kind_label(machine: str) -> str:
     return {"tpu": "TPU VM", "gpu": "GPU VM"}.get(kind, "VM")
 
 
-def software_lines(software: Software) -> list[str]:
+def software_lines(software: Software, trainer_kind: str) -> list[str]:
     out = [f"TensorFlow {software.tensorflow_version} on every VM ({software.why})."]
     for k in software.kinds.values():
-        who = {"cpu": "dispatcher and workers", "gpu": "GPU trainers", "tpu": "TPU trainers"}[k.kind]
+        who = {"cpu": "dispatcher, workers and trainers" if trainer_kind == "cpu" else "dispatcher and workers",
+               "gpu": "GPU trainers", "tpu": "TPU trainers"}[k.kind]
         if k.uses_image_tensorflow:
             out.append(f"{who}: TPU runtime {k.image} (TensorFlow included), dsctl added for Python {k.python_version}.")
         else:
@@ -147,7 +148,7 @@ def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | No
     project = project or g.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("CLOUDSDK_CORE_PROJECT")
     result = Plan(job=spec.name, project=project, zone=zone or g.zone or os.environ.get("CLOUDSDK_COMPUTE_ZONE"),
                   catalog=f"{catalog.name} ({catalog.date})", lines=lines, per_hour=per_hour,
-                  software=software_lines(software), notes=notes)
+                  software=software_lines(software, machine_kind(tr.machine).kind), notes=notes)
     if not result.project:
         notes.append("no project is set (gcp.project or GOOGLE_CLOUD_PROJECT); the default project of Application "
                      "Default Credentials will be used, if any.")

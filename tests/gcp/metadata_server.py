@@ -58,6 +58,7 @@ from __future__ import annotations
 import io
 import json
 import secrets
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -94,7 +95,63 @@ def _camel(key: str) -> str:
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
-class MetadataServer:
+class ThreadedService:
+    """An HTTP server run from its own thread, stoppable with its idle connections. Subclasses give
+    `_make_httpd()` and keep `host`, `port`, `_lock` and `_connections` (sockets of open connections)."""
+
+    _httpd = None
+    _thread = None
+
+    def _make_httpd(self):
+        raise NotImplementedError
+
+    def start(self, prepare_thread: Callable[[], None] | None = None):
+        """Bind and serve from a thread. ``prepare_thread`` runs first in that thread (before the
+        socket is created): vmboot uses it to enter the gateway network namespace."""
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def serve() -> None:
+            try:
+                if prepare_thread:
+                    prepare_thread()
+                httpd = self._make_httpd()
+                self._httpd = httpd
+                self.port = httpd.server_address[1]
+            except BaseException as e:  # reported to start()'s caller
+                failure.append(e)
+                ready.set()
+                return
+            ready.set()
+            httpd.serve_forever(poll_interval=0.05)
+
+        self._thread = threading.Thread(target=serve, name=type(self).__name__, daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            raise failure[0]
+        return self
+
+    def stop(self) -> None:
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        httpd.shutdown()
+        httpd.server_close()
+        # Idle keep-alive connections would otherwise keep their sockets (and the network
+        # namespace they live in) open until the client goes away.
+        with self._lock:
+            conns = list(self._connections)
+        for sock in conns:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._thread:
+            self._thread.join(timeout=5)
+
+
+class MetadataServer(ThreadedService):
     """The metadata server stand-in. Thread-safe; attributes may change while it runs."""
 
     def __init__(
@@ -208,51 +265,10 @@ class MetadataServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self, prepare_thread: Callable[[], None] | None = None) -> "MetadataServer":
-        """Bind and serve from a thread. ``prepare_thread`` runs first in that thread (before the
-        socket is created): vmboot uses it to enter the gateway network namespace."""
-        ready = threading.Event()
-        failure: list[BaseException] = []
-
-        def serve() -> None:
-            try:
-                if prepare_thread:
-                    prepare_thread()
-                httpd = _Httpd((self.host, self.port), _Handler)
-                httpd.mds = self
-                self._httpd = httpd
-                self.port = httpd.server_address[1]
-            except BaseException as e:  # reported to start()'s caller
-                failure.append(e)
-                ready.set()
-                return
-            ready.set()
-            httpd.serve_forever(poll_interval=0.05)
-
-        self._thread = threading.Thread(target=serve, name="metadata-server", daemon=True)
-        self._thread.start()
-        ready.wait()
-        if failure:
-            raise failure[0]
-        return self
-
-    def stop(self) -> None:
-        httpd, self._httpd = self._httpd, None
-        if httpd is None:
-            return
-        httpd.shutdown()
-        httpd.server_close()
-        # Idle keep-alive connections would otherwise keep their sockets (and the network
-        # namespace they live in) open until the client goes away.
-        with self._lock:
-            conns = list(self._connections)
-        for sock in conns:
-            try:
-                sock.shutdown(2)
-            except OSError:
-                pass
-        if self._thread:
-            self._thread.join(timeout=5)
+    def _make_httpd(self):
+        httpd = _Httpd((self.host, self.port), _Handler)
+        httpd.mds = self
+        return httpd
 
     def __enter__(self) -> "MetadataServer":
         return self.start() if self._httpd is None else self

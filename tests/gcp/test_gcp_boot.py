@@ -78,7 +78,8 @@ def test_the_real_startup_script_boots_debian_12_from_cloud_storage_and_its_work
         assert vm.exec(["python3", "-c", "import ensurepip"]).exit_code != 0
         assert vm.exec(["python3", "-m", "pip", "--version"]).exit_code != 0
 
-        result = vm.run_startup_script(timeout_s=900)
+        with vm.capture_to_vm() as by_source:  # every frame sent to the VM over its one link, by source
+            result = vm.run_startup_script(timeout_s=900)
         assert result.ok, result
         marker = json.loads(vm.exec(["cat", startup.MARKER]).check().stdout)
         assert marker["ok"] and marker["tensorflow"] == cpu_software.tensorflow_version, marker
@@ -86,6 +87,9 @@ def test_the_real_startup_script_boots_debian_12_from_cloud_storage_and_its_work
         # Everything it installed came from Cloud Storage: the wheelhouse and the dsctl wheel, nothing else.
         assert marker["storage_bytes"] == cpu_wheelhouse.size + wheel.stat().st_size + _manifest_size(cpu_wheelhouse)
         assert served.storage >= marker["storage_bytes"]
+        stand_ins = {f"ip {vm.gateway_ip}", "ip 169.254.169.254"}  # Cloud Storage; metadata server and resolver
+        elsewhere = {k: v for k, v in by_source.items() if k.startswith("ip ") and k not in stand_ins}
+        assert elsewhere == {}, elsewhere
         # A second boot finds the marker and does nothing.
         again = vm.run_startup_script(timeout_s=60)
         assert again.ok and again.seconds < 5
@@ -103,11 +107,35 @@ def test_the_real_startup_script_boots_debian_12_from_cloud_storage_and_its_work
         assert read.stdout.strip().splitlines()[-1:] == ["True"], read.stderr[-2000:]
 
     phases = ", ".join(f"{k} {v:.1f} s" for k, v in marker["phases_s"].items())
+    missed = by_source.get("dropped packets", 0)
     with capsys.disabled():
         print(f"\n[vm boot] measured here: the worker's bootstrap took {marker['seconds']:.1f} s ({phases}); "
-              f"{marker['storage_bytes'] / 1e6:.1f} MB from Cloud Storage; from anywhere else "
-              f"{served.metadata + served.dns} bytes (metadata server and resolver answers only)")
+              f"{marker['storage_bytes'] / 1e6:.1f} MB from Cloud Storage, {served.metadata + served.dns} bytes of "
+              f"metadata-server and resolver answers, 0 bytes from anywhere else"
+              + (f" (link capture missed {missed} packets)" if missed else ""))
 
 
 def _manifest_size(house) -> int:
     return (house.dir / wheelhouse.MANIFEST).stat().st_size
+
+
+def test_a_boot_that_cannot_fetch_its_wheelhouse_says_so_in_its_marker(tmp_path, cpu_software):
+    """Nothing staged (or no route to Cloud Storage): the script ends quickly with a marker naming what failed,
+    which dsctl reads over SSH and shows; it does not hang, and it installs nothing from anywhere else."""
+    import vmboot
+
+    reason = vmboot.unsupported_reason()
+    if reason:
+        pytest.skip(reason)
+    kind = cpu_software.for_kind("cpu")
+    with vmboot.BootedVm(tmp_path / "vm", bucket=BUCKET) as vm:
+        vm.metadata.set_attribute("startup-script", startup.script(
+            kind=kind, tf_version=cpu_software.tensorflow_version, bucket=BUCKET,
+            wheelhouse_prefix="dsctl/wheelhouses/missing/", dsctl_prefix="dsctl/runs/r/staging/",
+            dsctl_wheel="dsctl-0.1.0+g0-py3-none-any.whl", storage_host=vm.gcs_endpoint))
+        result = vm.run_startup_script(timeout_s=120)
+        assert result.exit_code != 0 and result.seconds < 60
+        marker = json.loads(vm.exec(["cat", startup.MARKER]).check().stdout)
+        assert marker["ok"] is False
+        assert f"could not download the wheelhouse gs://{BUCKET}/dsctl/wheelhouses/missing/" in marker["error"]
+        assert vm.exec(["test", "-e", startup.VENV]).exit_code != 0  # nothing was installed

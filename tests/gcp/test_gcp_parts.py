@@ -36,17 +36,6 @@ pipeline: {builtin: synthetic}
 
 
 # -- settings and credentials ---------------------------------------------------------------------------
-@pytest.fixture
-def no_credentials(tmp_path, monkeypatch):
-    """An environment with no Application Default Credentials and no endpoint overrides."""
-    for var in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "CLOUDSDK_COMPUTE_ZONE",
-                "DSCTL_GCE_ENDPOINT", "DSCTL_TPU_ENDPOINT", "DSCTL_CRM_ENDPOINT", "STORAGE_EMULATOR_HOST"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("NO_GCE_CHECK", "True")  # not on a GCE VM: do not probe the metadata server
-
-
 def test_missing_project_zone_and_credentials_are_clear_errors(no_credentials, monkeypatch):
     from dsctl.provisioners.gcp.settings import resolve
 

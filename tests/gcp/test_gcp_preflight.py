@@ -118,7 +118,7 @@ def test_a_network_without_ssh_is_refused_and_wider_rules_are_reported(cloud, ho
     assert cloud.counts() == NOTHING
 
 
-def test_the_flagship_example_plans_with_only_project_and_zone(no_gcp_env, tmp_path):
+def test_the_flagship_example_plans_with_only_project_and_zone(no_credentials, tmp_path):
     """`dsctl up specs/examples/gcp-resnet50.yaml --dry-run`: no credentials, no edits but project and zone."""
     from helpers import EXAMPLES
 
@@ -131,15 +131,6 @@ def test_the_flagship_example_plans_with_only_project_and_zone(no_gcp_env, tmp_p
     assert "project acme-ml, zone us-central1-c" in out and "dry run: nothing was created" in out
     assert "n2-standard-8 (VM) 16 Spot 0.0800" in out and "tpu-v2-8 (TPU VM) 1 on-demand 4.5000" in out
     assert "at least $40.59" in out and "TensorFlow 2.18.0 on every VM" in out
-
-
-@pytest.fixture
-def no_gcp_env(monkeypatch, tmp_path):
-    for var in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "CLOUDSDK_COMPUTE_ZONE",
-                "DSCTL_GCE_ENDPOINT", "DSCTL_TPU_ENDPOINT", "DSCTL_CRM_ENDPOINT", "STORAGE_EMULATOR_HOST"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
-    monkeypatch.setenv("NO_GCE_CHECK", "True")
 
 
 def test_a_run_refused_by_preflight_records_nothing_billable(cloud, home, tmp_path):

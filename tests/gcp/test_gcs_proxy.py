@@ -27,12 +27,6 @@ BUCKET = "dsctl-gcs-proxy-test"
 PROJECT = "dsctl-test"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _no_proxy_env() -> dict[str, str]:
     """This process's environment without any proxy setting (the cases below add their own)."""
     return {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
@@ -52,14 +46,8 @@ def _tfrecords(records: list[bytes]) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def emulator():
-    from gcp_storage_emulator.server import create_server
-
-    port = _free_port()
-    server = create_server("127.0.0.1", port, in_memory=True, default_bucket=BUCKET)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
+def emulator(gcs_emulator):
+    return gcs_emulator  # conftest's: gcp-storage-emulator in this process
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +58,7 @@ def bucket(emulator):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("STORAGE_EMULATOR_HOST", emulator)
         client = storage.Client(project=PROJECT, credentials=AnonymousCredentials())
-    return client.bucket(BUCKET)
+        return client.lookup_bucket(BUCKET) or client.create_bucket(BUCKET)
 
 
 @pytest.fixture

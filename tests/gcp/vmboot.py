@@ -188,6 +188,7 @@ last process and descriptor holding them. Nothing is left on the host but the pe
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import hashlib
@@ -213,7 +214,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:  # metadata_server sits next to this file (tests/gcp is not a package)
     sys.path.insert(0, _HERE)
-from metadata_server import MetadataServer, Served  # noqa: E402
+from metadata_server import MetadataServer, Served, ThreadedService  # noqa: E402
 
 # ---- the image ---------------------------------------------------------------------------------
 DEBIAN_SUITE = "bookworm"
@@ -685,7 +686,7 @@ def _acquire_slot() -> _Slot:
 # =================================================================================================
 # The Cloud Storage emulator, served from the gateway namespace
 # =================================================================================================
-class GcsEmulator:
+class GcsEmulator(ThreadedService):
     """gcp-storage-emulator's storage and request handler (in memory, one bucket to start with),
     served by a threading HTTP server this module controls, so that it listens in the gateway
     namespace, counts the bytes it sends to each client and, for the clients in ``gated_clients``
@@ -731,46 +732,10 @@ class GcsEmulator:
         with self._lock:
             table[client] = table.get(client, 0) + n
 
-    def start(self, prepare_thread: Callable[[], None] | None = None) -> "GcsEmulator":
-        ready, failure = threading.Event(), []
-
-        def serve() -> None:
-            try:
-                if prepare_thread:
-                    prepare_thread()
-                httpd = ThreadingHTTPServer((self.host, self.port), partial(_make_gcs_handler(), self))
-                httpd.daemon_threads = True
-                self._httpd = httpd
-                self.port = httpd.server_address[1]
-            except BaseException as e:
-                failure.append(e)
-                ready.set()
-                return
-            ready.set()
-            httpd.serve_forever(poll_interval=0.05)
-
-        self._thread = threading.Thread(target=serve, name="gcs-emulator", daemon=True)
-        self._thread.start()
-        ready.wait()
-        if failure:
-            raise failure[0]
-        return self
-
-    def stop(self) -> None:
-        httpd, self._httpd = self._httpd, None
-        if httpd is None:
-            return
-        httpd.shutdown()
-        httpd.server_close()
-        with self._lock:
-            conns = list(self._connections)
-        for sock in conns:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        if self._thread:
-            self._thread.join(timeout=5)
+    def _make_httpd(self):
+        httpd = ThreadingHTTPServer((self.host, self.port), partial(_make_gcs_handler(), self))
+        httpd.daemon_threads = True
+        return httpd
 
 
 # =================================================================================================
@@ -1603,12 +1568,33 @@ class BootedVm:
         return {"metadata": self.metadata.request_count(self.ip), "storage": self.storage.request_count(self.ip)}
 
     def link_bytes(self) -> dict[str, int]:
-        """Kernel counters of the VM's link (all traffic): bytes to and from the VM."""
+        """Kernel counters of the VM's link (all traffic): bytes and packets to and from the VM."""
         slot = self._need_slot()
         out = _run([_tool("nsenter"), f"--net=/proc/{os.getpid()}/fd/{self._gw_fd}",
                     "ip", "-s", "-j", "link", "show", slot.gw_vm_link]).stdout
         stats = json.loads(out)[0]["stats64"]
-        return {"to_vm": stats["tx"]["bytes"], "from_vm": stats["rx"]["bytes"]}
+        return {"to_vm": stats["tx"]["bytes"], "from_vm": stats["rx"]["bytes"],
+                "to_vm_packets": stats["tx"]["packets"], "from_vm_packets": stats["rx"]["packets"]}
+
+    @contextlib.contextmanager
+    def capture_to_vm(self):
+        """Count every frame sent to the VM over its link, by source: yields a dict filled in on exit with
+        {"ip <source address>": bytes (IP packets, headers included), "link": bytes (ARP, IPv6 link-local
+        neighbour discovery), "dropped packets": frames the capture missed (the counts are complete when 0)}.
+        A raw packet socket on the gateway's end of the link, in its own process."""
+        slot = self._need_slot()
+        counts: dict[str, int] = {}
+        proc = subprocess.Popen([_tool("nsenter"), f"--net=/proc/{os.getpid()}/fd/{self._gw_fd}", sys.executable,
+                                 "-c", _SNIFFER, slot.gw_vm_link], stdout=subprocess.PIPE, text=True,
+                                pass_fds=(self._gw_fd,))
+        try:
+            if proc.stdout.readline().strip() != "ready":
+                raise VmBootError("the link capture did not start")
+            yield counts
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=10)
+            counts.update(json.loads(out.strip().splitlines()[-1]) if out.strip() else {})
 
     def allow_host_port(self, port: int) -> None:
         """Let the VM connect to host_ip:port over TCP (on top of the host's ephemeral ports)."""
@@ -1622,6 +1608,41 @@ class BootedVm:
         state = "closed" if self._closed else ("running" if self._pid1 else "not started")
         ip = self._slot.vm_ip if self._slot else "-"
         return f"<BootedVm {self.name} {state} ip={ip}>"
+
+
+# Runs in the gateway's network namespace: count frames leaving toward the VM (PACKET_OUTGOING) by source.
+_SNIFFER = r"""
+import json, signal, socket, sys
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
+s.setsockopt(socket.SOL_SOCKET, 33, 256 << 20)  # SO_RCVBUFFORCE (root): room for bursts while counting
+s.bind((sys.argv[1], 0))
+s.settimeout(0.2)
+counts = {}
+stop = []
+signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+print("ready", flush=True)
+while not stop:
+    try:
+        frame, addr = s.recvfrom(65536)
+    except socket.timeout:
+        continue
+    if addr[2] != socket.PACKET_OUTGOING:
+        continue
+    kind = frame[12:14]
+    if kind == b"\x08\x00":
+        key, size = "ip " + socket.inet_ntop(socket.AF_INET, frame[26:30]), int.from_bytes(frame[16:18], "big")
+    elif kind == b"\x86\xdd" and frame[22:24] == b"\xfe\x80":
+        key, size = "link", len(frame)
+    elif kind == b"\x86\xdd":
+        key, size = "ip " + socket.inet_ntop(socket.AF_INET6, frame[22:38]), 40 + int.from_bytes(frame[18:20], "big")
+    else:
+        key, size = "link", len(frame)
+    counts[key] = counts.get(key, 0) + size
+import struct
+packets, drops = struct.unpack("II", s.getsockopt(263, 6, 8))  # SOL_PACKET, PACKET_STATISTICS
+counts["dropped packets"] = drops  # frames the kernel could not hand over: not counted above
+print(json.dumps(counts), flush=True)
+"""
 
 
 class _Keeper:
