@@ -139,3 +139,44 @@ def test_a_boot_that_cannot_fetch_its_wheelhouse_says_so_in_its_marker(tmp_path,
         assert marker["ok"] is False
         assert f"could not download the wheelhouse gs://{BUCKET}/dsctl/wheelhouses/missing/" in marker["error"]
         assert vm.exec(["test", "-e", startup.VENV]).exit_code != 0  # nothing was installed
+
+
+def test_on_a_tpu_runtime_image_the_script_adds_dsctl_beside_the_images_own_tensorflow(tmp_path, cpu_software,
+                                                                                      cpu_wheelhouse):
+    """A TensorFlow TPU VM runtime comes with TensorFlow in its system Python: the TPU script installs only
+    dsctl and its few dependencies (a wheelhouse without TensorFlow) into a venv that sees the system's
+    packages, and checks the TensorFlow it finds there. The stand-in image gets TensorFlow in its system
+    Python first, as the runtime image has it (installed from the wheels on this machine, mounted read-only)."""
+    import dataclasses
+
+    import vmboot
+
+    reason = vmboot.unsupported_reason()
+    if reason:
+        pytest.skip(reason)
+    tf = cpu_software.tensorflow_version
+    # The TPU kind as software.py makes it, for this image's Python (3.11; the real runtimes have 3.10).
+    tpu = dataclasses.replace(cpu_software.for_kind("cpu"), kind="tpu", image=f"tpu-vm-tf-{tf}-pjrt", tensorflow=None)
+    house = wheelhouse.build(wheelhouse.Recipe.for_kind(tpu))
+    assert not [f for f in house.files if f["name"].startswith("tensorflow")]
+    run_prefix = "dsctl/runs/tpu-test/staging/"
+    wheel = build_wheel(tmp_path / "dist")
+    pip = next(f["name"] for f in cpu_wheelhouse.files if f["name"].startswith("pip-"))
+    with vmboot.BootedVm(tmp_path / "vm", bucket=BUCKET, binds={cpu_wheelhouse.dir: "/opt/image-wheels"}) as vm:
+        vm.exec(["python3", f"/opt/image-wheels/{pip}/pip", "install", "--no-index", "--find-links",
+                 "/opt/image-wheels", "--break-system-packages", "--quiet", f"tensorflow-cpu=={tf}"],
+                timeout_s=600).check()
+        client = vm.storage_client()
+        wheelhouse.stage(client, BUCKET, house)
+        client.bucket(BUCKET).blob(run_prefix + wheel.name).upload_from_filename(str(wheel))
+        vm.metadata.set_attribute("startup-script", startup.script(
+            kind=tpu, tf_version=tf, bucket=BUCKET, wheelhouse_prefix=house.prefix, dsctl_prefix=run_prefix,
+            dsctl_wheel=wheel.name, storage_host=vm.gcs_endpoint))
+        result = vm.run_startup_script(timeout_s=600)
+        assert result.ok, result
+        marker = json.loads(vm.exec(["cat", startup.MARKER]).check().stdout)
+        assert marker["ok"] and marker["tensorflow"] == tf
+        where = vm.exec([startup.VENV + "/bin/python", "-c", "import tensorflow, dsctl.runtime.trainer; "
+                         "print(tensorflow.__file__)"]).check().stdout.strip()
+        assert where.startswith("/usr/") and startup.VENV not in where  # the image's TensorFlow, not a copy
+        assert marker["storage_bytes"] < 20e6  # dsctl and its dependencies only
