@@ -284,7 +284,6 @@ class GcpProvisioner:
             with self._state_lock:
                 self._node_of(dep, m).extra.update(state="running", internal_ip=internal, external_ip=external,
                                                    host=external if s.public_ips else internal)
-                dep.save()
 
         def prepare(ms: list[Machine]) -> list[dict]:
             return parallel(lambda m: self._prepare_vm(self._node_of(dep, m)), ms, cancel=self._cancel)
@@ -294,11 +293,13 @@ class GcpProvisioner:
             if not group:
                 return []
             fleet.wait_running(group, s.running_timeout_s, running)
+            self._save(dep)  # once for the group: 640 saves of a 640-node state would be quadratic
             events("cloud", f"{len(group)} VM(s) running after {time.monotonic() - t0:.1f} s; connecting over SSH")
             return prepare(group)
 
         def one_tpu(m: Machine) -> list[dict]:
             fleet.wait_tpu(m, running)
+            self._save(dep)
             events("cloud", f"TPU VM {m.name} ready after {time.monotonic() - t0:.1f} s; connecting over SSH")
             return prepare([m])
 

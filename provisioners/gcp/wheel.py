@@ -20,6 +20,8 @@ from pathlib import Path
 PACKAGES = ("dsctl", "dsctl.cli", "dsctl.specs", "dsctl.runtime", "dsctl.provisioners", "dsctl.costmodel",
             "dsctl.experiments", "dsctl.orchestrator")
 SUFFIXES = (".py", ".yaml", ".yml", ".json", ".txt")
+# What dsctl's runtime imports on a VM besides TensorFlow (which the VM's image or wheelhouse provides).
+RUNTIME_REQUIREMENTS = ("pyyaml>=6", "pydantic>=2.6", "psutil>=5.9")
 
 
 def _package_files() -> list[tuple[str, Path]]:
@@ -67,7 +69,7 @@ def build_wheel(out_dir: Path) -> Path:
         "Summary: dsctl runtime for tf.data service VMs (built by dsctl for its VMs)",
         # TensorFlow is installed by the startup script (tensorflow-cpu, tensorflow[and-cuda] or
         # tensorflow-tpu at the trainer's version), so it is not a requirement here.
-        "Requires-Dist: pyyaml>=6", "Requires-Dist: pydantic>=2.6", "Requires-Dist: psutil>=5.9",
+        *(f"Requires-Dist: {r}" for r in RUNTIME_REQUIREMENTS),
     ]) + "\n"
     wheel_meta = "Wheel-Version: 1.0\nGenerator: dsctl\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
     out_dir = Path(out_dir)

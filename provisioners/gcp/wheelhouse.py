@@ -29,12 +29,11 @@ from typing import Callable
 
 from .errors import GcpError
 from .software import KindSoftware
+from .wheel import RUNTIME_REQUIREMENTS
 
 FORMAT = 1
 MANIFEST = "MANIFEST.json"
 PREFIX = "dsctl/wheelhouses/"
-# What dsctl's runtime imports on a VM besides TensorFlow (the wheel's Requires-Dist, see wheel.py).
-RUNTIME_REQUIREMENTS = ("pyyaml>=6", "pydantic>=2.6", "psutil>=5.9")
 OLDEST_MANYLINUX = 17  # manylinux2014 == manylinux_2_17
 
 
