@@ -22,6 +22,7 @@ EXAMPLES = (
     "ephemeral-sharing",
     "distributed-epoch",
     "gcp-resnet50",
+    "gcp-smoke",
 )
 
 
