@@ -73,7 +73,7 @@ def boot(workers: int) -> dict:
         print(f"  boot: not measured here ({reason})")
         return {}
     spec = load_spec_text("name: b\nprovider: gcp\ntrainer: {machine: n2-standard-8, steps: 1}\n"
-                          "pipeline: {builtin: synthetic}\ngcp: {project: p, zone: us-central1-b}\n").spec
+                          "pipeline: {builtin: synthetic}\ngcp: {project: acme-ml, zone: us-central1-b}\n").spec
     sw = software.resolve(spec, local_tensorflow_version())
     kind = sw.for_kind("cpu")
     house = wheelhouse.build(wheelhouse.Recipe.for_kind(kind), log=lambda msg: print(f"  {msg}"))

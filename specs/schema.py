@@ -130,6 +130,8 @@ class PipelineSpec(Strict):
         return v
 
 
+GCP_PROJECT_RE = re.compile(r"^([a-z0-9.-]+:)?[a-z][a-z0-9-]{4,28}[a-z0-9]$")  # with a legacy domain: prefix
+GCP_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 GCP_ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 GCP_LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 GCP_LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
@@ -139,7 +141,7 @@ class GcpSpec(Strict):
     """Where and how `provider: gcp` creates machines. Every field has a default; project and
     zone may come from the environment instead (Application Default Credentials, CLOUDSDK_*)."""
 
-    project: Optional[str] = Field(None, min_length=1, description="default: GOOGLE_CLOUD_PROJECT or the ADC project")
+    project: Optional[str] = Field(None, description="project id; default: GOOGLE_CLOUD_PROJECT or the ADC project")
     zone: Optional[str] = Field(None, description="e.g. us-central1-a; default: CLOUDSDK_COMPUTE_ZONE")
     network: str = Field("default", min_length=1, description="VPC network name or URL")
     subnetwork: Optional[str] = Field(None, min_length=1, description="subnetwork name or URL (custom-mode VPCs)")
@@ -156,7 +158,7 @@ class GcpSpec(Strict):
     tpu_timeout_s: float = Field(1800.0, gt=0, description="for a TPU VM to be created and READY (TPUs take minutes)")
     boot_disk_gb: int = Field(50, ge=10)
     boot_disk_type: str = "pd-balanced"
-    bucket: Optional[str] = Field(None, min_length=3, description="staging bucket; default: <project>-dsctl (created if missing)")
+    bucket: Optional[str] = Field(None, description="staging bucket; default: <project>-dsctl (created if missing)")
     dispatcher_port: int = Field(5050, ge=0, le=65535, description="0: chosen on the VM")
     worker_port: int = Field(5051, ge=0, le=65535, description="0: chosen on each VM")
     tensorflow_version: Optional[str] = Field(
@@ -170,6 +172,22 @@ class GcpSpec(Strict):
     startup_timeout_s: float = Field(900.0, gt=0, description="for the startup script to install TensorFlow and dsctl")
     ready_timeout_s: float = Field(300.0, gt=0, description="for the dispatcher and workers to serve once started")
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels on every resource")
+
+    @field_validator("project")
+    @classmethod
+    def _project(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not GCP_PROJECT_RE.match(v):
+            raise ValueError(f"a project id is 6-30 lower-case letters, digits or dashes, starting with a letter "
+                             f"(e.g. my-project-123), got {v!r}")
+        return v
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not GCP_BUCKET_RE.match(v):
+            raise ValueError(f"a bucket name is 3-222 lower-case letters, digits, dots, dashes or underscores, "
+                             f"starting and ending with a letter or digit, got {v!r}")
+        return v
 
     @field_validator("zone")
     @classmethod

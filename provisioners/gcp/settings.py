@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field, fields
 from importlib import metadata
 
 from dsctl.specs import SpecError
-from dsctl.specs.schema import GcpSpec, JobSpec
+from dsctl.specs.schema import GCP_PROJECT_RE, GcpSpec, JobSpec
 
 from .software import resolve as resolve_software
 
@@ -148,6 +148,10 @@ def resolve(spec: JobSpec, *, check_creds: bool = True) -> GcpSettings:
             "(`gcloud config set project P` then `gcloud auth application-default login`).",
             field="gcp.project",
         )
+    if not GCP_PROJECT_RE.match(project):
+        raise SpecError(f"the project id {project!r} (from the environment or the credentials) is not a Google Cloud "
+                        "project id: 6-30 lower-case letters, digits or dashes, starting with a letter.",
+                        field="gcp.project")
     zone = g.zone or env.get("CLOUDSDK_COMPUTE_ZONE")
     if not zone:
         raise SpecError(

@@ -41,6 +41,19 @@ def script(*, kind: KindSoftware, tf_version: str, bucket: str, wheelhouse_prefi
     storage = storage_host or REAL_STORAGE
     venv_flags = "--without-pip" + (" --system-site-packages" if kind.uses_image_tensorflow else "")
     requirements = " ".join(q(r) for r in ((kind.tensorflow,) if kind.tensorflow else ()))
+    where = f"gs://{bucket}/"
+    # Messages are made here and quoted as one word each: a spec value in them is never read by the shell.
+    msg = {
+        "version": q(f"the image's Python is not {kind.python_version}, which the wheelhouse was built for "
+                     "(set gcp.image_python_version)"),
+        "fetching": q(f"fetching the wheelhouse and dsctl from {where}"),
+        "wheelhouse": q(f"could not download the wheelhouse {where}{wheelhouse_prefix} (see {LOG}: the VM needs a "
+                        "route to Cloud Storage, external address, Cloud NAT or Private Google Access, and its "
+                        "service account needs Storage Object Viewer on the bucket)"),
+        "dsctl": q(f"could not download {where}{dsctl_prefix}{dsctl_wheel} (see {LOG})"),
+        "pip": q(f"pip could not install {kind.tensorflow or 'dsctl'} from the wheelhouse (see {LOG})"),
+        "tensorflow": q(f"TensorFlow on this VM is not {tf_version}: "),
+    }
     gpu_wait = ""
     if kind.kind == "gpu":
         gpu_wait = f"""
@@ -50,7 +63,7 @@ i=0; until nvidia-smi -L > /dev/null 2>&1; do
   sleep 5
 done"""
     return f"""#!/bin/bash
-# dsctl bootstrap ({kind.kind} VM): TensorFlow {tf_version} and {dsctl_wheel}, from gs://{bucket} only.
+# dsctl bootstrap ({kind.kind} VM): the run's TensorFlow and dsctl, from Cloud Storage only.
 set -uo pipefail
 mkdir -p /var/lib/dsctl {WHEELS}
 exec >> {LOG} 2>&1
@@ -66,13 +79,13 @@ fail() {{
 }}
 [ -x "$PY" ] || fail "the image has no Python at $PY (set gcp.image_python)"
 "$PY" -c 'import sys; v = "%d.%d" % sys.version_info[:2]; sys.exit(v != sys.argv[1] and "Python " + v)' {q(kind.python_version)} \\
-  || fail "$PY is not Python {kind.python_version}, which the wheelhouse was built for (set gcp.image_python_version)"
+  || fail {msg["version"]}
 
-step "fetching the wheelhouse and dsctl from gs://{bucket}"
+step {msg["fetching"]}
 "$PY" -c {q(FETCH)} {q(storage)} metadata {q(bucket)} {q(wheelhouse_prefix)} {WHEELS} manifest > /var/lib/dsctl/fetch-wheels.json \\
-  || fail "could not download the wheelhouse gs://{bucket}/{wheelhouse_prefix} (see {LOG}: the VM needs a route to Cloud Storage, external address, Cloud NAT or Private Google Access, and its service account needs Storage Object Viewer on the bucket)"
+  || fail {msg["wheelhouse"]}
 "$PY" -c {q(FETCH)} {q(storage)} metadata {q(bucket)} {q(dsctl_prefix)} {WHEELS} objects {q(dsctl_wheel)} > /var/lib/dsctl/fetch-dsctl.json \\
-  || fail "could not download gs://{bucket}/{dsctl_prefix}{dsctl_wheel} (see {LOG})"
+  || fail {msg["dsctl"]}
 phase fetched
 
 step "creating {VENV}"
@@ -92,11 +105,11 @@ phase venv
 step "installing from the wheelhouse (no index)"
 {VENV}/bin/python "$PIP/pip" install --no-index --find-links {WHEELS} --no-cache-dir --disable-pip-version-check \\
     --no-warn-script-location --quiet ${{TARGET:-}} {requirements} {WHEELS}/{q(dsctl_wheel)} \\
-  || fail "pip could not install {kind.tensorflow or 'dsctl'} from the wheelhouse (see {LOG})"
+  || fail {msg["pip"]}
 phase installed
 
 V=$({VENV}/bin/python -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null | tail -n 1)
-[ "$V" = {q(tf_version)} ] || fail "TensorFlow on this VM is ${{V:-not importable}}, not {tf_version}"
+[ "$V" = {q(tf_version)} ] || fail {msg["tensorflow"]}"it is ${{V:-not importable}}"
 {VENV}/bin/python -c 'import dsctl.runtime.worker' || fail "dsctl's runtime does not import"
 phase checked{gpu_wait}
 

@@ -46,7 +46,7 @@ print(sorted(int(x) for x in ds) == [2 * i for i in range(200)])
 @pytest.fixture(scope="session")
 def cpu_software():
     spec = load_spec_text("name: b\nprovider: gcp\ntrainer: {machine: n2-standard-8, steps: 1}\n"
-                          "pipeline: {builtin: synthetic}\ngcp: {project: p, zone: us-central1-b}\n").spec
+                          "pipeline: {builtin: synthetic}\ngcp: {project: acme-ml, zone: us-central1-b}\n").spec
     return software.resolve(spec, local_tensorflow_version())
 
 
@@ -180,3 +180,23 @@ def test_on_a_tpu_runtime_image_the_script_adds_dsctl_beside_the_images_own_tens
                          "print(tensorflow.__file__)"]).check().stdout.strip()
         assert where.startswith("/usr/") and startup.VENV not in where  # the image's TensorFlow, not a copy
         assert marker["storage_bytes"] < 20e6  # dsctl and its dependencies only
+
+
+def test_no_value_in_the_startup_script_is_read_by_the_shell(tmp_path, cpu_software):
+    """A hostile bucket or prefix (the spec refuses such a bucket name; this renders one anyway) ends in a plain
+    error message: nothing in it is run, in the script or in its messages."""
+    import vmboot
+
+    reason = vmboot.unsupported_reason()
+    if reason:
+        pytest.skip(reason)
+    evil = "b$(touch /tmp/pwned)`touch /tmp/pwned`\n touch /tmp/pwned #"
+    with vmboot.BootedVm(tmp_path / "vm", bucket=BUCKET) as vm:
+        vm.metadata.set_attribute("startup-script", startup.script(
+            kind=cpu_software.for_kind("cpu"), tf_version=cpu_software.tensorflow_version, bucket=evil,
+            wheelhouse_prefix=evil, dsctl_prefix=evil, dsctl_wheel=evil, storage_host=vm.gcs_endpoint))
+        result = vm.run_startup_script(timeout_s=120)
+        assert result.exit_code != 0
+        marker = json.loads(vm.exec(["cat", startup.MARKER]).check().stdout)
+        assert marker["ok"] is False and "$(touch /tmp/pwned)" in marker["error"]
+        assert vm.exec(["test", "-e", "/tmp/pwned"]).exit_code != 0

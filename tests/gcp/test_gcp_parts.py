@@ -42,7 +42,10 @@ def test_missing_project_zone_and_credentials_are_clear_errors(no_credentials, m
     spec = load_spec_text(MINIMAL_GCP).spec
     with pytest.raises(SpecError, match=r"gcp.project: provider: gcp needs a Google Cloud project: set gcp.project"):
         resolve(spec)
-    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "p")
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "p$(reboot)")
+    with pytest.raises(SpecError, match="is not a Google Cloud project id"):
+        resolve(spec)
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "acme-ml")
     with pytest.raises(SpecError, match=r"gcp.zone: provider: gcp needs a zone .* set gcp.zone"):
         resolve(spec)
     monkeypatch.setenv("CLOUDSDK_COMPUTE_ZONE", "us-central1-b")
@@ -55,7 +58,7 @@ def test_missing_project_zone_and_credentials_are_clear_errors(no_credentials, m
         monkeypatch.setenv(var, "http://127.0.0.1:9")
     monkeypatch.setenv("DSCTL_SSH_PORT", "2222")
     s = resolve(spec)
-    assert (s.project, s.zone, s.ssh_port, s.bucket) == ("p", "us-central1-b", 2222, "p-dsctl")
+    assert (s.project, s.zone, s.ssh_port, s.bucket) == ("acme-ml", "us-central1-b", 2222, "acme-ml-dsctl")
     assert s.python == "/opt/dsctl/venv/bin/python" and s.bootstrap
 
 
@@ -73,6 +76,8 @@ def test_the_provisioner_check_refuses_before_anything_is_made(no_credentials):
     ("gcp: {labels: {Team: x}}", "gcp.labels", "label Team="),
     ("gcp: {labels: {dsctl-run: x}}", "gcp.labels", "set by dsctl itself"),
     ("gcp: {projct: p}", "gcp.projct", "unknown key 'projct'. Did you mean 'project'?"),
+    ("gcp: {bucket: 'b$(reboot)'}", "gcp.bucket", "a bucket name is 3-222 lower-case letters"),
+    ("gcp: {project: 'p; rm -rf ~'}", "gcp.project", "a project id is 6-30 lower-case letters"),
 ])
 def test_gcp_section_errors_point_at_the_field(extra, where, message):
     with pytest.raises(SpecError) as info:
@@ -92,8 +97,8 @@ def test_every_shipped_gcp_example_still_loads_and_a_local_spec_may_keep_its_gcp
     # The flagship example names only its project and zone: every other gcp field has a working default.
     assert s.provider == "gcp" and s.gcp.model_dump(exclude_defaults=True) == {"project": "my-project",
                                                                               "zone": "us-central1-b"}
-    local = load_spec_text(MINIMAL_GCP.replace("provider: gcp", "provider: local") + "gcp: {project: p}\n").spec
-    assert local.gcp.project == "p"
+    local = load_spec_text(MINIMAL_GCP.replace("provider: gcp", "provider: local") + "gcp: {project: acme-ml}\n").spec
+    assert local.gcp.project == "acme-ml"
 
 
 # -- plan ---------------------------------------------------------------------------------------------------
@@ -135,9 +140,9 @@ def test_plan_without_a_known_length_gives_the_hourly_cost(no_credentials):
     from dsctl.provisioners.gcp import plan
 
     spec = load_spec_text(MINIMAL_GCP.replace("steps: 10", "steps: 10, model: {kind: synthetic}")
-                          + "gcp: {project: p, zone: us-central1-b}\n").spec
+                          + "gcp: {project: acme-ml, zone: us-central1-b}\n").spec
     p = plan(spec)
-    assert p.job_cost is None and "per hour it runs" in p.render() and "project p, zone us-central1-b" in p.render()
+    assert p.job_cost is None and "per hour it runs" in p.render() and "project acme-ml, zone us-central1-b" in p.render()
 
 
 # -- names, bodies ------------------------------------------------------------------------------------------
@@ -242,7 +247,7 @@ def test_startup_script_installs_from_the_wheelhouse_only_and_is_valid_bash():
     from dsctl.specs import load_spec_text
 
     for machine in ("n2-standard-8", "a2-highgpu-1g", "tpu-v2-8"):
-        spec = load_spec_text(MINIMAL_GCP.replace("tpu-v2-8", machine) + "gcp: {project: p, zone: us-central1-b}\n").spec
+        spec = load_spec_text(MINIMAL_GCP.replace("tpu-v2-8", machine) + "gcp: {project: acme-ml, zone: us-central1-b}\n").spec
         sw = software.resolve(spec, "2.21.0")
         for kind in sw.kinds.values():
             text = startup.script(kind=kind, tf_version=sw.tensorflow_version, bucket="b",
@@ -538,6 +543,24 @@ def test_fetch_on_the_vm_unpacks_the_code_and_refuses_paths_outside_it(cloud, tm
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "refusing archive member" in out.stderr
     assert not (dest / "escaped.txt").exists()
+
+    # Manifest mode (the wheelhouse): every file is checked against the manifest's sha256 before it is kept.
+    import hashlib
+    import json
+
+    good, bad = b"wheel bytes", b"tampered bytes"
+    files = [{"name": "a.whl", "sha256": hashlib.sha256(good).hexdigest(), "size": len(good)}]
+    staging.upload("wh/MANIFEST.json", json.dumps({"files": files}).encode())
+    staging.upload("wh/a.whl", good)
+    fetch = lambda: subprocess.run(["bash", "-c", remote.fetch(  # noqa: E731
+        sys.executable, BUCKET, staging.staging_prefix + "wh/", str(tmp_path / "wh"), [], settings.storage_host,
+        manifest=True)], capture_output=True, text=True, timeout=60)
+    out = fetch()
+    assert out.returncode == 0 and json.loads(out.stdout)["bytes"] > len(good) and (tmp_path / "wh" / "a.whl").read_bytes() == good
+    staging.upload("wh/a.whl", bad)
+    (tmp_path / "wh" / "a.whl").unlink()
+    out = fetch()
+    assert out.returncode != 0 and "does not match its manifest" in out.stderr and not (tmp_path / "wh" / "a.whl").exists()
 
 
 def _fake_wheelhouse(cache, kind) -> None:

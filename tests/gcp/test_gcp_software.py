@@ -25,7 +25,7 @@ provider: gcp
 trainer: {{machine: {trainer}, steps: 10}}
 pipeline: {{builtin: synthetic}}
 gcp:
-  project: p
+  project: acme-ml
   zone: us-central1-b{extra}
 """).spec
 
