@@ -19,7 +19,9 @@ from typing import Callable
 from dsctl.provisioners import Deployment, Node, TrainerLaunch, get_provisioner
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 
+from .autoscaling import TrainerWindows, leave_queue_room
 from .outcome import Outcome, RunFailed
+from .policies import Observation
 from .preflight import check_autoscale
 from .pricing import cost_summary
 from .store import RunStore, dsctl_home
@@ -68,6 +70,7 @@ class JobRunner:
         self.policy = check_autoscale(loaded, autoscale) if mode == "service" else None
         if self.policy is not None:
             self.workers = self.policy.initial_workers
+            self.spec = leave_queue_room(self.spec, self.policy)
         self._worker_util: float | None = None
         self.store = store or RunStore()
         self.listener = listener or (lambda p: None)
@@ -85,7 +88,7 @@ class JobRunner:
     # -- events -----------------------------------------------------------------
     def _event(self, kind: str, message: str) -> None:
         self.store.add_event(self.run_id, kind, message)
-        if kind == "worker-restarted":
+        if kind in ("worker-restarted", "dispatcher-restarted"):
             self.progress.restarts += 1
         if kind in ("ready", "scaled"):
             self.progress.workers_ready = len(self.deployment.by_role("worker"))
@@ -205,6 +208,7 @@ class JobRunner:
 
     def _train(self, dep: Deployment) -> None:
         tails = {n.index: JsonlTail(n.extra["metrics"]) for n in dep.by_role("trainer")}
+        self._windows = TrainerWindows(list(tails))
         batches: dict[int, int] = {i: 0 for i in tails}
         rates: dict[int, float] = {}
         errors: dict[int, dict] = {}
@@ -260,7 +264,9 @@ class JobRunner:
             if not rec.get("warmup"):
                 rates[index] = rec.get("batches_per_s") or 0.0
                 if self.policy is not None and scale:
-                    self._autoscale(rec)
+                    obs = self._windows.add(index, rec, workers=self.workers, worker_cpu_util=self._worker_util)
+                    if obs is not None:
+                        self._autoscale(obs)
         elif event == "first_batch":
             if self.first_batch_wall is None or rec["wall"] < self.first_batch_wall:
                 self.first_batch_wall = rec["wall"]
@@ -269,19 +275,12 @@ class JobRunner:
                 self.measured_from_wall = rec["wall"]  # the last trainer to finish warming up
         elif event == "end":
             self.store.set_trainer_result(self.run_id, index, rec)
+            self._windows.trainer_ended(index)
         elif event == "error":
             errors[index] = rec
 
-    def _autoscale(self, window: dict) -> None:
-        """Feed one metrics window to the policy; apply an add or remove, and record why."""
-        from .policies import Observation
-
-        elapsed = window["t_end"] - window["t_start"]
-        if not window.get("batches") or elapsed <= 0 or not window.get("mean_batch_time_s"):
-            return
-        obs = Observation(t=window["t_end"], workers=self.workers, batch_time_s=window["mean_batch_time_s"],
-                          input_stall_frac=min(window["input_wait_s"] / elapsed, 1.0), batches=window["batches"],
-                          worker_cpu_util=self._worker_util)
+    def _autoscale(self, obs: Observation) -> None:
+        """Feed the trainers' joined windows to the policy; apply an add or remove, and record why."""
         decision = self.policy.observe(obs)
         if decision.action == "hold" or decision.target == self.workers:
             return

@@ -37,7 +37,8 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS windows (
     run_id TEXT NOT NULL, trainer INTEGER NOT NULL, t_start REAL, t_end REAL,
     batches INTEGER, examples INTEGER, batches_per_s REAL, mean_batch_time_s REAL,
-    input_wait_s REAL, step_s REAL, tokens INTEGER, padded_tokens INTEGER, warmup INTEGER, workers INTEGER
+    input_wait_s REAL, step_s REAL, tokens INTEGER, padded_tokens INTEGER, warmup INTEGER, workers INTEGER,
+    queue_fill REAL
 );
 CREATE TABLE IF NOT EXISTS trainer_results (
     run_id TEXT NOT NULL, trainer INTEGER NOT NULL, result_json TEXT NOT NULL,
@@ -56,7 +57,9 @@ CREATE INDEX IF NOT EXISTS events_run ON events(run_id);
 """
 
 WINDOW_FIELDS = ("trainer", "t_start", "t_end", "batches", "examples", "batches_per_s", "mean_batch_time_s",
-                 "input_wait_s", "step_s", "tokens", "padded_tokens", "warmup")
+                 "input_wait_s", "step_s", "tokens", "padded_tokens", "warmup", "queue_fill")
+# Columns added after a release, with their types: a runs.db written by an older dsctl gains them on open.
+ADDED_COLUMNS = {"windows": {"queue_fill": "REAL"}}
 
 
 def dsctl_home() -> Path:
@@ -98,6 +101,14 @@ class RunStore:
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(SCHEMA)
+        self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        for table, columns in ADDED_COLUMNS.items():
+            have = {row["name"] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            for name, kind in columns.items():
+                if name not in have:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
     def close(self) -> None:
         self._db.close()

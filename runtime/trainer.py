@@ -29,6 +29,7 @@ from dsctl.specs.schema import JobSpec
 
 from .metrics import MetricsWriter, Window
 from .models import ModelError, make_step
+from .queuefill import QueueFillSampler, read_model_fill
 
 SHARDING = {
     "parallel_epochs": "OFF", "off": "OFF",
@@ -89,8 +90,10 @@ class Harness:
     """Runs the training loop and turns timings into metrics windows."""
 
     def __init__(self, spec: JobSpec, writer: MetricsWriter, steps: int | None, duration_s: float | None,
-                 record_ids: str | None, window_s: float | None = None, record_steps: str | None = None):
+                 record_ids: str | None, window_s: float | None = None, record_steps: str | None = None,
+                 queue_fill: bool = False):
         self.spec = spec
+        self.queue_fill = queue_fill  # sample the service client's result queue (service mode)
         self.record_steps = record_steps
         self.steps_log: dict[str, list] = {k: [] for k in ("wait_s", "step_s", "tokens", "padded_tokens", "examples")}
         self.window_s = window_s or spec.trainer.window_s
@@ -124,6 +127,11 @@ class Harness:
         # Kept on self: destroying a tf.data service iterator waits on its outstanding
         # requests for seconds; the process exits with os._exit instead (see main()).
         self.iterator = iterator = iter(ds)
+        fill = QueueFillSampler(read_model_fill(iterator) if self.queue_fill else None)
+
+        def emit_window(window: Window, now: float) -> None:
+            writer.emit("window", **window.as_fields(now, t0), queue_fill=fill.take())
+
         c = t0
         while batches < steps:
             if self.stop.is_set():
@@ -132,6 +140,7 @@ class Harness:
             if c >= deadline:
                 reason = "duration"
                 break
+            fill.maybe_sample()
             a = time.perf_counter()
             try:
                 batch = next(iterator)
@@ -156,19 +165,19 @@ class Harness:
                     log[k].append(int(stats.get(k, 0)))
             if window.warmup:
                 if batches >= warmup_left:
-                    writer.emit("window", **window.as_fields(c, t0))
+                    emit_window(window, c)
                     writer.emit("measure_start", batches=batches)
                     window = Window(started=c)
                     measured_from = c
             elif c - window.started >= self.window_s:
-                writer.emit("window", **window.as_fields(c, t0))
+                emit_window(window, c)
                 measured.append(window)
                 window = Window(started=c)
             if measured_from is not None and self.duration_s is not None and deadline == float("inf"):
                 deadline = measured_from + self.duration_s
         end = time.perf_counter()
         if window.batches:
-            writer.emit("window", **window.as_fields(end, t0))
+            emit_window(window, end)
             if not window.warmup:
                 measured.append(window)
         measured_s = (end - measured_from) if measured_from is not None else 0.0
@@ -212,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         steps, duration = spec.trainer.steps, spec.trainer.duration_s
     writer = MetricsWriter(args.metrics, args.index)
     writer.emit("start", pid=os.getpid(), mode=args.mode)
-    harness = Harness(spec, writer, steps, duration, args.record_ids, args.window_s, args.record_steps)
+    harness = Harness(spec, writer, steps, duration, args.record_ids, args.window_s, args.record_steps,
+                      queue_fill=args.mode == "service")
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: harness.stop.set())
     from dsctl.runtime.pipelines.errors import PipelineError

@@ -52,6 +52,10 @@ def test_cachew_policy_finds_the_knee_then_follows_the_model_up_and_down(home, t
     assert final < faster and abs(final - 2) <= 1, "a slower model: scales down to its knee"
     decisions = [e for e in store.events(record["id"]) if e["kind"] == "autoscale"]
     assert decisions and all("worker" in e["message"] for e in decisions)
+    # The scale-down is Cachew's own rule on the signal the trainer measured: its client's queue filled up.
+    shrinks = [e["message"] for e in decisions if e["message"].startswith("remove") and "confirmed at" in e["message"]]
+    assert shrinks and all("queue fill" in m and "dsctl's rule" not in m for m in shrinks), shrinks
+    assert all(w["queue_fill"] is not None for w in windows if not w["warmup"])
     assert record["summary"]["autoscale_policy"] == "cachew"
     assert record["summary"]["batches"] > 0, "no trainer hung while workers were removed"
     assert processes_under(home) == []

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -96,6 +97,48 @@ def test_killed_worker_is_restarted_and_losses_are_counted(home, tmp_path):
     assert 0 <= s["elements_lost"] <= 2048 // 16 * 2
     assert s["elements_received"] + s["elements_lost"] == 2048
     assert Deployment.load(run_dir).by_role("worker")[0].pid != victim.pid
+
+
+def _kill_dispatcher_mid_run(home, spec):
+    up = subprocess.Popen([sys.executable, "-m", "dsctl.cli.main", "up", str(spec), "--json"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir = _wait_training(home)
+    victim = Deployment.load(run_dir).by_role("dispatcher")[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    out, err = up.communicate(timeout=240)
+    return up, out, err, run_dir, victim, time.monotonic() - killed
+
+
+def test_killed_fault_tolerant_dispatcher_is_restarted_from_its_journal(home, tmp_path):
+    spec = synthetic_job(tmp_path, "distributed_epoch", workers=2, elements=2048, latency_ms=4)
+    up, out, err, run_dir, victim, _ = _kill_dispatcher_mid_run(home, spec)
+    assert up.returncode == 0, err
+    record = json.loads(out)
+    s = record["summary"]
+    events = [e for e in RunStore().events(record["id"]) if e["kind"] == "dispatcher-restarted"]
+    assert len(events) == 1 and "journal" in events[0]["message"]
+    assert s["elements_duplicated"] == 0
+    assert 0 <= s["elements_lost"] <= 2048 // 16 * 2, "no more lost than was in flight"
+    assert s["elements_received"] + s["elements_lost"] == 2048
+    restarted = Deployment.load(run_dir).by_role("dispatcher")[0]
+    assert restarted.pid != victim.pid and restarted.address == victim.address
+    assert processes_under(home) == []
+
+
+def test_killed_dispatcher_without_fault_tolerance_fails_the_job_at_once(home, tmp_path):
+    spec = synthetic_job(tmp_path, "distributed_epoch", workers=2, elements=100000, latency_ms=4)
+    spec.write_text(spec.read_text().replace("processing_mode: distributed_epoch", "processing_mode: distributed_epoch,"
+                                             " fault_tolerant: false"))
+    up, out, err, run_dir, _, exited_after_s = _kill_dispatcher_mid_run(home, spec)
+    assert up.returncode == 1
+    assert exited_after_s < 60, "fails promptly instead of waiting out the clients' 300 s timeout"
+    flat = " ".join(err.split())
+    assert "the dispatcher exited" in flat and "service.fault_tolerant: true" in flat
+    assert "Traceback" not in err
+    [record] = json.loads(dsctl("runs", "--json", check=True).stdout)
+    assert record["status"] == "failed"
+    assert processes_under(home) == []
 
 
 def _start_long_run(tmp_path):

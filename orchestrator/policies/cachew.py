@@ -1,41 +1,53 @@
 """Cachew's autoscaling policy (ATC'22 §4.3): scale on what the trainers feel, not on CPU.
 
-Signals, and what each one drives (constants are `CachewConfig` defaults):
+Constants are `CachewConfig` defaults. Cachew's own rules, as the paper gives them:
 - Search (from the start, and after a re-check asks for more): average `window_batches` (100)
   batches of batch time per worker count; add one worker at a time while the last one cut
   batch time by more than `threshold` (3%); when one did not, remove it and converge.
-- Converged: remember batch time, input stall and queue fill; every `recheck_batches` (1,000)
-  compare the latest `window_batches` with them:
-  * add a worker (and search again) when the trainers wait for input more than at
-    convergence: batch time > `scale_up_trigger` (10%) above converged while
-    input_stall_frac >= `input_bound_stall` (5%) and not below its converged value (data got
-    harder, Cachew's rule), or
-    input_stall_frac > `stall_rise_trigger` (10 points) above converged (the model got
-    faster: batch time stays where the workers hold it, but the trainers now wait);
-  * remove a worker when the workers have slack: queue fill > `queue_fill_trigger` (40%)
-    above converged and by at least `queue_fill_min_rise` batches (Cachew's rule; only
-    when queue fill is measured), or batch time > `scale_up_trigger` above converged with
-    the trainers not waiting (stall < `input_bound_stall`): the model got slower, which is
-    the only slack signal left when queue fill is None;
-  * growing wins if both fire: a stalled accelerator costs more than an idle worker;
-  * either is acted on only when a fresh window measured after the re-check says the same:
-    the re-check's window may straddle the change it detected (half old job, half new), and
-    a shrink measured against such a window would add back the worker it just removed.
-- Shrink: keep removing one worker at a time while batch time stays within `threshold` of
-  its value before the first removal (averaged with every count since that held it, so one
-  noisy reference does not stop the shrink early); when a removal costs more, add it back. A
-  cost under twice the threshold is within the noise of one window: it is measured once more
-  and judged on both windows.
+- Converged: remember batch time and the client's result-queue fill; every `recheck_batches`
+  (1,000) compare the latest `window_batches` with them: add a worker (and search again)
+  when batch time rose significantly above converged; remove one when queue fill is more than
+  `queue_fill_trigger` (40%) above converged, then keep removing one at a time while batch
+  time holds (within `threshold` of its value before the first removal); when a removal costs
+  more, add it back.
 - After every change nothing is measured for `pause_batches` (150) batches: windows that
-  start inside the pause are skipped whole, so a window is never half old, half new.
+  start inside the pause are skipped whole.
+
+dsctl's own rules, each marked "dsctl's rule" where it is applied, and why:
+- "Significantly" is `scale_up_trigger` (10%): the paper gives no number; 10% is three times
+  the search threshold, above the noise of one window on a shared machine.
+- Growing also needs the trainers to wait for input (stall >= `input_bound_stall`, 5%, and not
+  below converged): a model that got slower raises batch time too, and the paper's rule would
+  then add workers that buy nothing.
+- Growing when input stall rose by more than `stall_rise_trigger` (10 points): a model that got
+  faster leaves batch time where the workers hold it, so the paper's batch-time rule never sees
+  the trainers start waiting.
+- The queue-fill rise must also be at least `queue_fill_min_rise` (1 batch): 40% of a queue
+  that held 0.2 elements is noise.
+- The converged queue fill is read at the first re-check, not in the window that converged:
+  after a change the queue drains or fills at the difference of two nearly equal rates, for
+  longer than the pause (measured: 24.4 in the converging window, 0.0 from the first re-check
+  on, of a 32-element buffer).
+- Without a queue-fill reading (a client that cannot report it), batch time rising more than
+  `scale_up_trigger` while the trainers do not wait is read as a slower model and removes a
+  worker: the only slack signal left. With queue fill measured, the paper's rule alone decides.
+- Growing wins if both fire: a stalled accelerator costs more than an idle worker.
+- A re-check's finding is acted on only when a fresh window measured after it says the same:
+  the re-check's window may straddle the change it detected (half old job, half new), and a
+  shrink measured against such a window would add back the worker it just removed.
+- Shrink judges batch time against the mean of the counts that held it (one noisy reference
+  does not stop the shrink early); a cost under twice the threshold is within one window's
+  noise, so it is measured once more and judged on both windows.
 A worker count the policy did not ask for (a failed worker, a manual change) restarts the
-search from the observed count. Not detectable without queue fill: data that got easier
-while the model is the bottleneck (batch time and stall do not move).
+search from the observed count. The orchestrator joins the trainers' windows before they
+arrive here (orchestrator/autoscaling.py), and sizes the client buffer so queue fill can rise
+(`leave_queue_room`, dsctl's rule too).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from typing import Literal, Optional
 
 from pydantic import Field, model_validator
@@ -46,7 +58,8 @@ Phase = Literal["search", "settle", "converged", "confirm", "shrink"]
 
 
 class CachewConfig(Limits):
-    """Published constants as defaults (paper-results.md, Cachew §4.3); the two 10% triggers are ours."""
+    """Published constants as defaults (Cachew §4.3); scale_up_trigger, stall_rise_trigger, input_bound_stall
+    and queue_fill_min_rise are dsctl's (see the module docstring)."""
 
     threshold: float = Field(0.03, gt=0, lt=1, description="a worker must change batch time by more than this")
     window_batches: int = Field(100, ge=1, description="batches averaged into one measurement")
@@ -83,6 +96,7 @@ class CachewPolicy:
         self._held: list[float] = []  # shrink: batch times before the first removal and at each count that held
         self._at_count: list[float] = []  # shrink: batch times measured at the current count
         self._converged: Optional[Measurement] = None
+        self._fill_settled = False  # converged queue fill read at the first re-check, not at convergence
         self._since_check = 0
         self._recent: deque[Observation] = deque()
 
@@ -204,12 +218,21 @@ class CachewPolicy:
     def _recheck(self, cur: Measurement, confirmed: bool = False) -> Decision:
         c, conv, n = self.config, self._converged, cur.workers
         assert conv is not None
+        settling = not self._fill_settled
+        if settling:
+            # dsctl's rule: the queue drains or fills for a while after a change (at the difference of two
+            # near-equal rates), so its converged level is the first re-check's, well clear of the change.
+            self._fill_settled = True
+            self._converged = conv = replace(conv, queue_fill=cur.queue_fill)
         rise = (cur.batch_time_s - conv.batch_time_s) / conv.batch_time_s
         stall_rise = cur.input_stall_frac - conv.input_stall_frac
         input_bound = cur.input_stall_frac >= c.input_bound_stall and stall_rise >= 0
         said = (f"{'confirmed' if confirmed else 're-check'} at {n} workers: batch time {ms(cur.batch_time_s)}"
                 f" ({pct(rise, True)} vs converged {ms(conv.batch_time_s)}), input stall"
                 f" {pct(cur.input_stall_frac)} (converged {pct(conv.input_stall_frac)})")
+        if cur.queue_fill is not None and conv.queue_fill is not None:
+            said += f", queue fill {cur.queue_fill:.1f} (converged {conv.queue_fill:.1f}{', read now' if settling else ''})"
+        # Cachew: batch time rose significantly. dsctl's rules: only while input-bound, or stall rose.
         grow = (rise > c.scale_up_trigger and input_bound) or stall_rise > c.stall_rise_trigger
         if grow and not confirmed and n < c.max_workers:
             return self._confirm(f"{said}: trainers wait for input")
@@ -220,13 +243,15 @@ class CachewPolicy:
             return self._change(n + 1, f"{said}: trainers wait for input, adding worker {n + 1}",
                                 "search", f"adding worker {n + 1}")
         why = None
-        if cur.queue_fill is not None and conv.queue_fill is not None:
+        if cur.queue_fill is not None and conv.queue_fill is not None and not settling:
             grew = cur.queue_fill - conv.queue_fill
             if cur.queue_fill > conv.queue_fill * (1 + c.queue_fill_trigger) and grew >= c.queue_fill_min_rise:
                 why = (f"queue fill {cur.queue_fill:.1f} batches vs converged {conv.queue_fill:.1f}: more than"
                        f" {pct(c.queue_fill_trigger)} above, workers outpace the model")
-        if why is None and rise > c.scale_up_trigger and not input_bound:
-            why = "batch time rose while trainers do not wait for input: the model got slower"
+        no_fill = cur.queue_fill is None or conv.queue_fill is None
+        if why is None and no_fill and rise > c.scale_up_trigger and not input_bound:
+            why = ("batch time rose while trainers do not wait for input and queue fill is not measured:"
+                   " the model got slower (dsctl's rule)")
         if why is None:
             return self._hold(f"{said}: holding")
         if n <= c.min_workers:
@@ -244,6 +269,7 @@ class CachewPolicy:
 
     def _converge(self, m: Measurement, prefix: str) -> Decision:
         self._converged, self._phase, self._since_check = m, "converged", 0
+        self._fill_settled = False
         self._recent.clear()
         qf = "" if m.queue_fill is None else f", queue fill {m.queue_fill:.1f} batches"
         return self._hold(f"{prefix}converged at {m.workers} workers: batch time {ms(m.batch_time_s)},"

@@ -135,7 +135,7 @@ class GcpProvisioner:
         self._clients: Clients | None = None
         self._ssh: Ssh | None = None
         self._watcher: Watcher | None = None
-        self._restarts: dict[int, int] = {}
+        self._restarts: dict[int, int] = {}  # worker index (-1: the dispatcher) -> restarts
         self._cancel = threading.Event()
         self._state_lock = threading.Lock()
         self._staged_wheel_version: str | None = None
@@ -391,8 +391,8 @@ class GcpProvisioner:
     def _start_dispatcher(self, dep: Deployment, spec: JobSpec) -> None:
         s = self._settings
         node = dep.by_role("dispatcher")[0]
-        port = s.dispatcher_port or self._free_port(node)
-        node.extra["port"] = port
+        port = node.extra.get("port") or s.dispatcher_port or self._free_port(node)  # a restart keeps its port
+        node.extra.update(port=port, fault_tolerant=spec.service.fault_tolerant)
         node.address = f"{node.extra['internal_ip']}:{port}"
         dep.dispatcher_address = node.address
         layout = self._layout(dep, node)
@@ -612,6 +612,7 @@ class GcpProvisioner:
         snap = self._watcher.snapshot()
         lost = {h: since for h, (since, _) in self._watcher.unreachable().items()
                 if time.monotonic() - since > UNREACHABLE_S}
+        self._supervise_dispatcher(dep, snap, lost, events)
         self._supervise_workers(dep, snap, lost, events)
         running, codes = [], {}
         for node in dep.by_role("trainer"):
@@ -627,6 +628,26 @@ class GcpProvisioner:
             else:
                 codes[node.index] = st.exit_code
         return TrainerState(running=running, exit_codes=codes)
+
+    def _supervise_dispatcher(self, dep: Deployment, snap: dict, lost: dict, events: EventSink) -> None:
+        """As the local provider: a fault-tolerant dispatcher is restarted at its address from its journal
+        (on its VM's disk); any other dead dispatcher fails the job at once."""
+        for node in dep.by_role("dispatcher"):
+            st = snap.get(("dispatcher", 0))
+            if "remote_pid" not in node.extra or node.extra.get("host") in lost or st is None \
+                    or st.at < node.extra.get("launched_at", 0) or st.running(node.extra.get("start_time")):
+                continue
+            if not node.extra.get("fault_tolerant") or self._spec is None:
+                raise RemoteError(f"the dispatcher ({node.extra['instance']}) exited (code {st.exit_code}) and the job "
+                                  "is not fault-tolerant, so its trainers cannot go on; set service.fault_tolerant: true "
+                                  f"to have dsctl restart it from its journal. Its log ends with:\n{self._log_tail(node)}")
+            count = self._restarts.get(-1, 0) + 1
+            self._restarts[-1] = count
+            if count > MAX_RESTARTS_PER_WORKER:
+                raise RemoteError(f"the dispatcher died {count} times; giving up. Its log ends with:\n{self._log_tail(node)}")
+            events("dispatcher-restarted", f"the dispatcher exited (code {st.exit_code}); restarting it at "
+                                           f"{node.address} from its journal")
+            self._start_dispatcher(dep, self._spec)
 
     def _supervise_workers(self, dep: Deployment, snap: dict, lost: dict, events: EventSink) -> None:
         for node in dep.by_role("worker"):

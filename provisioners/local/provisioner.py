@@ -29,7 +29,7 @@ from .processes import is_ours, spawn, stop_groups
 WORKER_MEMORY_BYTES = 500 * 2**20
 OTHER_PROCESS_MEMORY_BYTES = 900 * 2**20
 READY_TIMEOUT_S = 120.0
-MAX_RESTARTS_PER_WORKER = 5
+MAX_RESTARTS_PER_WORKER = 5  # and for the dispatcher
 EXIT_STATUS_GRACE_S = 10.0
 
 
@@ -59,7 +59,7 @@ class LocalProvisioner:
 
     def __init__(self) -> None:
         self._procs: dict[tuple[str, int], subprocess.Popen] = {}
-        self._restarts: dict[int, int] = {}
+        self._restarts: dict[tuple[str, int], int] = {}  # (role, index) -> restarts
         self._sampler = ProcessSampler()
         self._cache_mb = 0
         self._launcher: Launcher | None = None
@@ -165,6 +165,7 @@ class LocalProvisioner:
         args = ["--port", str(port), "--ready-file", disp.extra["ready_file"], "--status-file", disp.extra["status_file"]]
         if spec.service.fault_tolerant:
             args += ["--fault-tolerant", "--work-dir", str(run_dir / "journal")]
+        disp.extra.update(argv=args, fault_tolerant=spec.service.fault_tolerant)
         self._launch(dep, disp, "dsctl.runtime.dispatcher", args, run_dir / "logs" / "dispatcher.log", self._service_cpus)
         self._cache_mb = spec.service.cross_trainer_cache_mb if spec.service.cross_trainer_cache else 0
         self._add_workers(dep, workers)
@@ -245,6 +246,7 @@ class LocalProvisioner:
 
     def poll(self, dep: Deployment, events: EventSink) -> TrainerState:
         self._resolve(dep)
+        self._supervise_dispatcher(dep, events)
         self._supervise_workers(dep, events)
         running, codes = [], {}
         for node in dep.by_role("trainer"):
@@ -255,13 +257,41 @@ class LocalProvisioner:
                 codes[node.index] = code
         return TrainerState(running=running, exit_codes=codes)
 
+    def _supervise_dispatcher(self, dep: Deployment, events: EventSink) -> None:
+        """A fault-tolerant dispatcher that died is restarted at its port from its journal: the trainers'
+        clients and the workers reconnect to the same address. Any other one fails the job at once,
+        because its clients would wait for it until their 300 s timeout."""
+        for node in dep.by_role("dispatcher"):
+            if not node.extra.get("ready"):
+                continue
+            code = self._exit_code(node)
+            if code is None:
+                continue
+            if not node.extra.get("fault_tolerant"):
+                raise ProcessFailed(
+                    f"the dispatcher exited (code {code}) and the job is not fault-tolerant, so its trainers cannot "
+                    f"go on; set service.fault_tolerant: true to have dsctl restart it from its journal. "
+                    f"Its log ({node.log}) ends with:\n{_log_tail(node.log)}")
+            count = self._restarts.get(("dispatcher", 0), 0) + 1
+            self._restarts[("dispatcher", 0)] = count
+            if count > MAX_RESTARTS_PER_WORKER:
+                raise ProcessFailed(f"the dispatcher died {count} times; giving up. Its log ({node.log}) ends with:\n"
+                                    f"{_log_tail(node.log)}")
+            events("dispatcher-restarted", f"the dispatcher exited (code {code}); restarting it at {node.address} "
+                                           "from its journal")
+            Path(node.extra["ready_file"]).unlink(missing_ok=True)
+            node.extra["ready"] = False
+            self._launch(dep, node, "dsctl.runtime.dispatcher", node.extra["argv"],
+                         Path(dep.run_dir) / "logs" / "dispatcher.log", self._service_cpus)
+            self._wait_ready([node], dep)
+
     def _supervise_workers(self, dep: Deployment, events: EventSink) -> None:
         for node in dep.by_role("worker"):
             code = self._exit_code(node)
             if code is None:
                 continue
-            count = self._restarts.get(node.index, 0) + 1
-            self._restarts[node.index] = count
+            count = self._restarts.get(("worker", node.index), 0) + 1
+            self._restarts[("worker", node.index)] = count
             if count > MAX_RESTARTS_PER_WORKER:
                 raise ProcessFailed(
                     f"worker {node.index} died {count} times; giving up. Its log ({node.log}) ends with:\n{_log_tail(node.log)}"

@@ -92,9 +92,9 @@ def materialize(final, write: Callable[[Path], list[str]], meta: dict):
                 "Cloud, dsctl uploads it there before the run starts; start the run with `dsctl up`, or upload the "
                 "folder dsctl generates locally for these params.")
         return final
-    if (final / MANIFEST).is_file():
-        return final
-    if final.exists():
+    if final.exists():  # checked before the manifest: another writer's rename may land between two checks
+        if (final / MANIFEST).is_file():
+            return final
         raise PipelineError(
             f"The data cache directory {final} exists but has no {MANIFEST}, so it is incomplete or "
             "was not made by dsctl; delete it and run again to regenerate it."

@@ -199,3 +199,34 @@ def storage_client():
     from google.cloud import storage
 
     return storage.Client(project=PROJECT, credentials=AnonymousCredentials())
+
+
+def test_a_dead_fault_tolerant_dispatcher_is_restarted_on_its_vm(cloud, sshd, home, tmp_path):
+    """SIGKILL of the dispatcher on its "VM" mid-job: dsctl restarts it at its address from its journal,
+    the trainer carries on, and the record says so."""
+    import threading
+    import time
+
+    spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=2, trainer_machine="n2-standard-8", epochs=1,
+                    elements=2048, latency_ms=4)
+    run_id = "dispatcher-killed-0001"
+    result: dict = {}
+    # The runner lives in its thread: its run store's SQLite connection belongs to the thread that made it.
+    thread = threading.Thread(target=lambda: result.update(summary=JobRunner(load_spec(spec), run_id=run_id).run()))
+    thread.start()
+    run_dir = home / "runs" / run_id
+    metrics = run_dir / "metrics" / "trainer-0.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and '"window"' in metrics.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    victim = Deployment.load(run_dir).by_role("dispatcher")[0]
+    os.kill(victim.extra["remote_pid"], signal.SIGKILL)
+    thread.join(timeout=240)
+    assert not thread.is_alive()
+    record = RunStore().get(run_id)
+    assert record.status == "succeeded", record.error
+    restarts = [e for e in RunStore().events(run_id) if e["kind"] == "dispatcher-restarted"]
+    assert len(restarts) == 1 and victim.address in restarts[0]["message"]
+    s = result["summary"]
+    assert s["elements_duplicated"] == 0 and s["elements_received"] + s["elements_lost"] == 2048
+    assert cloud.counts() == {"instances": 0, "firewalls": 0, "tpus": 0}
