@@ -155,7 +155,7 @@ def _detach(spec: Path, workers: Optional[int], mode: str, autoscale: Optional[s
 @app.command()
 def status(json_out: bool = typer.Option(False, "--json")) -> None:
     """Deployments that are up (or were left behind by a killed `dsctl up`)."""
-    from dsctl.orchestrator.deployments import active_deployments, live_nodes
+    from dsctl.orchestrator.deployments import UNREADABLE, active_deployments, live_nodes
 
     deps = active_deployments()
     rows = [{"run": d.run_id, "provider": d.provider, "status": d.status, "dispatcher": d.dispatcher_address,
@@ -167,6 +167,11 @@ def status(json_out: bool = typer.Option(False, "--json")) -> None:
     if not rows:
         console.print("nothing is up.")
         return
+    for d in deps:
+        if d.status == UNREADABLE:
+            err_console.print(f"{d.run_id}: its state file ({d.run_dir}/state.json) cannot be read; {len(d.nodes)} of "
+                              "its processes were found by their command line, and `dsctl down` stops them. If it ran "
+                              f"on Google Cloud, `dsctl down {d.run_id} --project P --zone Z` finds its VMs by label.")
     from rich.table import Table
 
     t = Table(title="deployments", title_justify="left")
@@ -186,7 +191,7 @@ def down(
     bucket: Optional[str] = typer.Option(None, "--bucket", help="its staging bucket, if not <project>-dsctl (no local state)"),
 ) -> None:
     """Stop and remove everything a run started, even if `dsctl up` was killed or its state is gone."""
-    from dsctl.orchestrator.deployments import active_deployments, find, take_down
+    from dsctl.orchestrator.deployments import UNREADABLE, active_deployments, find, take_down
 
     if run:
         dep = find(run)
@@ -204,7 +209,9 @@ def down(
         return
     for dep in targets:
         take_down(dep)
-        console.print(f"{dep.run_id}: down")
+        found = f" ({len(dep.nodes)} process(es) found by command line: its state file could not be read)" \
+            if dep.status == UNREADABLE else ""
+        console.print(f"{dep.run_id}: down{found}")
 
 
 def _down_by_label(run: str, project: Optional[str], zone: Optional[str], bucket: Optional[str]) -> None:

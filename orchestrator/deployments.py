@@ -2,32 +2,65 @@
 
 This works from a fresh process: it needs only the state files that `dsctl up`
 writes as it starts each process, so it cleans up after a killed `dsctl up`.
+A state file that cannot be read (cut short by a crash, garbled) does not hide a
+deployment: its processes are found by their command line, which names the run
+dir for every process dsctl starts (the launcher, what it forks, a detached monitor).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
-from dsctl.provisioners import Deployment, get_provisioner
+from dsctl.provisioners import Deployment, Node, get_provisioner
 from dsctl.provisioners.contract import STATE_FILE
 from dsctl.provisioners.local.processes import is_ours, stop_groups
 
 from .store import RunStore, dsctl_home
 
 
+UNREADABLE = "state unreadable"  # the status of a deployment rebuilt from its processes
+
+
 def active_deployments() -> list[Deployment]:
-    """Deployments whose state is not 'down', newest first."""
+    """Deployments whose state is not 'down', newest first; unreadable ones with live processes too."""
     runs = dsctl_home() / "runs"
     out = []
     for state in sorted(runs.glob(f"*/{STATE_FILE}"), key=lambda p: p.stat().st_mtime, reverse=True):
-        try:
-            dep = Deployment.load(state.parent)
-        except (ValueError, TypeError, KeyError):
-            continue
+        dep = load_or_recover(state.parent)
+        if dep.status == UNREADABLE and not dep.nodes:
+            continue  # nothing of it runs: nothing to take down
         if dep.status != "down":
             out.append(dep)
     return out
+
+
+def load_or_recover(run_dir: Path) -> Deployment:
+    """The deployment in `run_dir`'s state file or, if that cannot be read, one rebuilt from its processes."""
+    try:
+        return Deployment.load(run_dir)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return recovered(run_dir)
+
+
+def recovered(run_dir: Path) -> Deployment:
+    """Every live process whose command line names `run_dir`, as nodes `down` can stop (pid and start time)."""
+    import psutil
+
+    run_dir = Path(run_dir)
+    needles = {str(run_dir), str(run_dir.resolve())}
+    nodes = []
+    for proc in psutil.process_iter(["pid", "cmdline", "create_time", "status"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if not any(n in cmd for n in needles) or proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
+                continue
+            nodes.append(Node(role="stray", index=len(nodes), pid=proc.pid, pgid=os.getpgid(proc.pid),
+                              create_time=proc.info["create_time"]))
+        except (psutil.Error, OSError):
+            continue
+    return Deployment(run_id=run_dir.name, provider="unknown", run_dir=str(run_dir), status=UNREADABLE, nodes=nodes)
 
 
 def live_nodes(dep: Deployment) -> int:
@@ -40,7 +73,10 @@ def take_down(dep: Deployment, store: RunStore | None = None) -> None:
     if monitors:
         stop_groups(monitors, grace_s=20.0)  # a detached monitor tears down its own deployment on SIGTERM
         dep = Deployment.load(dep.run_dir)
-    get_provisioner(dep.provider).down(dep, lambda kind, msg: None)
+    if dep.status == UNREADABLE:
+        stop_groups(dep.nodes)
+    else:
+        get_provisioner(dep.provider).down(dep, lambda kind, msg: None)
     store = store or RunStore()
     record = store.get(dep.run_id)
     if record and record.status == "running":
@@ -52,7 +88,7 @@ def take_down(dep: Deployment, store: RunStore | None = None) -> None:
 def find(run_id: str) -> Deployment | None:
     run_dir = dsctl_home() / "runs" / run_id
     if (run_dir / STATE_FILE).exists():
-        return Deployment.load(run_dir)
+        return load_or_recover(run_dir)
     matches = [d for d in active_deployments() if d.run_id.startswith(run_id)]
     return matches[0] if len(matches) == 1 else None
 

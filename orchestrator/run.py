@@ -12,7 +12,7 @@ import secrets
 import shutil
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -84,6 +84,8 @@ class JobRunner:
         self.detached = detached
         self.duration_s, self.repeat = duration_s, repeat  # overrides for measurements (sweep baselines)
         self.record_steps = record_steps  # per-batch records (experiments model synchronous training from them)
+        self._results: dict[int, dict] = {}  # each trainer's end record, also kept here in case the store defers it
+        self.summary: dict = {}
 
     # -- events -----------------------------------------------------------------
     def _event(self, kind: str, message: str) -> None:
@@ -159,7 +161,7 @@ class JobRunner:
                 self._provision_and_train(dep)
         finally:
             self._finish(dep, outcome.status, outcome.error, started, keep_up)
-        return self.store.get(self.run_id).summary
+        return self.summary
 
     def _provision_and_train(self, dep: Deployment) -> None:
         if self.mode == "service":
@@ -175,17 +177,18 @@ class JobRunner:
         self._train(dep)
 
     def _finish(self, dep: Deployment, status: str, error: str | None, started: float, keep_up: bool) -> None:
-        # Teardown must survive a second Ctrl-C: the record is written first, then processes are stopped.
+        """Teardown first: nothing that fails while recording, logging or printing may leave a process running."""
         ended = time.time()
-        summary = summarize(self.store.trainer_results(self.run_id), self.store.utilization(self.run_id),
-                            started, ended, self.first_batch_wall, self.measured_from_wall)
-        summary.update(self._element_accounting())
-        if self.policy is not None:
-            summary.update(self._scaling_summary())
-        self.store.update_run(self.run_id, status=status, ended_at=ended, error=error, summary=summary)
-        summary["cost"] = cost_summary(self.store.get(self.run_id))
-        self.store.update_run(self.run_id, summary=summary)
-        self._phase("tearing down" if not keep_up else "left running")
+        try:
+            self._tear_down(dep, status, keep_up)
+        finally:
+            self._record_end(status, error, started, ended)
+
+    def _tear_down(self, dep: Deployment, status: str, keep_up: bool) -> None:
+        try:
+            self._phase("tearing down" if not keep_up else "left running")
+        except Exception:  # noqa: BLE001 - a live view that cannot draw must not stop the teardown
+            pass
         if keep_up and status == "succeeded":
             self.provisioner.stop_trainers(dep)
             dep.nodes = [n for n in dep.nodes if n.role != "trainer"]
@@ -193,10 +196,35 @@ class JobRunner:
             return
         try:
             self.provisioner.down(dep, self._event)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # a second Ctrl-C: finish the teardown, then stop
             self.provisioner.down(dep, self._event)
             raise
 
+    def _record_end(self, status: str, error: str | None, started: float, ended: float) -> None:
+        """The run's outcome and summary; what the database will not take now is kept in the run dir."""
+        store = self.store
+        store.flush()
+        results = {**store.trainer_results(self.run_id), **self._results}
+        summary = summarize(results, store.utilization(self.run_id), started, ended, self.first_batch_wall,
+                            self.measured_from_wall)
+        summary.update(self._element_accounting(results))
+        if self.policy is not None:
+            summary.update(self._scaling_summary())
+        store.update_run(self.run_id, status=status, ended_at=ended, error=error, summary=summary)
+        record = replace(store.get(self.run_id), status=status, ended_at=ended, error=error, summary=summary)
+        summary["cost"] = cost_summary(record)
+        store.update_run(self.run_id, summary=summary)
+        self.summary = summary
+        reason = store.last_error
+        try:
+            kept = store.keep_unwritten(self.run_dir)
+        except OSError as exc:
+            raise RunFailed(f"the run {status}, and everything it started is stopped, but its record could not be "
+                            f"written to {store.path} ({reason}) nor kept in {self.run_dir} ({exc}); free some space "
+                            "in DSCTL_HOME.") from None
+        if kept is not None:
+            raise RunFailed(f"the run {status}, and everything it started is stopped, but {store.path} would not take its "
+                            f"record ({reason}); it is kept in {kept} and the next dsctl command adds it.")
     def _start_trainers(self, dep: Deployment) -> None:
         launch = TrainerLaunch(
             mode=self.mode, spec_json=self.run_dir / "spec.json", metrics_dir=self.run_dir / "metrics",
@@ -219,12 +247,11 @@ class JobRunner:
             for index, tail in tails.items():
                 for rec in tail.read():
                     self._record(index, rec, batches, rates, errors, scale=False)
-            ended = self.store.trainer_results(self.run_id)
             for index in tails:
-                if index not in ended and batches[index]:
+                if index not in self._results and batches[index]:
                     # Stopped before its final record: keep what its windows measured.
-                    self.store.set_trainer_result(self.run_id, index, {
-                        "batches": batches[index], "batches_per_s": rates.get(index), "partial": True})
+                    self._results[index] = {"batches": batches[index], "batches_per_s": rates.get(index), "partial": True}
+                    self.store.set_trainer_result(self.run_id, index, self._results[index])
         self._check_exits(state.exit_codes, errors)
 
     def _follow(self, dep: Deployment, tails: dict, batches: dict, rates: dict, errors: dict):
@@ -274,6 +301,7 @@ class JobRunner:
             if self.measured_from_wall is None or rec["wall"] > self.measured_from_wall:
                 self.measured_from_wall = rec["wall"]  # the last trainer to finish warming up
         elif event == "end":
+            self._results[index] = rec
             self.store.set_trainer_result(self.run_id, index, rec)
             self._windows.trainer_ended(index)
         elif event == "error":
@@ -326,8 +354,7 @@ class JobRunner:
             copies *= self.spec.trainer.count
         return copies
 
-    def _element_accounting(self) -> dict:
-        results = self.store.trainer_results(self.run_id)
+    def _element_accounting(self, results: dict[int, dict]) -> dict:
         if not self._countable() or not results or any(r.get("reason") != "end_of_data" for r in results.values()):
             return {}  # only a dataset read to its end tells what was lost
         ids: list[int] = []

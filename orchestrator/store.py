@@ -2,6 +2,12 @@
 
 Rows are written as results arrive (one short transaction each), so a crash or
 `kill -9` loses nothing that was already measured.
+
+A database that is locked by another program or on a full disk must not fail a run
+or lose what it measured: a write that cannot be made waits in a backlog (in order)
+and is retried before the next one; what is still unwritten when the run ends is kept
+as SQL in the run's directory (`unrecorded.jsonl`) and written by the next dsctl
+command that opens the store.
 """
 
 from __future__ import annotations
@@ -56,6 +62,13 @@ CREATE INDEX IF NOT EXISTS utilization_run ON utilization(run_id);
 CREATE INDEX IF NOT EXISTS events_run ON events(run_id);
 """
 
+BUSY_TIMEOUT_S = 5.0  # one write waits this long for a lock before it joins the backlog
+RETRY_EVERY_S = 2.0  # while writes are failing, try the backlog again at most this often
+UNRECORDED = "unrecorded.jsonl"
+# The statements this module defers; nothing else in an unrecorded.jsonl is replayed.
+REPLAYABLE = ("UPDATE runs SET ", "INSERT INTO windows ", "INSERT OR REPLACE INTO trainer_results ",
+              "INSERT INTO utilization ", "INSERT INTO events ")
+
 WINDOW_FIELDS = ("trainer", "t_start", "t_end", "batches", "examples", "batches_per_s", "mean_batch_time_s",
                  "input_wait_s", "step_s", "tokens", "padded_tokens", "warmup", "queue_fill")
 # Columns added after a release, with their types: a runs.db written by an older dsctl gains them on open.
@@ -97,11 +110,15 @@ class RunStore:
     def __init__(self, path: str | Path | None = None):
         self.path = Path(path) if path else dsctl_home() / "runs.db"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(SCHEMA)
         self._add_missing_columns()
+        self._backlog: list[tuple[str, list]] = []  # (sql, rows) not written yet, oldest first
+        self._next_retry = 0.0
+        self.last_error: str | None = None
+        self._replay_unrecorded()
 
     def _add_missing_columns(self) -> None:
         for table, columns in ADDED_COLUMNS.items():
@@ -115,6 +132,7 @@ class RunStore:
 
     # -- writing ---------------------------------------------------------------
     def create_run(self, **cols) -> None:
+        """The one write that is never deferred: a run that cannot be recorded does not start."""
         cols.setdefault("created_at", time.time())
         names = ", ".join(cols)
         self._db.execute(f"INSERT INTO runs ({names}) VALUES ({', '.join('?' * len(cols))})", tuple(cols.values()))
@@ -123,30 +141,91 @@ class RunStore:
         if "summary" in cols:
             cols["summary_json"] = json.dumps(cols.pop("summary"))
         sets = ", ".join(f"{k} = ?" for k in cols)
-        self._db.execute(f"UPDATE runs SET {sets} WHERE id = ?", (*cols.values(), run_id))
+        self._write(f"UPDATE runs SET {sets} WHERE id = ?", [(*cols.values(), run_id)])
 
     def add_window(self, run_id: str, window: dict, workers: int | None) -> None:
         values = [window.get(f) for f in WINDOW_FIELDS]
-        self._db.execute(
+        self._write(
             f"INSERT INTO windows (run_id, {', '.join(WINDOW_FIELDS)}, workers) VALUES ({', '.join('?' * (len(WINDOW_FIELDS) + 2))})",
-            (run_id, *values, workers),
+            [(run_id, *values, workers)],
         )
 
     def set_trainer_result(self, run_id: str, trainer: int, result: dict) -> None:
-        self._db.execute(
-            "INSERT OR REPLACE INTO trainer_results (run_id, trainer, result_json) VALUES (?, ?, ?)",
-            (run_id, trainer, json.dumps(result)),
-        )
+        self._write("INSERT OR REPLACE INTO trainer_results (run_id, trainer, result_json) VALUES (?, ?, ?)",
+                    [(run_id, trainer, json.dumps(result))])
 
     def add_utilization(self, run_id: str, t: float, rows: list) -> None:
-        self._db.executemany(
+        self._write(
             "INSERT INTO utilization (run_id, t, role, idx, cpu_cores, rss_bytes, cpu_seconds) VALUES (?, ?, ?, ?, ?, ?, ?)",
             [(run_id, t, s.role, s.index, s.cpu_cores, s.rss_bytes, s.cpu_seconds) for s in rows],
         )
 
     def add_event(self, run_id: str, kind: str, message: str, t: float | None = None) -> None:
-        self._db.execute("INSERT INTO events (run_id, t, kind, message) VALUES (?, ?, ?, ?)",
-                         (run_id, t or time.time(), kind, message))
+        self._write("INSERT INTO events (run_id, t, kind, message) VALUES (?, ?, ?, ?)",
+                    [(run_id, t or time.time(), kind, message)])
+
+    # -- writes that cannot be made now ---------------------------------------------
+    def _write(self, sql: str, rows: list) -> None:
+        self._backlog.append((sql, [list(r) for r in rows]))
+        if time.monotonic() >= self._next_retry:
+            self.flush()
+
+    def flush(self) -> bool:
+        """Write the backlog, oldest first; False (and the error kept) if the database still refuses."""
+        while self._backlog:
+            sql, rows = self._backlog[0]
+            try:
+                self._transaction([(sql, rows)])
+            except sqlite3.OperationalError as exc:  # locked, disk full, I/O error: try again later
+                self.last_error = str(exc)
+                self._next_retry = time.monotonic() + RETRY_EVERY_S
+                return False
+            self._backlog.pop(0)
+        self.last_error = None
+        return True
+
+    @property
+    def pending(self) -> int:
+        return len(self._backlog)
+
+    def keep_unwritten(self, run_dir: str | Path, wait_s: float = 30.0) -> Path | None:
+        """At the end of a run: retry the backlog for up to `wait_s`, then append what is left to the
+        run dir's unrecorded.jsonl (None when everything was written). Raises OSError if that fails too."""
+        deadline = time.monotonic() + wait_s
+        while not self.flush() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if not self._backlog:
+            return None
+        path = Path(run_dir) / UNRECORDED
+        with open(path, "a") as f:
+            for sql, rows in self._backlog:
+                f.write(json.dumps({"sql": sql, "rows": rows}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self._backlog.clear()
+        return path
+
+    def _replay_unrecorded(self) -> None:
+        """Write what earlier runs kept in their run dirs; each file goes once it is written whole."""
+        for path in sorted((self.path.parent / "runs").glob(f"*/{UNRECORDED}")):
+            try:
+                entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+                statements = [(e["sql"], e["rows"]) for e in entries if e["sql"].startswith(REPLAYABLE)]
+                self._transaction(statements)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, sqlite3.Error):
+                continue  # still locked or unreadable: kept for the next command
+            path.unlink(missing_ok=True)
+
+    def _transaction(self, statements: list[tuple[str, list]]) -> None:
+        """All the statements or none (the connection is in autocommit mode otherwise)."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for sql, rows in statements:
+                self._db.executemany(sql, rows)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     # -- reading ---------------------------------------------------------------
     def _record(self, row: sqlite3.Row) -> RunRecord:

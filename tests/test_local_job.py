@@ -197,6 +197,26 @@ def test_down_after_kill_9_of_up_removes_everything(home, tmp_path):
     assert json.loads(dsctl("status", "--json", check=True).stdout) == []
 
 
+@pytest.mark.parametrize("garble", ["cut short", "not json", "empty"])
+def test_down_finds_a_killed_run_whose_state_file_is_garbled(home, tmp_path, garble):
+    up = _start_long_run(tmp_path)
+    run_dir = _wait_training(home)
+    up.kill()
+    up.communicate(timeout=30)
+    state = run_dir / "state.json"
+    text = state.read_text()
+    state.write_text({"cut short": text[: len(text) // 2], "not json": "\x00garbage{", "empty": ""}[garble])
+    live = processes_under(home)
+    assert live, "the deployment outlives a killed dsctl up"
+    proc = dsctl("status", check=True)
+    assert run_dir.name in proc.stdout and "cannot be read" in proc.stderr and "Traceback" not in proc.stderr
+    proc = dsctl("down", "--all", check=True) if garble == "empty" else dsctl("down", run_dir.name, check=True)
+    assert "found by command line" in proc.stdout and "Traceback" not in proc.stderr
+    assert processes_under(home) == []
+    assert RunStore().get(run_dir.name).status == "interrupted"
+    assert dsctl("status", check=True).stdout.strip() == "nothing is up."
+
+
 def test_detached_deployment_stays_up_until_down(home):
     proc = dsctl("up", EXAMPLES / "quickstart.yaml", "--detach", check=True)
     assert "started run" in proc.stdout
