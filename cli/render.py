@@ -91,20 +91,24 @@ def runs_table(records) -> Table:
 
 
 def sweep_table(record) -> Table:
-    """Figure 9 as a table: throughput, speedup, fraction of ideal, cost, saving; predicted points marked."""
+    """Figure 9 as a table: throughput, speedup, fraction of ideal, cost, saving; each row says where it comes from."""
     s = record.summary
     base = s.get("baselines", {})
     colo, ideal = base.get("colocated", {}), base.get("ideal", {})
+    given = colo.get("given") or ideal.get("given")
     t = Table(title=f"sweep {record.id} ({record.status}; window {s.get('window')}, warm-up {s.get('warmup_s')} s)",
               title_justify="left", caption_justify="left",
-              caption=f"colocated {fmt(colo.get('batches_per_s'))} b/s, ideal {fmt(ideal.get('batches_per_s'))} b/s; "
-                      "* = predicted by the calibrated model")
-    for col in ("workers", "batches/s", "speedup", "of ideal", "$/1k batches", "cost saving"):
+              caption=f"colocated {fmt(colo.get('batches_per_s'))} b/s, ideal {fmt(ideal.get('batches_per_s'))} b/s "
+                      f"({'given: ' + given if given else 'measured here'}); source: measured here, fitted (the model "
+                      "at a count it was fitted on: its input back), or predicted (* in the workers column)")
+    for col in ("workers", "batches/s", "speedup", "of ideal", "$/1k batches", "cost saving", "source"):
         t.add_column(col, justify="right", no_wrap=True)
     for p in s.get("points", []):
-        mark = "*" if p.get("predicted") else ""
+        mark = "*" if p.get("predicted") and p.get("source") != "fitted" else ""
+        source = p.get("source") or ("predicted" if p.get("predicted") else "measured here")
         t.add_row(f"{p['workers']}{mark}", fmt(p.get("batches_per_s")), fmt(p.get("speedup"), "x"),
-                  pct(p.get("fraction_of_ideal")), money(p.get("cost_per_1000_batches")), fmt(p.get("cost_saving"), "x"))
+                  pct(p.get("fraction_of_ideal")), money(p.get("cost_per_1000_batches")), fmt(p.get("cost_saving"), "x"),
+                  source)
     rec = s.get("recommendation")
     if rec:
         lines = [f"recommended: {rec['smallest']['workers']} worker(s): {rec['smallest']['reason']}"]

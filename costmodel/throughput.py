@@ -28,6 +28,9 @@ r = rate/n with n0 = 0; with none (every point saturated) r = T_ideal / smallest
 bound on r, so every unsaturated prediction is a lower bound too. `notes` records which case
 applied.
 
+A model is judged on points it never saw: `hold_out` fits on some measured counts and returns
+the relative error at the others (experiments/fig9.py does this on the paper's M1 sweep).
+
 Assumptions a prediction rests on: workers are alike and do not contend with each other
 (true across VMs, only roughly on one shared machine); the trainer's rate does not depend on
 the worker count; the one dispatcher does not become the bottleneck (the paper's M1 sweep reaches
@@ -137,6 +140,22 @@ class ThroughputModel:
             "fitted_from": {str(n): t for n, t in self.fitted_from},
             "notes": list(self.notes),
         }
+
+
+def hold_out(points: dict[int, float], fit_on, ideal: float, colocated: float | None = None
+             ) -> tuple[ThroughputModel, dict[int, float]]:
+    """Fit on the counts in `fit_on` only; return the model and its relative error (predicted / measured - 1)
+    at every other count of `points`. The held-out rates never reach the fit, so the errors are honest."""
+    _check(points, ideal, colocated)
+    fit_on = sorted(set(fit_on))
+    if not fit_on or any(n not in points for n in fit_on):
+        raise SpecError(f"the counts to fit on, {fit_on}, must be a non-empty subset of the measured counts "
+                        f"{sorted(points)}")
+    held = {n: t for n, t in points.items() if n not in fit_on}
+    if not held:
+        raise SpecError("every measured count was fitted on: hold at least one out to check the model against")
+    model = ThroughputModel.calibrate({n: points[n] for n in fit_on}, ideal, colocated)
+    return model, {n: model.predict(n) / t - 1 for n, t in sorted(held.items())}
 
 
 def _fit_line(pts: list[tuple[int, float]]) -> tuple[float, float]:

@@ -118,6 +118,17 @@ def _cell(v: Any) -> Any:
     return v
 
 
+# -- labels ------------------------------------------------------------------------------------------
+# Where a number comes from. Every table row and CSV row an experiment writes says which ("source"), so no
+# reader takes a fitted or predicted number, or one copied from a paper, for a measurement.
+MEASURED, FITTED, PREDICTED, PAPER = "measured here", "fitted", "predicted", "paper"
+SOURCES = (MEASURED, FITTED, PREDICTED, PAPER)
+SOURCES_LEGEND = ("**measured here**: run on this machine; **fitted**: a model's value at a point it was fitted on, "
+                  "or a parameter fitted to other numbers (so it reproduces its input and is no evidence); "
+                  "**predicted**: a model's value anywhere else (held out: compared with a number the fit never saw); "
+                  "**paper**: taken from the paper's text.")
+
+
 # -- markdown ----------------------------------------------------------------------------------------
 def fmt(v: Any, digits: int = 3, suffix: str = "") -> str:
     """Numbers for tables: `digits` significant digits (whole numbers as they are), '—' for missing."""
@@ -154,6 +165,15 @@ def new_figure(width: float = 6.4, height: float = 4.2) -> tuple[Figure, Any]:
 
 
 # -- specs and runs ------------------------------------------------------------------------------------
+def finish_axes(ax, ylabel: str, title: str) -> None:
+    """The experiments' common plot finish: a labelled y axis from 0, a title, a light grid, a legend."""
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+
+
 def write_spec(out_dir: Path, name: str, text: str) -> LoadedSpec:
     """Write a spec built in code to out_dir/specs/<name>.yaml and load it from there, so each run's
     record names a file that `dsctl up` can run again."""

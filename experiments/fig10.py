@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import (ExperimentResult, Log, experiment_id, fmt, md_images, md_table, new_figure, run_concurrently,
+from .common import (ExperimentResult, Log, experiment_id, finish_axes, fmt, md_images, md_table, new_figure, run_concurrently,
                      run_job, steady_state, write_spec)
 
 NAME = "fig10"
@@ -145,11 +145,7 @@ def _plots(res: ExperimentResult, rows: list[dict], ks: list[int]) -> None:
             ax.plot(ks, ks, "--", color="gray", linewidth=1, label="k × one job")
         ax.set_xticks(ks, [str(k) for k in ks])
         ax.set_xlabel("concurrent jobs (k)")
-        ax.set_ylabel(ylabel)
-        ax.set_ylim(bottom=0)
-        ax.set_title(title)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
+        finish_axes(ax, ylabel, title)
         res.add_figure(fig, suffix)
 
 

@@ -12,6 +12,8 @@ import json
 import time
 from pathlib import Path
 
+from .common import SOURCES_LEGEND
+
 
 def write_report(out_dir: Path) -> Path:
     from . import REGISTRY, get
@@ -25,7 +27,8 @@ def write_report(out_dir: Path) -> Path:
     lines = ["# dsctl: the papers' figures, reproduced", "",
              "Each section: what was measured on this machine (and what was predicted from it), beside the numbers "
              "the papers publish (tf.data service, SoCC'23; Cachew, ATC'22), and why they differ. Regenerate with "
-             "`dsctl experiments run NAME [--quick] --out DIR` and `dsctl experiments report --out DIR`.", ""]
+             "`dsctl experiments run NAME [--quick] --out DIR` and `dsctl experiments report --out DIR`.", "",
+             f"Where each number comes from: {SOURCES_LEGEND}", ""]
     overview = []
     sections = []
     for name in REGISTRY:

@@ -71,10 +71,13 @@ def leave_queue_room(spec: JobSpec, policy: ScalingPolicy) -> JobSpec:
     4 workers, 4.0 buffered at the knee and 4.0 with a model twice as slow). Under the cachew
     policy, a spec without `service.max_outstanding_requests` gets max(32, max_workers): with
     32 the same benchmark read 14.8, then 31.5. The cost is client memory: up to that
-    many elements (batches) buffered; set the field lower for very large batches.
+    many elements (batches) buffered; set the field lower for very large batches. The policy is
+    told the buffer's size (`queue_capacity`).
     """
-    if policy.name != "cachew" or spec.service.max_outstanding_requests is not None:
+    if policy.name != "cachew":
         return spec
-    room = max(QUEUE_ROOM, policy.config.max_workers)
+    room = spec.service.max_outstanding_requests or max(QUEUE_ROOM, policy.config.max_workers)
+    # The policy is told the buffer's size, to know when the queue is too full to rise (see cachew.py).
+    policy.config = policy.config.model_copy(update={"queue_capacity": room})
     service = spec.service.model_copy(update={"max_outstanding_requests": room})
     return spec.model_copy(update={"service": service})

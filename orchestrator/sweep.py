@@ -327,7 +327,7 @@ class SweepRunner:
     def _add_point(self, record) -> None:
         _, cost, _ = price_record(record, self.catalog)
         s = record.summary
-        point = {"workers": record.workers, "run_id": record.id, "predicted": False,
+        point = {"workers": record.workers, "run_id": record.id, "predicted": False, "source": "measured here",
                  "batches_per_s": s.get("batches_per_s"), "cost_per_1000_batches": cost.per_1000_batches,
                  "input_stall_frac": s.get("input_stall_frac"),
                  "worker_cpu_cores": s.get("worker_cpu_cores"), "worker_mem_gb": s.get("worker_mem_gb")}
@@ -359,8 +359,10 @@ class SweepRunner:
         for n in counts:
             bps = model.predict(n)
             cost = price(self._usage(n, bps, cpu, mem), self.catalog, self.spec.cost_basis)
-            self.points.append(self._relative({"workers": n, "run_id": None, "predicted": True, "batches_per_s": bps,
-                                               "cost_per_1000_batches": cost.per_1000_batches}))
+            # A count the model was fitted on gives back (about) its input: "fitted", never evidence.
+            source = "fitted" if n in measured else "predicted"
+            self.points.append(self._relative({"workers": n, "run_id": None, "predicted": True, "source": source,
+                                               "batches_per_s": bps, "cost_per_1000_batches": cost.per_1000_batches}))
         return model.to_dict()
 
     def _usage(self, workers: int, bps: float, cpu: float | None, mem: float | None) -> RunUsage:

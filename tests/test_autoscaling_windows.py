@@ -61,6 +61,7 @@ def test_cachew_gets_a_client_buffer_with_room_to_fill_unless_the_spec_sets_one(
     big = make_policy("cachew", {"max_workers": 100})
     assert leave_queue_room(spec(), big).service.max_outstanding_requests == 100, "never fewer than the workers"
     assert leave_queue_room(spec(max_outstanding_requests=4), cachew).service.max_outstanding_requests == 4
+    assert cachew.config.queue_capacity == 4, "the policy is told the buffer it reads the fill of"
     cpu = make_policy("cpu", {"max_workers": 8})
     assert leave_queue_room(spec(), cpu).service.max_outstanding_requests is None, "the CPU policy reads no queue"
 
@@ -109,11 +110,12 @@ def test_a_model_without_the_service_node_turns_sampling_off_for_good():
     assert not QueueFillSampler(None).active
 
 
-def converged_at_two(queue_fill):
+def converged_at_two(queue_fill, capacity=None):
     """A Cachew policy walked to convergence at 2 workers (batch time 0.1 s, no stall)."""
     from dsctl.orchestrator.policies import Observation
 
-    policy = make_policy("cachew", {"window_batches": 10, "pause_batches": 0, "recheck_batches": 10})
+    policy = make_policy("cachew", {"window_batches": 10, "pause_batches": 0, "recheck_batches": 10,
+                                    "queue_capacity": capacity})
     t = iter(range(1, 100))
 
     def see(workers, bt, stall=0.0, qf=queue_fill):
@@ -141,3 +143,52 @@ def test_without_queue_fill_dsctls_own_rule_removes_a_worker_and_says_so():
     assert see(2, 0.15).action == "hold"  # found: confirmed on a fresh window before acting
     decision = see(2, 0.15)
     assert decision.action == "remove" and "dsctl's rule" in decision.reason
+
+
+@pytest.mark.parametrize("capacity", [None, 32])
+def test_a_queue_with_room_leaves_the_decision_to_the_papers_rule(capacity):
+    """Converged at 2.0 of 32 (or of an unknown buffer): a 40% rise fits, so batch time alone removes nothing."""
+    see = converged_at_two(queue_fill=2.0, capacity=capacity)
+    see(2, 0.1)  # the first re-check reads the converged fill
+    assert see(2, 0.15).action == "hold" and see(2, 0.15).action == "hold"
+
+
+@pytest.mark.parametrize("converged, removes", [(27.0, True), (21.0, True), (20.0, False), (2.0, False)])
+def test_a_queue_too_full_to_rise_hands_the_decision_to_dsctls_rule(converged, removes):
+    """A 32-element buffer reads full at 90% (28.8). From 21.0 a 40% rise (29.4) cannot be seen, so a slower model
+    is found by batch time (dsctl's rule); from 20.0 (28.0 fits) the paper's rule is left to decide."""
+    see = converged_at_two(queue_fill=converged, capacity=32)
+    see(2, 0.1)  # the first re-check reads the converged fill
+    now = min(converged * 1.1, 31.0)  # the queue stays about as full: the paper's rule does not fire
+    decisions = [see(2, 0.15, qf=now) for _ in range(2)]  # found, then confirmed on a fresh window
+    if removes:
+        assert decisions[-1].action == "remove", decisions
+        assert "too full to rise 40%" in decisions[-1].reason and "dsctl's rule" in decisions[-1].reason
+    else:
+        assert [d.action for d in decisions] == ["hold", "hold"]
+
+
+def shrunk_to_one(batch_time_s=0.1):
+    """Converged at 2 workers, then Cachew's queue-fill rule removes the second one."""
+    see = converged_at_two(queue_fill=2.0)
+    see(2, batch_time_s)  # the first re-check reads the converged fill
+    assert see(2, batch_time_s, qf=3.5).action == "hold"  # found; confirmed on a fresh window
+    assert see(2, batch_time_s, qf=3.5).target == 1
+    return see
+
+
+@pytest.mark.parametrize("rise, measured_twice, added_back", [
+    (0.02, False, False),   # within the 3% threshold: the removal held
+    (0.05, True, True),     # above it, within twice it: measured once more, then added back
+    (0.08, False, True),    # above twice the threshold: added back at once
+])
+def test_a_removal_that_costs_more_than_the_threshold_is_undone(rise, measured_twice, added_back):
+    see = shrunk_to_one()
+    first = see(1, 0.1 * (1 + rise))
+    if measured_twice:
+        assert first.action == "hold" and "measuring again" in first.reason
+        first = see(1, 0.1 * (1 + rise))
+    if added_back:
+        assert first.action == "add" and first.target == 2 and "adding it back" in first.reason
+    else:
+        assert first.action == "hold" and "held, and at min_workers=1" in first.reason

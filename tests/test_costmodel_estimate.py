@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsctl.costmodel import compare, estimate, load_catalog
+from dsctl.costmodel import CostBreakdown, compare, estimate, load_catalog
 from dsctl.specs import SpecError, load_spec_text
 
 # The paper's n2-standard-8 price ($0.08/h) is a Spot price: the service is priced as Spot VMs.
@@ -172,6 +172,52 @@ def test_figure_8_production_rows_within_bounds(model, acc, b0, b1, workers, spe
     assert 0 < implied_service_share < run.service / run.trainers
 
 
-def test_figure_8_average_saving():
-    savings = [row[-1] for row in FIGURE_8] + [1.97]
-    assert round(sum(savings) / len(savings), 1) == 26.2
+
+# --- compare(): per batch, so runs of different lengths compare fairly ---------------------------
+
+
+def breakdown(total: float, job_time_s: float, batches: float | None, **parts) -> CostBreakdown:
+    """A priced run whose whole cost sits in one part (compare looks only at totals, times, batches)."""
+    return CostBreakdown(workers=parts.get("workers", 0.0), dispatcher=0.0, trainer_cpu=0.0, trainer_memory=0.0,
+                         accelerators=total - parts.get("workers", 0.0), basis="vm-hours", job_time_s=job_time_s,
+                         batches=batches)
+
+
+def test_compare_runs_of_different_lengths_per_batch():
+    """Baseline: 1,000 batches in 1,000 s for $10 (1 batch/s, 1 cent a batch). Run: 4,000 batches in
+    2,000 s for $10 (2 batches/s, a quarter cent a batch): twice as fast, four times cheaper, although
+    it ran twice as long and cost as much in total."""
+    c = compare(breakdown(10.0, 1000.0, 1000), breakdown(10.0, 2000.0, 4000))
+    assert c.speedup == pytest.approx(2.0) and c.cost_saving == pytest.approx(4.0)
+    # A shorter, slower run that happens to cost less in total is still more expensive per batch.
+    c = compare(breakdown(10.0, 1000.0, 1000), breakdown(3.0, 500.0, 200))
+    assert c.speedup == pytest.approx(0.4) and c.cost_saving == pytest.approx((10 / 1000) / (3 / 200))
+    assert c.cost_saving < 1
+
+
+def test_compare_is_symmetric_and_reduces_to_plain_ratios_for_the_same_work():
+    base, run = breakdown(12.0, 3000.0, 600), breakdown(5.0, 900.0, 450)
+    there, back = compare(base, run), compare(run, base)
+    assert there.speedup * back.speedup == pytest.approx(1.0)
+    assert there.cost_saving * back.cost_saving == pytest.approx(1.0)
+    same = compare(breakdown(12.0, 3000.0, 600), breakdown(5.0, 900.0, 600))
+    assert same.speedup == pytest.approx(3000 / 900) and same.cost_saving == pytest.approx(12 / 5)
+    # Without batch counts only the paper's plain ratios are left.
+    plain = compare(breakdown(12.0, 3000.0, None), breakdown(5.0, 900.0, 450))
+    assert plain.speedup == pytest.approx(3000 / 900) and plain.cost_saving == pytest.approx(12 / 5)
+    assert compare(breakdown(12.0, 3000.0, 600), breakdown(0.0, 900.0, 450)).cost_saving == float("inf")
+
+
+def test_estimates_for_hours_compare_per_batch(spec, paper):
+    """Priced for the same hours, the faster run trains more batches: its saving is per batch.
+    One hour of the ResNet50 example: colocated 1.75 batches/s on a $4.50 TPU; 4.5 batches/s with
+    16 + 1 n2 VMs at $0.08 (vm-hours)."""
+    run = estimate(spec, paper, batches_per_sec=4.5, hours=1, basis="vm-hours")
+    base = estimate(spec, paper, batches_per_sec=1.75, hours=1, basis="vm-hours", workers=0)
+    assert (base.batches, run.batches) == (pytest.approx(1.75 * 3600), pytest.approx(4.5 * 3600))
+    assert (base.total, run.total) == (pytest.approx(4.50), pytest.approx(4.50 + 17 * 0.08))
+    c = compare(base, run)
+    assert c.speedup == pytest.approx(4.5 / 1.75)
+    assert c.cost_saving == pytest.approx((4.50 / 1.75) / ((4.50 + 17 * 0.08) / 4.5))  # 1.97, as for the steps
+    assert c.cost_saving == pytest.approx(compare(estimate(spec, paper, batches_per_sec=1.75, workers=0),
+                                                  estimate(spec, paper, batches_per_sec=4.5)).cost_saving)

@@ -169,6 +169,25 @@ def test_cachew_scales_down_when_the_model_gets_slower(with_queue_fill, seed):
     assert changes(trace[settled:]) == []
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_cachew_scales_down_a_slower_model_when_the_queue_was_already_full(seed):
+    """Workers that outpace the model at convergence (5 x 0.036 / 0.160 = 1.125) keep a 32-element buffer
+    near full, so the paper's 40% rise cannot happen when the model slows. Told the buffer's size, the
+    policy sees that and falls back to batch time (dsctl's rule); not told, it never scales down."""
+    full = SyntheticJob(0.036, 0.160, queue_capacity=32)  # knee 5
+    slower = SyntheticJob(0.080, 0.160, queue_capacity=32)  # knee 2
+    told = CachewPolicy(CachewConfig(queue_capacity=32))
+    trace = simulate(told, [(0, full), (PHASE_AT, slower)], 3 * PHASE_AT, seed=seed)
+    at_change = index_at_batch(trace, PHASE_AT)
+    before = trace[at_change - 1]
+    assert before.obs.workers == full.knee and before.obs.queue_fill > 0.7 * 32, "converged with a full queue"
+    moves = changes(trace[at_change:])
+    assert moves[0][1].action == "remove" and "too full to rise" in moves[0][1].reason
+    assert abs(trace[-1].obs.workers - slower.knee) <= 1
+    blind = simulate(CachewPolicy(), [(0, full), (PHASE_AT, slower)], 3 * PHASE_AT, seed=seed)
+    assert changes(blind[at_change:]) == [], "the paper's rule alone cannot see it"
+
+
 def test_cachew_respects_max_and_min_workers():
     big = SyntheticJob(0.020, 0.120)  # knee 6
     trace = simulate(CachewPolicy(CachewConfig(max_workers=3)), big, 20_000, seed=1)

@@ -91,3 +91,51 @@ def test_accepts_objects_and_skips_failed_points():
         recommend([Point(2, None)])
     with pytest.raises(ValueError):
         recommend([])
+
+
+def test_tolerance_is_relative_to_the_best_at_any_scale():
+    """Within 3% of the best means bps >= 0.97 x best, whatever the units: at 100 batches/s a point
+    at 97.5 is within it, at 0.75 batches/s a point at 0.72 (4% short) is not."""
+    fast = pts([(1, 40.0, None, False), (2, 80.0, None, False), (3, 97.5, None, False), (4, 100.0, None, False)])
+    assert recommend(fast).smallest.workers == 3
+    slow = pts([(1, 0.25, None, False), (2, 0.50, None, False), (3, 0.72, None, False), (4, 0.75, None, False)])
+    assert recommend(slow).smallest.workers == 4
+    # The same sweep in other units (batches/s x 1,000, or / 1,000) gives the same answer.
+    for scale in (1e-3, 1.0, 1e3):
+        for sweep, want in ((fast, 3), (slow, 4), (KNEE_AT_4, 4)):
+            scaled = [{**p, "batches_per_s": p["batches_per_s"] * scale} for p in sweep]
+            assert recommend(scaled).smallest.workers == want, (scale, want)
+            assert recommend(scaled, tolerance=0.30).smallest.workers == recommend(sweep, tolerance=0.30).smallest.workers
+
+
+def test_a_point_exactly_at_the_tolerance_counts():
+    """0.09 is exactly 10% below 0.1: within a 10% tolerance, though (1 - 0.1) x 0.1 is 0.09000000000000001."""
+    r = recommend(pts([(1, 0.05, None, False), (2, 0.09, None, False), (3, 0.1, None, False)]), tolerance=0.1)
+    assert r.smallest.workers == 2 and "within 10% of the best" in r.smallest.reason
+
+
+def test_points_in_any_order():
+    shuffled = [KNEE_AT_4[i] for i in (5, 2, 0, 4, 3, 1)]
+    r = recommend(shuffled, tolerance=0.30)
+    assert r.smallest.workers == 3 and "the next smaller count, 2 workers, falls short at 0.500" in r.smallest.reason
+    assert recommend(shuffled).smallest.workers == 4 and recommend(shuffled).cheapest.workers == 4
+
+
+def test_the_best_at_exactly_ideal_is_not_called_noise():
+    r = recommend(KNEE_AT_4, ideal_bps=1.0)
+    assert r.best_bps == 1.0 and r.smallest.workers == 4
+    assert r.smallest.reason.startswith("4 workers give the sweep's best") and "noise" not in r.smallest.reason
+
+
+def test_points_without_throughput_are_never_recommended():
+    with pytest.raises(ValueError, match="no sweep point"):
+        recommend(pts([(1, 0.0, 1.0, False), (2, -1.0, 1.0, False)]))
+    r = recommend(pts([(1, 0.0, 0.1, False), (2, 0.5, 2.0, False)]))
+    assert r.smallest.workers == 2 and r.cheapest.workers == 2  # a failed point's cost is not a price
+
+
+def test_cheapest_ignores_points_priced_at_infinity():
+    r = recommend(pts([(1, 0.5, float("inf"), False), (2, 0.6, float("inf"), False)]))
+    assert r.cheapest is None
+    r = recommend(pts([(1, 0.5, float("inf"), False), (2, 0.6, 3.0, False)]))
+    assert r.cheapest.workers == 2 and r.cheapest.reason.endswith("the only priced point.")

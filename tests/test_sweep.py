@@ -117,3 +117,91 @@ def test_sweep_scales_the_deployment_up_left_running(home, tmp_path):
     assert len(status) == 1 and status[0]["workers"] == 1, "the deployment is left as it was found"
     dsctl("down", check=True)
     assert processes_under(home) == []
+
+
+# --- pricing and relative numbers of a sweep, in process (a calibration: nothing runs) ----------
+
+# Whole VMs at the paper's prices: $0.08/h per n2-standard-8 (workers and dispatcher), $4.50/h
+# per TPU v2-8 trainer, so every cost below is arithmetic on those two numbers.
+PRICED_SPEC = """
+name: priced
+service: {workers: 1, worker_machine: n2-standard-8, dispatcher_machine: n2-standard-8, provisioning: spot}
+trainer: {machine: tpu-v2-8, count: TRAINERS, model: {step_time_ms: 10}, duration_s: 60}
+pipeline: {builtin: synthetic}
+pricing: paper-2023-06
+cost_basis: vm-hours
+"""
+N2, TPU = 0.08, 4.50
+
+
+def calibrated_sweep(counts, trainers=1, colocated=0.5, ideal=8.0, points=None):
+    """A sweep predicted from a calibration, run in this process: nothing is provisioned."""
+    from dsctl.orchestrator.sweep import SweepOptions, SweepRunner
+    from dsctl.specs import load_spec_text
+    from dsctl.specs.calibration import Calibration
+
+    loaded = load_spec_text(PRICED_SPEC.replace("TRAINERS", str(trainers)), "job.yaml")
+    cal = Calibration(colocated=colocated, ideal=ideal, points=points or {2: 1.0}, source="test")
+    runner = SweepRunner(loaded, SweepOptions(counts=counts, calibration=cal, out_dir=None))
+    summary = runner.run()
+    return {p["workers"]: p for p in summary["points"]}, summary["baselines"]
+
+
+def per_1000_by_hand(workers: int, trainers: int, bps_per_trainer: float) -> float:
+    """An hour of the deployment over the batches all trainers train in it, times 1,000."""
+    hour = (workers * N2 + N2 if workers else 0.0) + trainers * TPU
+    return 1000 * hour / (bps_per_trainer * 3600 * trainers)
+
+
+def test_sweep_cost_saving_is_colocated_cost_over_the_points_cost(home):
+    """A point that costs less per batch than colocated saves money: cost_saving > 1, and is
+    exactly colocated cost per batch / the point's, as `compare` computes it for two priced runs."""
+    from dsctl.costmodel import CostBreakdown, compare
+
+    points, base = calibrated_sweep([2, 8, 32])
+    c0 = base["colocated"]["cost_per_1000_batches"]
+    assert c0 == pytest.approx(per_1000_by_hand(0, 1, 0.5))           # $2.50 per 1,000 batches
+    for n, p in points.items():
+        c = p["cost_per_1000_batches"]
+        assert c == pytest.approx(per_1000_by_hand(n, 1, p["batches_per_s"]))
+        assert p["cost_saving"] == pytest.approx(c0 / c), n
+        # The same number from compare(): two breakdowns of 1,000 batches priced c0 and c.
+        one = dict(workers=0.0, dispatcher=0.0, trainer_cpu=0.0, trainer_memory=0.0, basis="vm-hours")
+        saving = compare(CostBreakdown(accelerators=c0, job_time_s=1000 / 0.5, batches=1000, **one),
+                         CostBreakdown(accelerators=c, job_time_s=1000 / p["batches_per_s"], batches=1000, **one))
+        assert p["cost_saving"] == pytest.approx(saving.cost_saving)
+        assert p["speedup"] == pytest.approx(saving.speedup)
+    # 2 workers at 1 batch/s cost (0.24 + 4.5) / 3.6 = $1.32 per 1,000 batches: cheaper than colocated.
+    assert points[2]["cost_saving"] == pytest.approx(2.5 / ((2 * N2 + N2 + TPU) / 3.6))
+    assert points[2]["cost_saving"] > 1.5
+
+
+@pytest.mark.parametrize("trainers", [1, 4])
+def test_predicted_points_are_priced_for_every_trainer(home, trainers):
+    """A point's batches/s is per trainer; its hour pays for `trainers` TPUs and trains trainers x as many batches."""
+    points, base = calibrated_sweep([2, 16, 64], trainers=trainers)
+    for n, p in points.items():
+        assert p["predicted"]
+        assert p["cost_per_1000_batches"] == pytest.approx(per_1000_by_hand(n, trainers, p["batches_per_s"])), n
+    for mode in ("colocated", "ideal"):
+        b = base[mode]
+        assert b["cost_per_1000_batches"] == pytest.approx(per_1000_by_hand(0, trainers, b["batches_per_s"])), mode
+
+
+
+def test_a_calibrated_sweep_labels_the_counts_it_was_fitted_on(home):
+    """The calibration's own count comes back as its input ("fitted"); every other count is "predicted"."""
+    from dsctl.cli.render import sweep_table
+    from rich.console import Console
+
+    points, base = calibrated_sweep([2, 8, 32], points={2: 1.0, 8: 3.5})
+    assert {n: p["source"] for n, p in points.items()} == {2: "fitted", 8: "fitted", 32: "predicted"}
+    assert all(b["given"] == "test" for b in base.values())
+    record = type("R", (), {"id": "s", "status": "succeeded", "summary": {
+        "points": list(points.values()), "baselines": base, "window": "5 s", "warmup_s": 2.0}})()
+    console = Console(width=200, record=True)
+    console.print(sweep_table(record))
+    text = console.export_text()
+    rows = {line.split("│")[1].strip(): line for line in text.splitlines() if line.startswith("│")}
+    assert "fitted" in rows["2"] and "fitted" in rows["8"] and "predicted" in rows["32*"]
+    assert "given: test" in text

@@ -30,7 +30,14 @@ dsctl's own rules, each marked "dsctl's rule" where it is applied, and why:
   on, of a 32-element buffer).
 - Without a queue-fill reading (a client that cannot report it), batch time rising more than
   `scale_up_trigger` while the trainers do not wait is read as a slower model and removes a
-  worker: the only slack signal left. With queue fill measured, the paper's rule alone decides.
+  worker: the only slack signal left. With queue fill measured, the paper's rule alone decides,
+  except when the queue was too full at convergence to rise by `queue_fill_trigger` within the
+  client's buffer (`queue_capacity`): then the same batch-time rule decides. The client's queue
+  is an integrator of (worker rate - model rate): at a steady worker count it sits near empty
+  (the trainers wait) or near the buffer's size (the workers outpace the model), and Cachew's
+  search often converges at a count whose workers slightly outpace the model, so the queue is
+  already full there and the paper's rise can never happen (measured here: 27.0 of 32 at
+  convergence, 30.0 with a model three times slower).
 - Growing wins if both fire: a stalled accelerator costs more than an idle worker.
 - A re-check's finding is acted on only when a fresh window measured after it says the same:
   the re-check's window may straddle the change it detected (half old job, half new), and a
@@ -55,6 +62,7 @@ from pydantic import Field, model_validator
 from .base import Decision, Limits, Measurement, Observation, ms, pct, summarize
 
 Phase = Literal["search", "settle", "converged", "confirm", "shrink"]
+FULL_FRACTION = 0.9  # a queue that reads this share of the client's buffer is full
 
 
 class CachewConfig(Limits):
@@ -70,6 +78,8 @@ class CachewConfig(Limits):
     input_bound_stall: float = Field(0.05, ge=0, le=1, description="stall at or above this: input-bound")
     queue_fill_trigger: float = Field(0.40, gt=0, description="queue-fill rise over converged that counts")
     queue_fill_min_rise: float = Field(1.0, ge=0, description="... and by at least this many batches")
+    queue_capacity: Optional[int] = Field(
+        None, ge=1, description="the client's buffer in elements (dsctl sets it from service.max_outstanding_requests)")
 
     @model_validator(mode="after")
     def _recheck_covers_window(self) -> "CachewConfig":
@@ -248,10 +258,14 @@ class CachewPolicy:
             if cur.queue_fill > conv.queue_fill * (1 + c.queue_fill_trigger) and grew >= c.queue_fill_min_rise:
                 why = (f"queue fill {cur.queue_fill:.1f} batches vs converged {conv.queue_fill:.1f}: more than"
                        f" {pct(c.queue_fill_trigger)} above, workers outpace the model")
-        no_fill = cur.queue_fill is None or conv.queue_fill is None
-        if why is None and no_fill and rise > c.scale_up_trigger and not input_bound:
-            why = ("batch time rose while trainers do not wait for input and queue fill is not measured:"
-                   " the model got slower (dsctl's rule)")
+        if why is None and rise > c.scale_up_trigger and not input_bound:
+            if cur.queue_fill is None or conv.queue_fill is None:
+                why = ("batch time rose while trainers do not wait for input and queue fill is not measured:"
+                       " the model got slower (dsctl's rule)")
+            elif not self._fill_can_rise(conv.queue_fill):
+                why = (f"batch time rose while trainers do not wait for input, and queue fill at convergence"
+                       f" ({conv.queue_fill:.1f} of a {c.queue_capacity}-element buffer) was too full to rise"
+                       f" {pct(c.queue_fill_trigger)}: the model got slower (dsctl's rule)")
         if why is None:
             return self._hold(f"{said}: holding")
         if n <= c.min_workers:
@@ -262,6 +276,15 @@ class CachewPolicy:
         return self._change(n - 1, f"{said}; {why}: removing worker {n}", "shrink", f"removing worker {n}")
 
     # --- helpers ------------------------------------------------------------------------------
+
+    def _fill_can_rise(self, converged_fill: float) -> bool:
+        """Whether the paper's queue-fill rule can fire at all: the rise it asks for fits in the client's
+        buffer (a full queue reads a little under its size: 30.0 of 32 here, so 90% counts as full)."""
+        c = self.config
+        if c.queue_capacity is None:
+            return True
+        needed = max(converged_fill * (1 + c.queue_fill_trigger), converged_fill + c.queue_fill_min_rise)
+        return needed <= FULL_FRACTION * c.queue_capacity
 
     def _confirm(self, reason: str) -> Decision:
         self._phase, self._window = "confirm", []
