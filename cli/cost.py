@@ -19,6 +19,7 @@ from dsctl.costmodel import (BASES, Catalog, Comparison, CostBreakdown, RunUsage
                               load_catalog, provisioning_label, usage_from_spec)
 from dsctl.specs import load_spec
 from dsctl.specs.errors import SpecError
+from dsctl.specs.schema import MAX_DURATION_S, MAX_STEPS, MAX_WORKERS
 
 FORMATS = ("table", "json", "csv", "markdown")
 COST_FIELDS = ("workers", "dispatcher", "trainer_cpu", "trainer_memory", "accelerators", "service", "trainers", "total")
@@ -175,6 +176,11 @@ def estimate_cmd(
     _choice(fmt, FORMATS, "--format")
     if basis is not None:
         _choice(basis, BASES, "--basis")
+    # The spec's own bounds (specs/schema.py), so an estimate is of a job dsctl would run.
+    for option, value, most in (("--steps", steps, MAX_STEPS), ("--hours", hours, MAX_DURATION_S / 3600),
+                                ("--workers", workers, MAX_WORKERS)):
+        if value is not None and value > most:
+            raise SpecError(f"must be at most {int(most):,} (the bound a job spec has), got {value:g}.", field=option)
     loaded = load_spec(spec_path)
     spec = loaded.spec
     catalog = load_catalog(prices) if prices else load_catalog(spec.pricing, base_dir=loaded.base_dir)

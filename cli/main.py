@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 
 from dsctl.specs import load_spec
+from dsctl.specs.schema import MAX_WORKERS
 
 from .cost import cost_app
 from .experiments import experiments_app
@@ -48,10 +49,9 @@ def _sigterm_as_interrupt() -> None:
 @app.command()
 def validate(spec: Path = typer.Argument(..., metavar="JOB.yaml", help="job spec YAML")) -> None:
     """Check a job spec (schema, cross-field rules, and that user entrypoints import) without running anything."""
-    from dsctl.orchestrator.preflight import check_autoscale, check_entrypoints
+    from dsctl.orchestrator.preflight import check_autoscale
 
-    loaded = load_spec(spec)
-    check_entrypoints(loaded)
+    loaded = load_spec(spec)  # entrypoints are imported and checked in a child process
     check_autoscale(loaded)
     s = loaded.spec
     console.print(f"{spec}: ok — job '{s.name}', {s.service.workers} worker(s), {s.trainer.count} trainer(s), "
@@ -61,7 +61,7 @@ def validate(spec: Path = typer.Argument(..., metavar="JOB.yaml", help="job spec
 @app.command()
 def up(
     spec: Path = typer.Argument(..., metavar="JOB.yaml", help="job spec YAML"),
-    workers: Optional[int] = typer.Option(None, "--workers", "-w", min=1, help="override service.workers"),
+    workers: Optional[int] = typer.Option(None, "--workers", "-w", min=1, max=MAX_WORKERS, help="override service.workers"),
     mode: str = typer.Option("service", "--mode", help="service | colocated (pipeline on the trainer) | ideal (input never stalls)"),
     detach: bool = typer.Option(False, "--detach", "-d", help="leave the deployment running after the job (dsctl down removes it)"),
     json_out: bool = typer.Option(False, "--json", help="print the run record as JSON"),
@@ -72,7 +72,7 @@ def up(
     detached_child: bool = typer.Option(False, "--detached-child", hidden=True),
 ) -> None:
     """Provision the service, run the trainers, measure, record the run, tear everything down."""
-    from dsctl.orchestrator.preflight import check_autoscale, check_entrypoints
+    from dsctl.orchestrator.preflight import check_autoscale
     from dsctl.orchestrator.run import JobRunner
 
     if mode not in MODES:
@@ -80,7 +80,6 @@ def up(
     if autoscale is not None and autoscale not in ("cachew", "cpu"):
         fail(f"--autoscale must be cachew or cpu, got '{autoscale}'.", EXIT_BAD_INPUT)
     loaded = load_spec(spec)
-    check_entrypoints(loaded)
     check_autoscale(loaded, autoscale)
     if not _plan_approved(loaded, workers, dry_run=dry_run, yes=yes or detached_child):
         return
@@ -282,8 +281,15 @@ def _timeline(store, record, out: Optional[Path]) -> None:
 
 
 def main() -> None:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    run_app(app)
+    """The `dsctl` entry point: Ctrl-C anywhere in here, the commands' own imports included, exits
+    130 with one line and no traceback (cli.errors.interrupted)."""
+    from .errors import interrupted
+
+    try:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        run_app(app)
+    except KeyboardInterrupt:
+        interrupted()
 
 
 if __name__ == "__main__":

@@ -49,7 +49,6 @@ def sweep(
     strategy: str = typer.Option("in-place", "--strategy", hidden=True, help="in-place | restart"),
 ) -> None:
     """Run one job over several worker counts and find where more workers stop paying off (paper Figure 9)."""
-    from dsctl.orchestrator.preflight import check_entrypoints
     from dsctl.orchestrator.sweep import SweepOptions, SweepRunner, Window
 
     from dsctl.specs.calibration import load_calibration
@@ -66,8 +65,7 @@ def sweep(
     if spec is None:
         attach, loaded = _detached_target()
     else:
-        loaded = load_spec(spec)
-    check_entrypoints(loaded)
+        loaded = load_spec(spec)  # entrypoints are imported and checked in a child process
     runner = SweepRunner(loaded, options, attach=attach)
     try:
         with LiveView(enabled=not json_out) as view:

@@ -49,6 +49,10 @@ class RunUsage:
     # workers and the dispatcher (spec service.provisioning), the trainer model the trainers.
     service_provisioning: str = "standard"
     trainer_provisioning: str = "standard"
+    # VM-seconds the workers (and the dispatcher) spent stopped, e.g. preempted Spot VMs waiting to be
+    # started again: a stopped VM is not charged for its vCPUs and memory, so neither is it here.
+    worker_stopped_s: float = 0.0
+    dispatcher_stopped_s: float = 0.0
 
 
 def _positive(value, what: str, zero_ok: bool = False) -> None:
@@ -76,6 +80,18 @@ def _check(u: RunUsage, basis: str) -> None:
     for name in ("worker_avg_cpu_cores", "worker_avg_mem_gb", "dispatcher_avg_cpu_cores", "dispatcher_avg_mem_gb"):
         if getattr(u, name) is not None:
             _positive(getattr(u, name), f"the measured {name.replace('_', ' ')}", zero_ok=True)
+    _positive(u.worker_stopped_s, "the workers' VM-seconds stopped", zero_ok=True)
+    _positive(u.dispatcher_stopped_s, "the dispatcher's VM-seconds stopped", zero_ok=True)
+    if u.worker_stopped_s > u.n_workers * u.job_time_s or u.dispatcher_stopped_s > u.job_time_s:
+        raise SpecError(f"VMs cannot be stopped longer than the job ran: {u.worker_stopped_s:.0f} s of {u.n_workers} "
+                        f"workers and {u.dispatcher_stopped_s:.0f} s of the dispatcher in a {u.job_time_s:.0f} s job.")
+
+
+def held(usage: RunUsage) -> tuple[float, float]:
+    """Workers and dispatchers held on average over the job: the counts less the share of time stopped."""
+    t = usage.job_time_s
+    dispatcher = 1.0 if usage.dispatcher_machine else 0.0
+    return usage.n_workers - usage.worker_stopped_s / t, dispatcher - (usage.dispatcher_stopped_s / t if dispatcher else 0.0)
 
 
 def _for(field: tuple[str, str], lookup, *args, **kwargs):
@@ -130,17 +146,22 @@ def price(usage: RunUsage, catalog: Catalog, basis: str = "utilization") -> Cost
                      + ": Spot VMs can be preempted at any time, and what preemptions cost (restarts, lost steps) "
                      "is not priced.")
     models = dict(service_provisioning=svc_p if has_service else None, trainer_provisioning=trn_p)
+    n_w, n_d = held(usage)
+    if usage.worker_stopped_s or usage.dispatcher_stopped_s:
+        notes.append(f"the service is charged for the VM-hours it held: {(usage.worker_stopped_s + usage.dispatcher_stopped_s) / 3600:.3g} "
+                     "VM-hours stopped (e.g. preempted Spot VMs before they ran again) are not charged.")
 
     if basis == "vm-hours":
         if n_acc < t_machine.accelerators:
             notes.append(f"trainers use {n_acc} of the {t_machine.accelerators} accelerators of a {t_machine.name}; the vm-hours basis charges the whole machine.")
         b = vm_hours(
             usage.job_time_s,
-            n_w=usage.n_workers,
+            n_w=n_w,
             worker_vm_hour=_for(SERVICE_FIELD, catalog.machine_hour, usage.worker_machine, provisioning=svc_p,
                                 needed_by="to price the workers") if usage.n_workers else 0.0,
-            dispatcher_vm_hour=_for(SERVICE_FIELD, catalog.machine_hour, usage.dispatcher_machine, provisioning=svc_p,
-                                    needed_by="to price the dispatcher") if usage.dispatcher_machine else 0.0,
+            dispatcher_vm_hour=n_d * _for(SERVICE_FIELD, catalog.machine_hour, usage.dispatcher_machine,
+                                          provisioning=svc_p, needed_by="to price the dispatcher")
+            if usage.dispatcher_machine else 0.0,
             n_t=usage.n_trainers,
             trainer_cpu_hour=split.cpu,
             trainer_memory_hour=split.memory,
@@ -176,9 +197,9 @@ def price(usage: RunUsage, catalog: Catalog, basis: str = "utilization") -> Cost
         )
     b = equation_1(
         usage.job_time_s,
-        n_w=usage.n_workers, avg_cpu_w=w_cpu, avg_mem_w=w_mem,
+        n_w=n_w, avg_cpu_w=w_cpu, avg_mem_w=w_mem,
         n_t=usage.n_trainers, cpu_a_t=t_machine.vcpus, mem_a_t=t_machine.memory_gb, n_acc_t=n_acc,
-        rates=trainer_rates, dispatcher_cpu=d_cpu, dispatcher_mem=d_mem,
+        rates=trainer_rates, dispatcher_cpu=n_d * d_cpu, dispatcher_mem=n_d * d_mem,
         worker_rates=w_rates, dispatcher_rates=d_rates,
     )
     return replace(b, batches=usage.batches, notes=tuple(notes), **models)

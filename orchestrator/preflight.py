@@ -1,7 +1,7 @@
-"""Checks that need the user's code: do the entrypoints import and return what they should?
+"""Checks of a loaded spec that need the orchestrator's parts: its autoscale policy.
 
-Run before anything is provisioned, so a typo in `module:function` is an exit-2
-error pointing at the spec line, not a trainer failing on a cluster.
+(Whether the user's entrypoints import and return what they should is checked when the spec
+is loaded, in a child process with a time limit: dsctl.specs.entrypoints.)
 """
 
 from __future__ import annotations
@@ -9,29 +9,6 @@ from __future__ import annotations
 import difflib
 
 from dsctl.specs import LoadedSpec
-
-
-def check_entrypoints(loaded: LoadedSpec) -> None:
-    spec = loaded.spec
-    if spec.pipeline.entrypoint or spec.trainer.model.kind == "python":
-        from dsctl.runtime.tfimport import import_tensorflow_quietly
-
-        import_tensorflow_quietly()  # user modules import it; keep its notices off the terminal
-    if spec.pipeline.entrypoint:
-        from dsctl.runtime.pipelines import load_entrypoint_dataset
-        from dsctl.runtime.pipelines.errors import PipelineError
-
-        try:
-            load_entrypoint_dataset(spec.pipeline.entrypoint, spec.pipeline.params, loaded.base_dir)
-        except PipelineError as exc:
-            raise loaded.error(("pipeline", "entrypoint"), str(exc)) from None
-    if spec.trainer.model.kind == "python":
-        from dsctl.runtime.models import ModelError, make_step
-
-        try:
-            make_step(spec.trainer.model, loaded.base_dir)
-        except ModelError as exc:
-            raise loaded.error(("trainer", "model", "entrypoint"), str(exc).split(": ", 1)[-1]) from None
 
 
 def check_autoscale(loaded: LoadedSpec, policy: str | None = None):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from dsctl.costmodel import Catalog, CostBreakdown, RunUsage, describe_provisioning, load_catalog, price
 from dsctl.specs import JobSpec, SpecError
@@ -37,12 +38,16 @@ def usage_from_record(record: RunRecord) -> RunUsage:
         trainer_avg_mem_gb=s.get("trainer_mem_gb"),
         service_provisioning=spec.service.provisioning,
         trainer_provisioning=spec.trainer.provisioning,
+        worker_stopped_s=min(s.get("worker_stopped_s") or 0.0, record.workers * job_time) if service else 0.0,
+        dispatcher_stopped_s=min(s.get("dispatcher_stopped_s") or 0.0, job_time) if service else 0.0,
     )
 
 
 def price_record(record: RunRecord, catalog: Catalog | None = None, basis: str | None = None) -> tuple[RunUsage, CostBreakdown, Catalog]:
     spec = JobSpec.model_validate_json(record.spec_json)
-    catalog = catalog or load_catalog(spec.pricing)
+    # A relative catalog path is relative to the spec's folder, as `dsctl validate` resolved it.
+    base_dir = Path(record.spec_path).parent if record.spec_path else None
+    catalog = catalog or load_catalog(spec.pricing, base_dir=base_dir)
     usage = usage_from_record(record)
     breakdown = price(usage, catalog, basis or spec.cost_basis)
     if record.provider == "local":

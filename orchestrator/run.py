@@ -85,6 +85,7 @@ class JobRunner:
         self.duration_s, self.repeat = duration_s, repeat  # overrides for measurements (sweep baselines)
         self.record_steps = record_steps  # per-batch records (experiments model synchronous training from them)
         self._results: dict[int, dict] = {}  # each trainer's end record, also kept here in case the store defers it
+        self._stopped_s: dict[str, float] = {}  # role -> VM-seconds stopped (preempted VMs are not billed meanwhile)
         self.summary: dict = {}
 
     # -- events -----------------------------------------------------------------
@@ -208,6 +209,7 @@ class JobRunner:
         summary = summarize(results, store.utilization(self.run_id), started, ended, self.first_batch_wall,
                             self.measured_from_wall)
         summary.update(self._element_accounting(results))
+        summary.update({f"{role}_stopped_s": seconds for role, seconds in self._stopped_s.items() if seconds})
         if self.policy is not None:
             summary.update(self._scaling_summary())
         store.update_run(self.run_id, status=status, ended_at=ended, error=error, summary=summary)
@@ -225,6 +227,7 @@ class JobRunner:
         if kept is not None:
             raise RunFailed(f"the run {status}, and everything it started is stopped, but {store.path} would not take its "
                             f"record ({reason}); it is kept in {kept} and the next dsctl command adds it.")
+
     def _start_trainers(self, dep: Deployment) -> None:
         launch = TrainerLaunch(
             mode=self.mode, spec_json=self.run_dir / "spec.json", metrics_dir=self.run_dir / "metrics",
@@ -260,6 +263,9 @@ class JobRunner:
         last_progress = time.monotonic()
         while True:
             state = self.provisioner.poll(dep, self._event)
+            self._stopped_s = state.stopped_s
+            if state.blind:
+                last_progress = time.monotonic()  # the trainers cannot be seen now: no news is not a stall
             for index, tail in tails.items():
                 for rec in tail.read():
                     last_progress = time.monotonic()

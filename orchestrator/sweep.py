@@ -93,7 +93,7 @@ class SweepRunner:
         self.run_dir = dsctl_home() / "runs" / self.sweep_id
         self.out_dir = options.out_dir or self.run_dir
         self.progress = Progress(run_id=self.sweep_id, phase="planning")
-        self.catalog = load_catalog(self.spec.pricing)
+        self.catalog = load_catalog(self.spec.pricing, base_dir=loaded.base_dir)
         self.points: list[dict] = []
         self.baselines: dict[str, dict] = {}
         self.timings: dict[str, float] = {}  # wall seconds of the phases, for benchmarks/bench_sweep.py

@@ -98,6 +98,8 @@ class TrainerLaunch:
 class TrainerState:
     running: list[int]
     exit_codes: dict[int, int]
+    blind: bool = False  # the trainers cannot be seen right now (an SSH outage): no progress is not a stall
+    stopped_s: dict[str, float] = field(default_factory=dict)  # role -> VM-seconds its VMs spent stopped so far
 
 
 class Provisioner(Protocol):

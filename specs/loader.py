@@ -1,4 +1,5 @@
-"""Load a job spec from YAML: parse, validate fields, validate pipeline params, apply rules."""
+"""Load a job spec from YAML: parse, validate fields, validate pipeline params, apply rules,
+load its price catalog, and (for a file) check its entrypoints in a child process."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import entrypoints
 from .errors import SpecError
 from .pipelines import PARAMS_BY_BUILTIN
 from .rules import check_rules
@@ -45,7 +47,8 @@ def spec_hash(spec: JobSpec) -> str:
 
 def from_source(src: YamlSource) -> LoadedSpec:
     if src.data is None:
-        raise SpecError("the file is empty; a job spec needs at least 'name', 'trainer' and 'pipeline'.", where=src.path)
+        raise SpecError("the file is empty (or only comments); a job spec is a mapping that needs at least the keys "
+                        "'name', 'trainer' and 'pipeline', e.g. specs/examples/quickstart.yaml.", where=f"{src.path}:1")
     if not isinstance(src.data, dict):
         raise SpecError(
             f"a job spec is a mapping of keys (name, service, trainer, pipeline, ...), got a {type(src.data).__name__}.",
@@ -57,12 +60,37 @@ def from_source(src: YamlSource) -> LoadedSpec:
         params = validate(params_model, src, spec.pipeline.params, prefix=("pipeline", "params"))
         spec.pipeline.params = params.model_dump(mode="json")
     check_rules(spec, src)
-    return LoadedSpec(spec=spec, source=src)
+    loaded = LoadedSpec(spec=spec, source=src)
+    _check_pricing(loaded)
+    return loaded
 
 
-def load_spec(path: str | Path) -> LoadedSpec:
-    """Read, validate and return a job spec; every problem is a SpecError naming file:line."""
-    return from_source(read_yaml(path))
+def _check_pricing(loaded: LoadedSpec) -> None:
+    """Load the catalog `pricing` names, so a bad one (a negative price, a typo) fails here with its
+    file and line, not when the finished run is priced. Catalogs are costmodel's; this is the one
+    place specs/ reaches up to it, lazily, because a catalog is part of what a spec says."""
+    from dsctl.costmodel.catalog import load_catalog
+
+    try:
+        load_catalog(loaded.spec.pricing, base_dir=loaded.base_dir)
+    except SpecError as exc:
+        if not exc.where:  # unknown name, missing file: the spec's line is the one to change
+            raise loaded.error(("pricing",), exc.message) from None
+        raise SpecError(f"{exc.message} (This is the price catalog that 'pricing' names at "
+                        f"{loaded.source.where(('pricing',))}.)", where=exc.where, field=exc.field) from None
+
+
+def load_spec(path: str | Path, *, check_entrypoints: bool = True) -> LoadedSpec:
+    """Read, validate and return a job spec; every problem is a SpecError naming file:line.
+
+    With check_entrypoints, user entrypoints are imported (and a pipeline function called) in a
+    child process with a time limit (see entrypoints.py): a module that hangs at import is an
+    error at its spec line, and nothing of the user's code runs in this process.
+    """
+    loaded = from_source(read_yaml(path))
+    if check_entrypoints:
+        entrypoints.check_entrypoints(loaded)
+    return loaded
 
 
 def load_spec_text(text: str, source: str = "<spec>") -> LoadedSpec:

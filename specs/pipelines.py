@@ -1,7 +1,9 @@
 """Parameters of the builtin pipelines, validated like the rest of the spec.
 
 They live in specs/ (not runtime/) so a spec can be checked without importing
-TensorFlow; runtime/pipelines/ builds the datasets from them.
+TensorFlow; runtime/pipelines/ builds the datasets from them. Every number is bounded
+(far above what runs here) so that a typo is an error at `dsctl validate`, not an
+overflow inside TensorFlow or a data generator that never ends.
 """
 
 from __future__ import annotations
@@ -12,17 +14,20 @@ from pydantic import Field, model_validator
 
 from .schema import Strict
 
+BIG = 10**9  # element, file and batch counts
+SEED = {"ge": -(2**63), "le": 2**63 - 1}  # TensorFlow seeds are int64
+
 
 class SyntheticParams(Strict):
     """Elements {id, x}; CPU cost and CPU-free latency per element are tunable."""
 
-    elements: int = Field(4096, ge=1, description="elements per epoch")
-    shards: int = Field(16, ge=1, description="units the dispatcher hands out under distributed_epoch")
-    epochs: Optional[int] = Field(1, ge=1, description="null repeats forever")
-    feature_size: int = Field(64, ge=1)
-    batch_size: int = Field(32, ge=1)
-    cpu_work: int = Field(0, ge=0, description="CPU work per element, in 64x64 matmuls")
-    latency_ms: float = Field(0.0, ge=0, description="per-element delay that uses no CPU (remote storage)")
+    elements: int = Field(4096, ge=1, le=BIG, description="elements per epoch")
+    shards: int = Field(16, ge=1, le=BIG, description="units the dispatcher hands out under distributed_epoch")
+    epochs: Optional[int] = Field(1, ge=1, le=BIG, description="null repeats forever")
+    feature_size: int = Field(64, ge=1, le=10**6)
+    batch_size: int = Field(32, ge=1, le=10**6)
+    cpu_work: int = Field(0, ge=0, le=10**4, description="CPU work per element, in 64x64 matmuls")
+    latency_ms: float = Field(0.0, ge=0, le=60_000, description="per-element delay that uses no CPU (remote storage)")
 
     @model_validator(mode="after")
     def _shards_fit(self) -> "SyntheticParams":
@@ -34,14 +39,14 @@ class SyntheticParams(Strict):
 class ImagesParams(Strict):
     """ResNet-style: JPEG TFRecords, decode, random crop, flip, batch."""
 
-    num_files: int = Field(8, ge=1)
-    images_per_file: int = Field(64, ge=1)
-    image_size: int = Field(80, ge=8, description="stored JPEG side, pixels")
-    crop_size: int = Field(64, ge=4, description="random crop side, pixels")
-    batch_size: int = Field(32, ge=1)
-    epochs: Optional[int] = Field(1, ge=1, description="null repeats forever")
-    shuffle_buffer: int = Field(256, ge=0)
-    seed: int = 0
+    num_files: int = Field(8, ge=1, le=10**5)
+    images_per_file: int = Field(64, ge=1, le=10**6)
+    image_size: int = Field(80, ge=8, le=4096, description="stored JPEG side, pixels")
+    crop_size: int = Field(64, ge=4, le=4096, description="random crop side, pixels")
+    batch_size: int = Field(32, ge=1, le=10**6)
+    epochs: Optional[int] = Field(1, ge=1, le=BIG, description="null repeats forever")
+    shuffle_buffer: int = Field(256, ge=0, le=BIG)
+    seed: int = Field(0, **SEED)
     cache_dir: Optional[str] = Field(None, description="where the TFRecords are generated; default under DSCTL_HOME")
 
     @model_validator(mode="after")
@@ -54,16 +59,16 @@ class ImagesParams(Strict):
 class TextParams(Strict):
     """Variable-length token sequences from TFRecords, padded per batch or bucketed by length."""
 
-    num_files: int = Field(8, ge=1)
-    sequences_per_file: int = Field(256, ge=1)
-    min_length: int = Field(8, ge=1)
-    max_length: int = Field(512, ge=1)
+    num_files: int = Field(8, ge=1, le=10**5)
+    sequences_per_file: int = Field(256, ge=1, le=10**7)
+    min_length: int = Field(8, ge=1, le=10**6)
+    max_length: int = Field(512, ge=1, le=10**6)
     length_distribution: Literal["lognormal", "uniform"] = "lognormal"
-    vocab_size: int = Field(32000, ge=2)
-    batch_size: int = Field(16, ge=1)
-    epochs: Optional[int] = Field(1, ge=1, description="null repeats forever")
-    shuffle_buffer: int = Field(256, ge=0)
-    seed: int = 0
+    vocab_size: int = Field(32000, ge=2, le=2**31 - 1)
+    batch_size: int = Field(16, ge=1, le=10**6)
+    epochs: Optional[int] = Field(1, ge=1, le=BIG, description="null repeats forever")
+    shuffle_buffer: int = Field(256, ge=0, le=BIG)
+    seed: int = Field(0, **SEED)
     cache_dir: Optional[str] = None
 
     @model_validator(mode="after")

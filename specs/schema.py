@@ -3,6 +3,11 @@
 Field-level checks live here (types, ranges, allowed values). Rules that relate
 several fields to each other live in rules.py so that each can point at the
 line that has to change.
+
+Every number has an upper bound and must be finite: numbers feed cost estimates and
+process counts, and `workers: 100000` or `steps: 1e26` should fail at `dsctl validate`
+with file and line, not later (or never, as an $8.9e19 estimate). The bounds are far
+above real jobs: the paper's largest sweep has 640 workers.
 """
 
 from __future__ import annotations
@@ -21,18 +26,26 @@ BUILTIN_PIPELINES = ("synthetic", "images", "text")
 ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")
 
+MAX_WORKERS = 4096  # tf.data service workers (service.workers, autoscale.*_workers): 6x the paper's 640
+MAX_TRAINERS = 1024  # trainer hosts (trainer.count, coordinated_reads.num_consumers)
+MAX_ACCELERATORS = 64  # per trainer host; the largest machine types dsctl knows have 8
+MAX_STEPS = 10**9  # trainer.steps, warmup_batches: about 9,000 times the paper's 112,320-step ResNet50 job
+MAX_DURATION_S = 30 * 24 * 3600.0  # 30 days: trainer.duration_s, model phases' after_s
+MAX_STEP_MS = 3_600_000.0  # an hour per training step
+MAX_TIMEOUT_S = 86_400.0  # a day: gcp timeouts, metrics windows
+
 
 class Strict(BaseModel):
     """Unknown keys are errors: a typo must never silently fall back to a default."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class CoordinatedReads(Strict):
     """Paper §3.6: every consumer reads round r from the same worker, so batches in a step have similar lengths."""
 
-    num_consumers: int = Field(ge=1, description="trainers reading in lockstep; must equal trainer.count")
-    bucket_boundaries: list[int] = Field(min_length=1, description="sequence-length bucket edges, increasing")
+    num_consumers: int = Field(ge=1, le=MAX_TRAINERS, description="trainers reading in lockstep; must equal trainer.count")
+    bucket_boundaries: list[int] = Field(min_length=1, max_length=1024, description="sequence-length bucket edges, increasing")
 
     @field_validator("bucket_boundaries")
     @classmethod
@@ -45,17 +58,17 @@ class CoordinatedReads(Strict):
 
 
 class ServiceSpec(Strict):
-    workers: int = Field(1, ge=1, description="tf.data service workers")
+    workers: int = Field(1, ge=1, le=MAX_WORKERS, description="tf.data service workers")
     worker_machine: str = "n2-standard-8"
     dispatcher_machine: str = "n2-standard-8"
     processing_mode: Literal[PROCESSING_MODES] = "parallel_epochs"  # type: ignore[valid-type]
     job_name: Optional[str] = Field(None, min_length=1, description="shared job name: trainers share one job")
     cross_trainer_cache: bool = False
-    cross_trainer_cache_mb: int = Field(256, ge=1, description="per-worker cache for ephemeral sharing")
+    cross_trainer_cache_mb: int = Field(256, ge=1, le=1_048_576, description="per-worker cache for ephemeral sharing")
     coordinated_reads: Optional[CoordinatedReads] = None
     compression: Optional[Literal["AUTO", "SNAPPY"]] = None
     fault_tolerant: bool = True
-    max_outstanding_requests: Optional[int] = Field(None, ge=1)
+    max_outstanding_requests: Optional[int] = Field(None, ge=1, le=65_536)
     provisioning: Literal["standard", "spot"] = Field(
         "standard", description="how the dispatcher and worker VMs are bought (and priced): on-demand or Spot")
     worker_cpus: Optional[list[int]] = Field(
@@ -65,19 +78,19 @@ class ServiceSpec(Strict):
 class ModelPhase(Strict):
     """From `after_s` seconds after the first batch on, the step costs this instead (a spec'd phase change)."""
 
-    after_s: float = Field(gt=0)
-    step_time_ms: Optional[float] = Field(None, ge=0)
-    padded_token_time_us: Optional[float] = Field(None, ge=0)
+    after_s: float = Field(gt=0, le=MAX_DURATION_S)
+    step_time_ms: Optional[float] = Field(None, ge=0, le=MAX_STEP_MS)
+    padded_token_time_us: Optional[float] = Field(None, ge=0, le=1e6)
 
 
 class ModelSpec(Strict):
     """What one training step costs. `synthetic` sleeps like an accelerator busy on the step."""
 
     kind: Literal["synthetic", "python"] = "synthetic"
-    step_time_ms: float = Field(0.0, ge=0, description="fixed time per step")
-    padded_token_time_us: float = Field(0.0, ge=0, description="extra time per padded token in the batch")
+    step_time_ms: float = Field(0.0, ge=0, le=MAX_STEP_MS, description="fixed time per step")
+    padded_token_time_us: float = Field(0.0, ge=0, le=1e6, description="extra time per padded token in the batch")
     entrypoint: Optional[str] = Field(None, description="'module:function' called with each batch (kind: python)")
-    phases: list[ModelPhase] = Field(default_factory=list, description="later step costs (synthetic model)")
+    phases: list[ModelPhase] = Field(default_factory=list, max_length=1000, description="later step costs (synthetic model)")
 
     @field_validator("entrypoint")
     @classmethod
@@ -98,20 +111,20 @@ class AutoscaleSpec(Strict):
     """Scale workers while the job runs (Cachew's policy, or the CPU-utilization baseline)."""
 
     policy: Literal["cachew", "cpu"] = "cachew"
-    min_workers: int = Field(1, ge=1, description="the job starts here")
-    max_workers: int = Field(8, ge=1)
+    min_workers: int = Field(1, ge=1, le=MAX_WORKERS, description="the job starts here")
+    max_workers: int = Field(8, ge=1, le=MAX_WORKERS)
     settings: dict = Field(default_factory=dict, description="policy constants, e.g. threshold, pause_batches")
 
 
 class TrainerSpec(Strict):
     machine: str = "n2-standard-8"
-    count: int = Field(1, ge=1, description="trainer hosts (tf.data service clients)")
-    accelerators_per_trainer: Optional[int] = Field(None, ge=0, description="default: the machine type's")
+    count: int = Field(1, ge=1, le=MAX_TRAINERS, description="trainer hosts (tf.data service clients)")
+    accelerators_per_trainer: Optional[int] = Field(None, ge=0, le=MAX_ACCELERATORS, description="default: the machine type's")
     model: ModelSpec = Field(default_factory=ModelSpec)
-    steps: Optional[int] = Field(None, ge=1)
-    duration_s: Optional[float] = Field(None, gt=0)
-    warmup_batches: int = Field(5, ge=0, description="batches excluded from throughput")
-    window_s: float = Field(1.0, gt=0, description="metrics window length")
+    steps: Optional[int] = Field(None, ge=1, le=MAX_STEPS)
+    duration_s: Optional[float] = Field(None, gt=0, le=MAX_DURATION_S)
+    warmup_batches: int = Field(5, ge=0, le=MAX_STEPS, description="batches excluded from throughput")
+    window_s: float = Field(1.0, gt=0, le=MAX_TIMEOUT_S, description="metrics window length")
     cpus: Optional[list[int]] = Field(None, min_length=1, description="local provider: pin trainers to these cores")
     provisioning: Literal["standard", "spot"] = Field(
         "standard", description="how trainer VMs are bought (and priced): on-demand or Spot")
@@ -155,8 +168,8 @@ class GcpSpec(Strict):
     image_python: Optional[str] = Field(None, min_length=1, description="the image's own Python, which makes the venv; default: known per image")
     image_python_version: Optional[str] = Field(None, pattern=r"^3\.[0-9]{1,2}$", description="its version, e.g. '3.11'; default: known per image")
     tpu_runtime_version: Optional[str] = Field(None, min_length=1, description="TPU VM software version; default: the TensorFlow runtime for the TPU generation and TensorFlow version")
-    tpu_timeout_s: float = Field(1800.0, gt=0, description="for a TPU VM to be created and READY (TPUs take minutes)")
-    boot_disk_gb: int = Field(50, ge=10)
+    tpu_timeout_s: float = Field(1800.0, gt=0, le=MAX_TIMEOUT_S, description="for a TPU VM to be created and READY (TPUs take minutes)")
+    boot_disk_gb: int = Field(50, ge=10, le=65_536)
     boot_disk_type: str = "pd-balanced"
     bucket: Optional[str] = Field(None, description="staging bucket; default: <project>-dsctl (created if missing)")
     dispatcher_port: int = Field(5050, ge=0, le=65535, description="0: chosen on the VM")
@@ -167,10 +180,13 @@ class GcpSpec(Strict):
     bootstrap: bool = Field(True, description="install TensorFlow and dsctl from a staged wheelhouse at boot; false: the image has them")
     python: Optional[str] = Field(None, description="Python on the VMs; default: the bootstrap venv, or python3")
     remote_dir: str = Field("/var/tmp/dsctl", min_length=1, description="working directory on the VMs")
-    running_timeout_s: float = Field(300.0, gt=0, description="for a VM to reach RUNNING (a TPU VM READY)")
-    ssh_timeout_s: float = Field(300.0, gt=0, description="for SSH to answer once a VM runs")
-    startup_timeout_s: float = Field(900.0, gt=0, description="for the startup script to install TensorFlow and dsctl")
-    ready_timeout_s: float = Field(300.0, gt=0, description="for the dispatcher and workers to serve once started")
+    running_timeout_s: float = Field(300.0, gt=0, le=MAX_TIMEOUT_S, description="for a VM to reach RUNNING (a TPU VM READY)")
+    ssh_timeout_s: float = Field(300.0, gt=0, le=MAX_TIMEOUT_S, description="for SSH to answer once a VM runs")
+    startup_timeout_s: float = Field(900.0, gt=0, le=MAX_TIMEOUT_S, description="for the startup script to install TensorFlow and dsctl")
+    ready_timeout_s: float = Field(300.0, gt=0, le=MAX_TIMEOUT_S, description="for the dispatcher and workers to serve once started")
+    outage_limit_s: float = Field(600.0, gt=0, le=7 * 24 * 3600,
+                                  description="how long a run goes on while dsctl cannot reach its VMs over SSH (a laptop "
+                                              "asleep, a VPN drop); past it the run fails and is torn down")
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels on every resource")
 
     @field_validator("project")

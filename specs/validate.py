@@ -45,6 +45,10 @@ def _describe_input(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, float) and value != value:
+        return ".nan"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return ".inf" if value > 0 else "-.inf"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -58,6 +62,14 @@ def _field_default(model: type[BaseModel], loc: tuple) -> Any:
     if info.default_factory is not None:
         return PydanticUndefined
     return info.default
+
+
+def _field_upper_bound(model: type[BaseModel], loc: tuple) -> Any:
+    """The field's `le` bound, or None (said when a number is too large even to convert)."""
+    owner = _model_at(model, loc[:-1]) if loc else None
+    if owner is None or not isinstance(loc[-1], str) or loc[-1] not in owner.model_fields:
+        return None
+    return next((m.le for m in owner.model_fields[loc[-1]].metadata if getattr(m, "le", None) is not None), None)
 
 
 def _num(x: Any) -> str:
@@ -76,6 +88,7 @@ _EXPECTED = {
     "int_from_float": "must be a whole number",
     "float_type": "must be a number",
     "float_parsing": "must be a number",
+    "finite_number": "must be a finite number",
     "bool_type": "must be true or false",
     "bool_parsing": "must be true or false",
     "string_type": "must be text (put it in quotes if it looks like a number)",
@@ -134,6 +147,9 @@ def _message(err: dict, model: type[BaseModel]) -> str:
         msg = msg[len("Value error, "):] if msg.startswith("Value error, ") else msg
         return msg if msg.endswith(".") else msg + "."
     value = err.get("input", PydanticUndefined)
+    if kind == "int_parsing_size":  # e.g. 1.0e+26 for an int: refused, never truncated
+        bound = _field_upper_bound(model, loc)
+        kind, err = ("less_than_equal", {**err, "ctx": {"le": bound}}) if bound is not None else ("int_type", err)
     got = f", got {_describe_input(value)}" if value is not PydanticUndefined else ""
     need = _guidance(kind, err)
     if need is None:

@@ -216,7 +216,7 @@ def test_unknown_machine_type_lists_closest_first():
         (GOOD + "currenc: USD\n", 9, "currenc", "unknown key 'currenc'"),
         (GOOD.replace("tpu-v2-8: 4.5", "tpu-v2-8: -4.5"), 8, "machines.tpu-v2-8", "zero or more; got -4.5"),
         (GOOD.replace("gb_hour: 0.004", "gb_hour: -0.004"), 6, "rates.n2.gb_hour", "zero or more"),
-        (GOOD.replace("gb_hour: 0.004}", "gb_hour: 0.004"), 7, None, "not valid YAML"),  # seen on the next line
+        (GOOD.replace("gb_hour: 0.004}", "gb_hour: 0.004"), 7, "rates.n2", "not valid YAML"),  # seen on the next line
         (GOOD.replace("tpu-v2-8: 4.5", "tpu-v2-9: 4.5"), 8, "machines.tpu-v2-9", "closest first: tpu-v2-8"),
         (GOOD.replace("  n2:", "  n3:"), 6, "rates.n3", "unknown machine family"),
         (GOOD.replace("currency: USD", "currency: EUR"), 4, "currency", "only USD"),

@@ -243,12 +243,12 @@ BAD_SPECS = [
         pipeline:
           builtin: synthetic
         """,
-        3, None, ["not valid YAML", "expected ',' or '}'", "starts on line 2", "brackets"],
+        3, "trainer", ["not valid YAML", "expected ',' or '}'", "starts on line 2", "brackets"],
     ),
     (
         "tab-indentation",
         "name: bad\ntrainer:\n\tsteps: 10\npipeline:\n  builtin: synthetic\n",
-        3, None, ["not valid YAML", "tab", "spaces"],
+        3, "trainer", ["not valid YAML", "tab", "spaces"],
     ),
     (
         "top-level-list",
@@ -755,7 +755,7 @@ def test_empty_file(tmp_path, text):
     with pytest.raises(SpecError) as info:
         load_spec(path)
     message = str(info.value)
-    assert message.startswith(f"{path}: ")
+    assert message.startswith(f"{path}:1: ")  # line 1: where an editor opens the file to write the spec
     assert "empty" in message and "'name', 'trainer' and 'pipeline'" in message
     assert_readable(message)
 
@@ -831,3 +831,193 @@ def test_reference_documents_every_field():
     models = [JobSpec, ServiceSpec, CoordinatedReads, TrainerSpec, ModelSpec, PipelineSpec, *PARAMS_BY_BUILTIN.values()]
     missing = [f"{m.__name__}.{f}" for m in models for f in m.model_fields if f"`{f}`" not in text]
     assert not missing, f"undocumented fields: {missing}"
+
+
+# ---------------------------------------------------------------------------
+# Bounded input: every limit holds at its edge, and what is over it is refused with file:line
+
+import yaml  # noqa: E402
+
+from dsctl.specs import yamlsource  # noqa: E402
+
+BASE = {"name": "a", "trainer": {"steps": 10}, "pipeline": {"builtin": "synthetic"}}
+
+# (dotted field, largest valid value, the bound as the message says it)
+NUMBER_BOUNDS = [
+    ("service.workers", 4096, "at most 4096"),
+    ("autoscale.min_workers", 4096, "at most 4096"),
+    ("autoscale.max_workers", 4096, "at most 4096"),
+    ("trainer.count", 1024, "at most 1024"),
+    ("trainer.accelerators_per_trainer", 64, "at most 64"),
+    ("trainer.steps", 10**9, "at most 1000000000"),
+    ("trainer.warmup_batches", 10**9, "at most 1000000000"),
+    ("trainer.model.step_time_ms", 3_600_000, "at most 3600000"),
+    ("pipeline.params.latency_ms", 60_000, "at most 60000"),
+    ("pipeline.params.elements", 10**9, "at most 1000000000"),
+]
+
+
+def _spec_with(field: str, value) -> str:
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in BASE.items()}
+    if field.startswith("autoscale."):
+        data["autoscale"] = {"min_workers": 1} if field.endswith("max_workers") else {"max_workers": 4096}
+    if field == "trainer.steps" or field.startswith("trainer.model"):
+        data["trainer"] = {"steps": 10, "model": {}} if field.startswith("trainer.model") else {}
+    node = data
+    *parents, leaf = field.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def _line_of(text: str, key: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if line.strip().startswith(f"{key}:"))
+
+
+@pytest.mark.parametrize("field, largest, says", NUMBER_BOUNDS, ids=[b[0] for b in NUMBER_BOUNDS])
+def test_numbers_are_bounded_at_validate_time(tmp_path, field, largest, says):
+    load_spec(write(tmp_path, _spec_with(field, largest)))
+    leaf = field.rsplit(".", 1)[1]
+    too_big = [largest + 1, float(largest + 1), 1e26]
+    if isinstance(largest, int) and "time" not in leaf and "latency" not in leaf:
+        too_big.append(float(largest) * 10**17)  # a float too large to be any exact whole number
+    for value in too_big:
+        path = write(tmp_path, _spec_with(field, value))
+        with pytest.raises(SpecError) as info:
+            load_spec(path)
+        text = path.read_text()
+        assert info.value.where == f"{path}:{_line_of(text, leaf)}" and info.value.field == field, str(info.value)
+        assert says in str(info.value), str(info.value)
+        assert_readable(str(info.value))
+
+
+@pytest.mark.parametrize("field", ["trainer.duration_s", "trainer.window_s", "trainer.model.step_time_ms",
+                                   "pipeline.params.latency_ms", "trainer.model.padded_token_time_us"])
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan"])
+def test_numbers_are_finite(tmp_path, field, value):
+    text = _spec_with(field, 1.5).replace("1.5", value)
+    if field == "trainer.duration_s":
+        text = text.replace("steps: 10\n", "")
+    path = write(tmp_path, text)
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert info.value.field == field and "must be a finite number" in str(info.value), str(info.value)
+
+
+def test_duration_is_bounded_to_thirty_days(tmp_path):
+    ok = "name: a\ntrainer: {duration_s: 2592000}\npipeline: {builtin: synthetic}\n"
+    assert load_spec(write(tmp_path, ok)).spec.trainer.duration_s == 2592000
+    with pytest.raises(SpecError, match=r"job.yaml:2: trainer.duration_s: must be at most 2592000"):
+        load_spec(write(tmp_path, ok.replace("2592000", "2592001")))
+
+
+def test_a_whole_number_field_never_truncates_a_float(tmp_path):
+    for value, says in (("2.5", "whole number"), ("1.0e+26", "at most"), ("1e26", "whole number")):
+        with pytest.raises(SpecError, match=says):
+            load_spec(write(tmp_path, f"name: a\ntrainer: {{steps: {value}}}\npipeline: {{builtin: synthetic}}\n"))
+    assert load_spec(write(tmp_path, "name: a\ntrainer: {steps: 1.0e+3}\npipeline: {builtin: synthetic}\n")
+                     ).spec.trainer.steps == 1000  # exact: written as a float, still the whole number 1000
+
+
+def test_values_count_every_alias_as_what_it_repeats(monkeypatch):
+    # 'a', [1, 2] (3 values), 'b', [*x, *x] (1 + 3 + 3), the root: 13 values in all
+    text = "a: &x [1, 2]\nb: [*x, *x]\n"
+    monkeypatch.setattr(yamlsource, "MAX_VALUES", 13)
+    assert yamlsource.parse_yaml(text, "t.yaml").data == {"a": [1, 2], "b": [[1, 2], [1, 2]]}
+    monkeypatch.setattr(yamlsource, "MAX_VALUES", 12)
+    with pytest.raises(SpecError, match="more than 12 values"):
+        yamlsource.parse_yaml(text, "t.yaml")
+    monkeypatch.setattr(yamlsource, "MAX_VALUES", 10)  # 'a' and its list, 'b', then 3 + 3: the second alias passes it
+    with pytest.raises(SpecError) as info:
+        yamlsource.parse_yaml(text, "t.yaml")
+    assert info.value.where == "t.yaml:2" and info.value.field == "b[1]"
+
+
+def test_an_alias_bomb_is_refused_at_once():
+    rows = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    rows += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    import time
+
+    start = time.process_time()
+    with pytest.raises(SpecError) as info:
+        load_spec_text("\n".join(rows) + "\n", source="bomb.yaml")
+    assert time.process_time() - start < 1.0
+    assert "more than 100,000 values" in str(info.value) and info.value.where == "bomb.yaml:6"
+
+
+def test_aliases_and_merge_keys_within_the_limits_still_work():
+    spec = load_spec_text("name: a\nservice: {worker_machine: &m n2-standard-4, dispatcher_machine: *m}\n"
+                          "trainer: {steps: 10}\npipeline:\n  builtin: synthetic\n  params:\n    <<: {batch_size: 8}\n"
+                          "    elements: 64\n").spec
+    assert spec.service.dispatcher_machine == "n2-standard-4" and spec.pipeline.params["batch_size"] == 8
+
+
+def test_nesting_is_bounded(monkeypatch):
+    monkeypatch.setattr(yamlsource, "MAX_DEPTH", 5)  # root mapping, 'a' list, list, list, 1: depth 5
+    assert yamlsource.parse_yaml("a: [[[1]]]\n", "t.yaml").data == {"a": [[[1]]]}
+    with pytest.raises(SpecError, match=r"t.yaml:1: a\[0\]\[0\]\[0\]\[0\]: values nest more than 5 levels"):
+        yamlsource.parse_yaml("a: [[[[1]]]]\n", "t.yaml")
+
+
+def test_a_recursive_alias_is_refused():
+    with pytest.raises(SpecError, match=r"t.yaml:3: a\[1\]: this alias refers to a value that contains it"):
+        yamlsource.parse_yaml("a: &x\n- 1\n- *x\n", "t.yaml")
+
+
+def test_file_size_is_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(yamlsource, "MAX_FILE_BYTES", 80)
+    path = tmp_path / "job.yaml"
+    path.write_text("name: a\ntrainer: {steps: 10}\npipeline: {builtin: synthetic}\n" + "#" * 19 + "\n")
+    assert path.stat().st_size == 80
+    assert yamlsource.read_yaml(path).data["name"] == "a"
+    path.write_text(path.read_text() + "#\n")
+    with pytest.raises(SpecError) as info:
+        yamlsource.read_yaml(path)
+    assert info.value.where == f"{path}:5" and "larger than 80 bytes" in str(info.value)  # byte 81 is on line 5
+
+
+def test_a_file_that_never_ends_is_refused():
+    with pytest.raises(SpecError, match="larger than 1,000,000 bytes"):
+        load_spec("/dev/zero")
+
+
+# ---------------------------------------------------------------------------
+# Entrypoints are checked in a child process; the price catalog is loaded with the spec
+
+
+def test_a_model_entrypoint_that_imports_passes_and_nothing_runs_here(tmp_path):
+    (tmp_path / "mymodel.py").write_text("import sys\nsys.modules['__main__'].IMPORTED = True\n"
+                                         "def step(batch):\n    pass\n")
+    spec = load_spec(write(tmp_path, "name: a\ntrainer:\n  steps: 10\n  model: {kind: python, entrypoint: mymodel:step}\n"
+                                     "pipeline: {builtin: synthetic}\n")).spec
+    assert spec.trainer.model.entrypoint == "mymodel:step"
+    assert "mymodel" not in sys.modules and not hasattr(sys.modules["__main__"], "IMPORTED")
+
+
+def test_entrypoints_can_be_left_unchecked(tmp_path):
+    path = write(tmp_path, "name: a\ntrainer: {steps: 10}\npipeline: {entrypoint: 'nosuchmodule:make'}\n")
+    assert load_spec(path, check_entrypoints=False).spec.pipeline.entrypoint == "nosuchmodule:make"
+    with pytest.raises(SpecError, match="no module 'nosuchmodule'"):
+        load_spec(path)
+
+
+@pytest.mark.slow
+def test_a_pipeline_entrypoint_that_returns_a_dataset_passes(tmp_path):
+    """Starts a child that imports TensorFlow (that is why it is slow); this process never does."""
+    (tmp_path / "mypipe.py").write_text("import tensorflow as tf\n\ndef make(n=4):\n    return tf.data.Dataset.range(n)\n")
+    path = write(tmp_path, "name: a\ntrainer: {steps: 10}\npipeline: {entrypoint: 'mypipe:make', params: {n: 8}}\n")
+    code = (f"import sys\nfrom dsctl.specs import load_spec\nload_spec({str(path)!r})\n"
+            "assert 'tensorflow' not in sys.modules\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_a_negative_price_in_the_spec_catalog_is_refused_with_its_file_and_line(tmp_path):
+    (tmp_path / "prices.yaml").write_text("name: mine\ndate: 2024-03\nsource: bill\ncurrency: USD\nmachines:\n"
+                                          "  n2-standard-8: -0.39\n")
+    path = write(tmp_path, "name: a\ntrainer: {steps: 10}\npipeline: {builtin: synthetic}\npricing: prices.yaml\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert info.value.where == f"{tmp_path.resolve()}/prices.yaml:6"
+    assert info.value.field == "machines.n2-standard-8" and "zero or more" in str(info.value)
+    assert f"'pricing' names at {path}:4" in str(info.value)

@@ -184,6 +184,20 @@ def delete(clients: Clients, name: str, cancel: threading.Event | None = None):
         return None
 
 
+def start(clients: Clients, name: str, cancel: threading.Event | None = None):
+    """Start a stopped VM (a preempted Spot VM, or one stopped by hand); it keeps its internal address."""
+    from google.cloud import compute_v1 as c
+
+    s = clients.settings
+    request = c.StartInstanceRequest(project=s.project, zone=s.zone, instance=name, request_id=str(uuid.uuid4()))
+    return call(clients.instances.start_unary, request=request, doing=f"starting VM {name}", cancel=cancel)
+
+
+def statuses(clients: Clients, filter_: str, cancel: threading.Event | None = None) -> dict:
+    """name -> (status, internal address, external address) of every instance matching the filter."""
+    return {i.name: (i.status, *addresses(i)) for i in list_instances(clients, filter_, cancel)}
+
+
 def addresses(instance) -> tuple[str | None, str | None]:
     """(internal, external) address of an instance; external is None without an access config."""
     nics = list(instance.network_interfaces)

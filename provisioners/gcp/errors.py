@@ -47,6 +47,10 @@ class RemoteError(GcpError):
     """A process on a VM failed, or a VM stopped answering over SSH."""
 
 
+class SshUnreachable(RemoteError):
+    """SSH to a VM failed (refused, timed out, dropped): the VM may be fine and answer again."""
+
+
 class ApiUnavailable(GcpError):
     """Google Cloud kept answering 429 or 503 after every retry."""
 

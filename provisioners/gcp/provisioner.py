@@ -33,10 +33,12 @@ from dsctl.runtime.sampler import Sample
 from dsctl.specs.schema import JobSpec
 
 from ..contract import Deployment, EventSink, Node, TrainerLaunch, TrainerState
-from . import compute, data, firewall, naming, preflight, remote, startup, versions, wheelhouse
+from . import compute, data, firewall, naming, operations, preflight, remote, startup, versions, wheelhouse
 from .clients import Clients
-from .errors import CloudTimeout, GcpError, RemoteError
+from .errors import CloudTimeout, GcpError, RemoteError, SshUnreachable
 from .keys import ensure_key_pair, key_dir, load_key_pair
+from .naming import run_filter
+from .recovery import Recovery
 from .resources import Fleet, Machine
 from .retry import Cancelled
 from .settings import GcpSettings, check_credentials, resolve
@@ -45,7 +47,6 @@ from .storage import Staging, code_archive
 from .watch import Watched, Watcher
 
 MAX_RESTARTS_PER_WORKER = 5
-UNREACHABLE_S = 60.0
 SSH_THREADS = 64
 STOP_BUDGET_S = 30.0
 
@@ -140,6 +141,7 @@ class GcpProvisioner:
         self._state_lock = threading.Lock()
         self._staged_wheel_version: str | None = None
         self._findings: preflight.Findings | None = None
+        self._recovery: Recovery | None = None
 
     # -- context ------------------------------------------------------------------------------
     def check(self, spec: JobSpec, workers: int) -> None:
@@ -358,9 +360,7 @@ class GcpProvisioner:
 
     # -- processes -------------------------------------------------------------------------------
     def _free_port(self, node: Node) -> int:
-        res = self._ssh.run(node.extra["host"], f"{remote.q(self._settings.python)} -c "
-                            + remote.q("import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"),
-                            doing="choosing a port")
+        res = self._ssh.run(node.extra["host"], remote.free_port(self._settings.python), doing="choosing a port")
         try:
             return int(res.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -609,32 +609,89 @@ class GcpProvisioner:
         if self._watcher is None:
             self._context(dep)
             self._ensure_watcher()
+        unreachable = {h: since for h, (since, _) in self._watcher.unreachable().items()}
+        recovery = self._recovery_for(dep)
+        blind = recovery.check(dep, unreachable, events)
         snap = self._watcher.snapshot()
-        lost = {h: since for h, (since, _) in self._watcher.unreachable().items()
-                if time.monotonic() - since > UNREACHABLE_S}
-        self._supervise_dispatcher(dep, snap, lost, events)
-        self._supervise_workers(dep, snap, lost, events)
+        # What cannot be seen now (no SSH) or is being brought back is not judged on an old reading.
+        unseen = {n.extra.get("host") for n in dep.nodes if n.extra.get("host") in unreachable or recovery.restoring(n)}
+        self._supervise_dispatcher(dep, snap, unseen, events)
+        self._supervise_workers(dep, snap, unseen, events)
         running, codes = [], {}
         for node in dep.by_role("trainer"):
             if "remote_pid" not in node.extra:
                 continue
             st = snap.get(("trainer", node.index))
-            if node.extra.get("host") in lost:
-                codes[node.index] = -1
-                events("trainer-lost", f"trainer {node.index} ({node.extra['instance']}) has not answered SSH for "
-                                       f"{UNREACHABLE_S:.0f} s")
-            elif st is None or st.running(node.extra.get("start_time")):
+            if node.extra.get("host") in unseen or st is None or st.running(node.extra.get("start_time")):
                 running.append(node.index)
             else:
                 codes[node.index] = st.exit_code
-        return TrainerState(running=running, exit_codes=codes)
+        return TrainerState(running=running, exit_codes=codes, blind=blind, stopped_s=dict(recovery.stopped_s))
 
-    def _supervise_dispatcher(self, dep: Deployment, snap: dict, lost: dict, events: EventSink) -> None:
+    # -- keeping the run going: outages and stopped VMs (recovery.py decides, this acts) ----------------
+    def _recovery_for(self, dep: Deployment) -> Recovery:
+        if self._recovery is None:
+            self._recovery = Recovery(list_statuses=lambda: self._vm_statuses(dep),
+                                      restore=lambda node: self._bring_back(dep, node),
+                                      outage_limit_s=self._settings.outage_limit_s)
+        return self._recovery
+
+    def _vm_statuses(self, dep: Deployment) -> dict[str, str]:
+        """Every VM of the run by name: Compute Engine instances, and TPU VMs if the run has any."""
+        from . import tpu
+
+        out = {name: st for name, (st, _, _) in compute.statuses(self._clients, run_filter(dep.run_id)).items()}
+        if any(n.extra.get("kind") == "tpu" for n in dep.nodes):
+            out.update({tpu.short_id(n): n.state.name for n in tpu.list_nodes(self._clients, dep.run_id)})
+        return out
+
+    def _bring_back(self, dep: Deployment, node: Node) -> float:
+        """Start a stopped worker's (or fault-tolerant dispatcher's) VM, reconnect, restart its process at its old
+        port; returns when the VM was RUNNING again (monotonic). Runs in a background thread."""
+        s = self._settings
+        name = node.extra["instance"]
+        if self._watcher is not None:
+            self._watcher.forget((node.role, node.index))  # its process died with the VM
+        deadline = time.monotonic() + s.running_timeout_s
+        started = False
+        while True:
+            status, internal, external = compute.statuses(self._clients, run_filter(dep.run_id)).get(name, (None,) * 3)
+            if status is None:
+                raise RemoteError(f"VM {name} no longer exists")
+            if status == "RUNNING" and started:
+                break
+            if status in ("TERMINATED", "STOPPED", "SUSPENDED") and not started:
+                operations.wait(self._clients, compute.start(self._clients, name), doing=f"starting VM {name}",
+                                timeout_s=s.running_timeout_s)
+                started = True
+            elif status == "RUNNING":
+                started = True  # someone started it already
+                continue
+            if time.monotonic() > deadline:
+                raise CloudTimeout(f"VM {name} did not run again within {s.running_timeout_s:.0f} s (status {status})")
+            time.sleep(1.0)
+        running_at = time.monotonic()
+        if internal != node.extra.get("internal_ip"):
+            raise RemoteError(f"VM {name} came back with internal address {internal}, not {node.extra.get('internal_ip')}; "
+                              "the trainers' clients wait for the old one")
+        old_host = node.extra.get("host")
+        with self._state_lock:
+            node.extra.update(external_ip=external, host=external if s.public_ips else internal, ready=False)
+        self._ssh.drop(old_host)
+        self._prepare_vm(node)  # SSH answers; the startup script's marker is still there from its first boot
+        if node.role == "dispatcher":
+            self._start_dispatcher(dep, self._spec)
+        else:
+            self._start_worker(dep, node)
+        self._wait_servers(dep, [node])
+        return running_at
+
+    def _supervise_dispatcher(self, dep: Deployment, snap: dict, unseen: set, events: EventSink) -> None:
         """As the local provider: a fault-tolerant dispatcher is restarted at its address from its journal
         (on its VM's disk); any other dead dispatcher fails the job at once."""
         for node in dep.by_role("dispatcher"):
             st = snap.get(("dispatcher", 0))
-            if "remote_pid" not in node.extra or node.extra.get("host") in lost or st is None \
+            if "remote_pid" not in node.extra or node.extra.get("host") in unseen or st is None \
                     or st.at < node.extra.get("launched_at", 0) or st.running(node.extra.get("start_time")):
                 continue
             if not node.extra.get("fault_tolerant") or self._spec is None:
@@ -649,13 +706,10 @@ class GcpProvisioner:
                                            f"{node.address} from its journal")
             self._start_dispatcher(dep, self._spec)
 
-    def _supervise_workers(self, dep: Deployment, snap: dict, lost: dict, events: EventSink) -> None:
+    def _supervise_workers(self, dep: Deployment, snap: dict, unseen: set, events: EventSink) -> None:
         for node in dep.by_role("worker"):
-            if "remote_pid" not in node.extra:
+            if "remote_pid" not in node.extra or node.extra.get("host") in unseen:
                 continue
-            if node.extra.get("host") in lost:
-                raise RemoteError(f"worker {node.index} ({node.extra['instance']}) has not answered SSH for "
-                                  f"{UNREACHABLE_S:.0f} s; its VM may have been preempted or stopped.")
             st = snap.get(("worker", node.index))
             if st is None or st.at < node.extra.get("launched_at", 0) or st.running(node.extra.get("start_time")):
                 continue
@@ -664,8 +718,11 @@ class GcpProvisioner:
             if count > MAX_RESTARTS_PER_WORKER:
                 raise RemoteError(f"worker {node.index} died {count} times; giving up. Its log ends with:\n"
                                   f"{self._log_tail(node)}")
-            events("worker-restarted", f"worker {node.index} exited (code {st.exit_code}); restarting it at {node.address}")
-            self._start_worker(dep, node)
+            try:
+                self._start_worker(dep, node)
+            except SshUnreachable:
+                continue  # its VM went quiet meanwhile (stopped, an outage): decided on the next polls
+            events("worker-restarted", f"worker {node.index} exited (code {st.exit_code}); restarted it at {node.address}")
 
     def sample(self, dep: Deployment) -> list[Sample]:
         """CPU (cores busy over the watcher's last interval) and RSS of every remote process."""
@@ -756,6 +813,8 @@ class GcpProvisioner:
     def _delete_nodes(self, dep: Deployment, nodes: list[Node], events: EventSink, firewall: bool = False) -> None:
         """Delete the nodes' VMs in parallel; each node leaves the state only once its VM is confirmed gone."""
         by_name = {n.extra["instance"]: n for n in nodes if n.extra.get("instance")}
+        for n in by_name.values():
+            n.extra["deleting"] = True  # a VM on its way out is not one to start again
 
         def gone(name: str) -> None:
             with self._state_lock:
@@ -788,6 +847,8 @@ class GcpProvisioner:
         self._cancel.set()  # anything still waiting on the way up stops
         if self._watcher is not None:
             self._watcher.stop()
+        if self._recovery is not None:
+            self._recovery.close()
         self._restore_trainer_nodes(dep, 10**6)  # trainer VMs the orchestrator no longer lists are still ours
         machines = [n for n in dep.nodes if n.role in ("trainer", "worker", "dispatcher")]
         t0 = time.monotonic()

@@ -275,6 +275,32 @@ def fetch(python: str, bucket: str, prefix: str, dest: str, objects: list[str], 
                      q(dest), mode, *map(q, objects)])
 
 
+# A free port below the ephemeral range, so no outgoing connection on the VM (which takes its local port
+# from that range) can hold a server's port while the server restarts.
+FREE_PORT = r"""
+import random, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for port in random.sample(range(10000, max(low, 10001)), min(200, max(low - 10000, 1))):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("", port))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(port)
+    break
+else:
+    raise SystemExit("no free port below the ephemeral range (%d)" % low)
+"""
+
+
+def free_port(python: str) -> str:
+    """Print a port nothing listens on, outside the ephemeral range (see FREE_PORT)."""
+    return f"{q(python)} -c {q(FREE_PORT)}"
+
+
 def tail(path: str, lines: int = 15) -> str:
     return f"tail -n {int(lines)} {q(path)} 2>/dev/null"
 

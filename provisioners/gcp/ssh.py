@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CloudTimeout, RemoteError
+from .errors import CloudTimeout, SshUnreachable
 from .retry import Cancelled
 
 CONNECT_TIMEOUT_S = 10
@@ -82,13 +82,13 @@ class Ssh:
             except Exception:
                 pass
 
-    def _fail(self, host: str, doing: str, exc: Exception) -> RemoteError:
+    def _fail(self, host: str, doing: str, exc: Exception) -> SshUnreachable:
         self.drop(host)
-        return RemoteError(f"SSH to {self.user}@{host}:{self.port} failed while {doing}: {type(exc).__name__}: {exc}")
+        return SshUnreachable(f"SSH to {self.user}@{host}:{self.port} failed while {doing}: {type(exc).__name__}: {exc}")
 
     # -- use ------------------------------------------------------------------------------
     def run(self, host: str, command: str, *, doing: str, timeout: float = 60.0) -> Result:
-        """Run a shell command; its exit code is returned, not raised. Connection problems raise RemoteError."""
+        """Run a shell command; its exit code is returned, not raised. Connection problems raise SshUnreachable."""
         try:
             conn = self._connection(host)
             r = conn.run(command, timeout=timeout)

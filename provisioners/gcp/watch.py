@@ -6,6 +6,12 @@ local files the orchestrator tails, and when a trainer has exited its last
 metrics, ids and log are fetched BEFORE its exit is published, so nothing it
 wrote is missed. The provisioner's poll(), sample() and wait_ready() read the
 latest snapshot and never block on SSH.
+
+A VM that does not answer is tried again after 1, 2, 4 ... up to 30 s, and a VM whose
+reading is still in flight is skipped: one hung connection never holds up the others,
+and an outage (a laptop asleep) does not turn into a storm of connection attempts. A
+reading in flight for more than STUCK_S counts as a failure from when it started, and
+its connection is dropped (which also frees the thread waiting on it).
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ from .ssh import Ssh
 
 INTERVAL_S = 1.0
 THREADS = 32
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 30.0
+STUCK_S = 15.0
 
 
 @dataclass
@@ -43,6 +52,9 @@ class Watcher:
         self._prev: dict[tuple[str, int], remote.ProcStatus] = {}  # the reading before the latest, for rates
         self._unreachable: dict[str, tuple[float, str]] = {}  # host -> (since, last error)
         self._finished: set[tuple[str, int]] = set()  # trainers whose final files were fetched
+        self._retry_at: dict[str, float] = {}  # host -> when to try an unreachable VM again
+        self._failures: dict[str, int] = {}  # host -> failed readings in a row
+        self._in_flight: dict[str, tuple[float, object]] = {}  # host -> (when, the future of its reading)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.last_error: str | None = None
@@ -53,6 +65,7 @@ class Watcher:
     def watch(self, item: Watched) -> None:
         with self._lock:
             self._items[item.key] = item
+            self._retry_at.pop(item.host, None)  # just reached by whoever launched it: read it next cycle
             self._snap.pop(item.key, None)
             self._prev.pop(item.key, None)
             self._finished.discard(item.key)
@@ -74,8 +87,10 @@ class Watcher:
                     if k in self._prev and self._prev[k].pid == v.pid and v.at > self._prev[k].at}
 
     def unreachable(self) -> dict[str, tuple[float, str]]:
+        """host -> (since, last error) of watched VMs whose last reading failed."""
         with self._lock:
-            return dict(self._unreachable)
+            hosts = {i.host for i in self._items.values()}
+            return {h: v for h, v in self._unreachable.items() if h in hosts}
 
     # -- the loop --------------------------------------------------------------------------
     def start(self) -> None:
@@ -94,36 +109,59 @@ class Watcher:
         while not self._stop.is_set():
             started = time.monotonic()
             try:
-                self.cycle()
+                self.cycle(wait=False)
                 self.last_error = None
             except Exception as exc:  # never let the watcher die; the next cycle tries again
                 self.last_error = f"{type(exc).__name__}: {exc}"
             self._stop.wait(max(self.interval_s - (time.monotonic() - started), 0.05))
 
-    def cycle(self) -> None:
-        """One round over every VM; also callable directly (e.g. for a final reading)."""
+    def cycle(self, wait: bool = True) -> None:
+        """One round over every VM that is due; also callable directly (e.g. for a final reading).
+        The background loop does not wait for the readings it starts (a hung one must not stop the loop)."""
+        now = time.monotonic()
+        futures = []
         with self._lock:
-            items = list(self._items.values())
-        by_host: dict[str, list[Watched]] = {}
-        for item in items:
-            by_host.setdefault(item.host, []).append(item)
-        futures = [self._pool.submit(self._host_cycle, host, group) for host, group in by_host.items()]
-        for f in futures:
+            by_host: dict[str, list[Watched]] = {}
+            for item in self._items.values():
+                by_host.setdefault(item.host, []).append(item)
+            stuck = []
+            for host, group in by_host.items():
+                since, busy = self._in_flight.get(host, (now, None))
+                if busy is not None and not busy.done():
+                    if now - since > STUCK_S and host not in self._unreachable:
+                        stuck.append((host, since))
+                    continue
+                if now < self._retry_at.get(host, 0.0):
+                    continue
+                future = self._pool.submit(self._host_cycle, host, group, now)
+                self._in_flight[host] = (now, future)
+                futures.append(future)
+        for host, since in stuck:
+            self._failed(host, since, f"no answer over SSH for {now - since:.0f} s")
+            self.ssh.drop(host)
+        for f in futures if wait else ():
             f.result()
 
-    def _host_cycle(self, host: str, items: list[Watched]) -> None:
-        at = time.monotonic()
+    def _failed(self, host: str, at: float, error: str) -> None:
+        with self._lock:
+            since = self._unreachable.get(host, (at, ""))[0]
+            self._unreachable[host] = (since, error)
+            failures = self._failures.get(host, 0) + 1
+            self._failures[host] = failures
+            self._retry_at[host] = at + min(RETRY_FIRST_S * 2 ** (failures - 1), RETRY_MAX_S)
+
+    def _host_cycle(self, host: str, items: list[Watched], at: float) -> None:
         try:
             res = self.ssh.run(host, remote.status([i.layout.dir for i in items]), doing="checking processes",
                                timeout=30)
             statuses = remote.parse_status(res.stdout, at)
         except RemoteError as exc:
-            with self._lock:
-                since = self._unreachable.get(host, (at, ""))[0]
-                self._unreachable[host] = (since, str(exc))
+            self._failed(host, at, str(exc))
             return
         with self._lock:
             self._unreachable.pop(host, None)
+            self._failures.pop(host, None)
+            self._retry_at.pop(host, None)
         for item in items:
             st = statuses.get(item.layout.dir)
             if st is None or at < item.launched_at:
@@ -139,8 +177,7 @@ class Watcher:
                         self.ssh.get(host, remote_path, Path(local_path))
                     self._finished.add(item.key)
             except RemoteError as exc:
-                with self._lock:
-                    self._unreachable.setdefault(host, (at, str(exc)))
+                self._failed(host, at, str(exc))
                 continue
             with self._lock:
                 if item.key in self._items and self._items[item.key] is item:

@@ -82,6 +82,25 @@ def kill_vm_processes(resource: dict) -> None:
             pass
 
 
+def vm_addresses(resource: dict) -> set[str]:
+    nics = resource.get("networkInterfaces") or [{}]
+    return {nics[0].get("networkIP")} | {ac.get("natIP") for ac in nics[0].get("accessConfigs") or []} - {None}
+
+
+def drop_ssh_sessions(port: int):
+    """What a VM that stops does to SSH sessions to it: the sshd processes serving them die with it."""
+    def hook(resource: dict) -> None:
+        addresses = vm_addresses(resource)
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.pid and conn.laddr and conn.laddr.port == port and conn.laddr.ip in addresses \
+                    and conn.status == psutil.CONN_ESTABLISHED:
+                try:
+                    psutil.Process(conn.pid).kill()
+                except psutil.Error:
+                    pass
+    return hook
+
+
 @pytest.fixture
 def cloud(request, gcs_emulator, monkeypatch, home):
     """A fresh stand-in cloud (Compute + TPU + Resource Manager) with the environment pointing dsctl at it.
@@ -96,7 +115,13 @@ def cloud(request, gcs_emulator, monkeypatch, home):
         keys = AuthorizedKeysWriter(server_sshd)
         fake.on_created.append(keys.created)
         fake.on_deleted.append(keys.deleted)
+        # A stopped VM answers no SSH, then its processes are gone: in that order, so no reading over SSH
+        # ever sees them dead on a VM that still answers (a real VM stops all at once).
+        fake.on_stopped.append(keys.deleted)
+        fake.on_stopped.append(drop_ssh_sessions(server_sshd.port))
+        fake.on_started.append(keys.created)
         monkeypatch.setenv("DSCTL_SSH_PORT", str(server_sshd.port))
+    fake.on_stopped.append(kill_vm_processes)
     with FakeGce(fake) as server:
         monkeypatch.setenv("DSCTL_GCE_ENDPOINT", server.endpoint)
         monkeypatch.setenv("DSCTL_TPU_ENDPOINT", server.endpoint)
@@ -108,8 +133,8 @@ def cloud(request, gcs_emulator, monkeypatch, home):
         fake.endpoint = server.endpoint
         yield fake
         # Whatever a test leaves, the stand-in's VMs go (and with them their processes).
-        fake.on_created.clear()
-        fake.on_deleted.clear()
+        for hooks in (fake.on_created, fake.on_deleted, fake.on_stopped, fake.on_started):
+            hooks.clear()
         with fake.lock:
             leftovers = list(fake.instances.values()) + list(fake.tpus.values())
         for r in leftovers:
@@ -119,7 +144,8 @@ def cloud(request, gcs_emulator, monkeypatch, home):
 def gcp_spec(dir: Path, *, sshd: Sshd | None = None, home: Path, name: str = "gcpjob", workers: int = 2,
              trainer_machine: str = "tpu-v2-8", steps: int = 100000, epochs: int | None = 1, elements: int = 256,
              python: str | None = None, gcp: dict | None = None, latency_ms: float = 1,
-             mode: str = "distributed_epoch", pipeline: str | None = None, model: str = "{step_time_ms: 1}") -> Path:
+             mode: str = "distributed_epoch", pipeline: str | None = None, model: str = "{step_time_ms: 1}",
+             duration_s: float | None = None, service: str = "") -> Path:
     """A provider: gcp job spec for the stand-ins: no bootstrap (this machine's Python has everything)."""
     dir.mkdir(parents=True, exist_ok=True)
     path = dir / "job.yaml"
@@ -130,11 +156,12 @@ def gcp_spec(dir: Path, *, sshd: Sshd | None = None, home: Path, name: str = "gc
                 "dispatcher_port": 0, "worker_port": 0, "running_timeout_s": 20, "ssh_timeout_s": 20,
                 "ready_timeout_s": 120, **(gcp or {})}
     extra = "".join(f"\n          {k}: {v}" for k, v in settings.items())
+    length = f"duration_s: {duration_s}" if duration_s is not None else f"steps: {steps}"
     path.write_text(textwrap.dedent(f"""\
         name: {name}
         provider: gcp
-        service: {{workers: {workers}, processing_mode: {mode}}}
-        trainer: {{machine: {trainer_machine}, model: {model}, steps: {steps}, warmup_batches: 2}}
+        service: {{workers: {workers}, processing_mode: {mode}{service}}}
+        trainer: {{machine: {trainer_machine}, model: {model}, {length}, warmup_batches: 2}}
         pipeline: {pipeline or synthetic}
         gcp:
           project: {PROJECT}

@@ -456,9 +456,14 @@ class FakeCloud:
         self._free_addrs: list[int] = []
         self._burst_left = 0
         self._pending_created: list[dict] = []  # made under the lock; their on_created hooks run after it
-        # Hooks: called with the instance (or TPU node) dict, outside the lock.
+        self._pending_stopped: list[dict] = []  # stopped or preempted, likewise
+        self._pending_started: list[dict] = []  # started again, likewise
+        # Hooks: called with the instance (or TPU node) dict, outside the lock. A stopped VM's processes
+        # die and its guest agent is gone (on_stopped); a started one boots again (on_started).
         self.on_created: list[Callable[[dict], None]] = []
         self.on_deleted: list[Callable[[dict], None]] = []
+        self.on_stopped: list[Callable[[dict], None]] = []
+        self.on_started: list[Callable[[dict], None]] = []
 
     # -- addresses ----------------------------------------------------------------------------------
     @staticmethod
@@ -698,12 +703,12 @@ class FakeCloud:
         elif inst["_stuck"]:
             out["status"] = "PROVISIONING"
         else:
-            age = now - inst["_created_at"]
+            age = now - inst.get("_started_at", inst["_created_at"])
             t = self.timing
             out["status"] = ("PROVISIONING" if age < t.provisioning_s else
                              "STAGING" if age < t.provisioning_s + t.staging_s else "RUNNING")
         if out["status"] == "RUNNING":
-            out["lastStartTimestamp"] = out["creationTimestamp"]
+            out.setdefault("lastStartTimestamp", out["creationTimestamp"])
         return out
 
     def _reap(self) -> list[dict]:
@@ -737,8 +742,12 @@ class FakeCloud:
         with self.lock:
             gone = self._reap()
             created, self._pending_created = self._pending_created, []
+            stopped, self._pending_stopped = self._pending_stopped, []
+            started, self._pending_started = self._pending_started, []
         self._fire(self.on_created, created)
         self._fire(self.on_deleted, gone)
+        self._fire(self.on_stopped, stopped)
+        self._fire(self.on_started, started)
 
     # -- counts for assertions -------------------------------------------------------------------------
     def counts(self) -> dict:
@@ -1327,6 +1336,55 @@ class FakeCloud:
                               done_after=self.timing.stopping_s + 0.01)
             return self._op_view(op)
 
+    def _instance_for_change(self, project: str, zone: str, name: str, request_id: str | None, verb: str):
+        """The instance a start or stop is for, or the operation a repeated request id already made."""
+        self._zone_check(zone)
+        self._check_request_id(request_id)
+        if request_id and ("compute", project, request_id) in self.request_ids:
+            return None, self._op_view(self.ops[self.request_ids[("compute", project, request_id)]])
+        inst = self.instances.get((project, zone, name))
+        if inst is None:
+            raise ApiError(404, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found",
+                           "notFound")
+        if inst.get("_deleted_at") is not None:
+            raise ApiError(400, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' is not ready",
+                           "resourceNotReady")
+        return inst, None
+
+    def _stop(self, inst: dict) -> None:
+        if not inst.get("_terminated"):
+            inst["_terminated"] = True
+            inst["lastStopTimestamp"] = _now_rfc3339()
+            self._pending_stopped = self._pending_stopped + [inst]
+
+    def stop_instance(self, project: str, zone: str, name: str, request_id: str | None) -> dict:
+        """instances.stop: https://cloud.google.com/compute/docs/reference/rest/v1/instances/stop ("Stops a
+        running instance, shutting it down cleanly, and allows you to restart the instance at a later time.
+        Stopped instances do not incur VM usage charges while they are stopped"). The VM keeps its internal
+        address; an ephemeral external address is kept here too. Stopping a stopped VM changes nothing."""
+        with self.lock:
+            inst, repeated = self._instance_for_change(project, zone, name, request_id, "stop")
+            if repeated is not None:
+                return repeated
+            self._stop(inst)
+            return self._op_view(self._new_op("zone", project, zone, "stop", inst["selfLink"], request_id=request_id,
+                                              done_after=self.timing.stopping_s))
+
+    def start_instance(self, project: str, zone: str, name: str, request_id: str | None) -> dict:
+        """instances.start: https://cloud.google.com/compute/docs/reference/rest/v1/instances/start ("Starts an
+        instance that was stopped using the instances().stop method"): TERMINATED -> PROVISIONING -> STAGING ->
+        RUNNING, on the stand-in's clocks; the VM boots again (its processes are gone). Starting a VM that is
+        not stopped changes nothing."""
+        with self.lock:
+            inst, repeated = self._instance_for_change(project, zone, name, request_id, "start")
+            if repeated is not None:
+                return repeated
+            if inst.pop("_terminated", None):
+                inst["_started_at"] = time.monotonic()
+                inst["lastStartTimestamp"] = _now_rfc3339()
+                self._pending_started = self._pending_started + [inst]
+            return self._op_view(self._new_op("zone", project, zone, "start", inst["selfLink"], request_id=request_id))
+
     def preempt_instance(self, project: str, zone: str, name: str) -> None:
         """Play a Spot preemption: instanceTerminationAction STOP -> TERMINATED, DELETE -> deleted.
         https://cloud.google.com/compute/docs/instances/spot#preemption-process"""
@@ -1335,7 +1393,8 @@ class FakeCloud:
             if inst["scheduling"].get("instanceTerminationAction") == "DELETE":
                 inst.setdefault("_deleted_at", time.monotonic())
             else:
-                inst["_terminated"] = True
+                self._stop(inst)
+        self.tick()
 
     # -- compute: operations ---------------------------------------------------------------------------------
     def get_op(self, project: str, scope: str, where: str | None, name: str, wait: bool = False) -> dict:
@@ -2160,6 +2219,8 @@ ROUTES: list[tuple[str, str, str]] = [
     ("GET", rf"/compute/v1/projects/{_P}/zones/{_P}/instances", "list_instances"),
     ("GET", rf"/compute/v1/projects/{_P}/zones/{_P}/instances/{_P}", "get_instance"),
     ("DELETE", rf"/compute/v1/projects/{_P}/zones/{_P}/instances/{_P}", "delete_instance"),
+    ("POST", rf"/compute/v1/projects/{_P}/zones/{_P}/instances/{_P}/start", "start_instance"),
+    ("POST", rf"/compute/v1/projects/{_P}/zones/{_P}/instances/{_P}/stop", "stop_instance"),
     ("GET", rf"/compute/v1/projects/{_P}/zones/{_P}/operations/{_P}", "zone_op"),
     ("POST", rf"/compute/v1/projects/{_P}/zones/{_P}/operations/{_P}/wait", "zone_op_wait"),
     ("GET", rf"/compute/v1/projects/{_P}/zones/{_P}/machineTypes", "list_machine_types"),
@@ -2234,6 +2295,8 @@ def _dispatch(cloud: FakeCloud, method: str, path: str, query: dict, body: dict)
             "list_instances": lambda: c.list_instances(a[0], a[1], query),
             "get_instance": lambda: c.get_instance(*a),
             "delete_instance": lambda: c.delete_instance(*a, rid),
+            "start_instance": lambda: c.start_instance(*a, rid),
+            "stop_instance": lambda: c.stop_instance(*a, rid),
             "zone_op": lambda: c.get_op(a[0], "zone", a[1], a[2]),
             "zone_op_wait": lambda: c.get_op(a[0], "zone", a[1], a[2], wait=True),
             "region_op": lambda: c.get_op(a[0], "region", a[1], a[2]),

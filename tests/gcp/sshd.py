@@ -9,8 +9,10 @@ cloud. Commands run as the
 current user, as real processes on this machine.
 
 Authorized keys come from the stand-in's instances: `AuthorizedKeysWriter`
-plays the guest agent, writing every live instance's `ssh-keys` metadata to the
-file sshd reads, so a key dsctl forgot to put in metadata does not work here either.
+plays the guest agent, writing each live instance's `ssh-keys` metadata to a file
+of its own addresses (sshd picks the file by the address a client connected to), so
+a key dsctl forgot to put in metadata does not work here either, and a VM that is
+stopped or deleted answers no SSH although others with the same key still run.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ class Sshd:
         self.external_addresses = list(external_addresses or [])
         self.port = port or free_port()
         self.user = getpass.getuser()
-        self.authorized_keys = self.dir / "authorized_keys"
+        self.authorized_keys = self.dir / "authorized_keys"  # keys every address accepts (tests write it)
+        self.keys_dir = self.dir / "keys"  # keys_dir/<address>: the keys of the VM at that address
         self.env: dict[str, str] = dict(env or {})
         self.procs: dict[str, subprocess.Popen] = {}  # group ("internal" | "external") -> its sshd
         self.log = self.dir / "sshd.log"
@@ -97,6 +100,7 @@ class Sshd:
         if not self.authorized_keys.exists():
             self.authorized_keys.touch()
         os.chmod(self.authorized_keys, 0o600)
+        self.keys_dir.mkdir(exist_ok=True)
         lines = [f"ListenAddress {a}" for a in addresses] + [
             f"Port {self.port}",
             f"HostKey {host_key}",
@@ -115,6 +119,8 @@ class Sshd:
             "LogLevel ERROR",
             self._setenv_line(),
         ]
+        for a in addresses:  # Match blocks last: each address reads the keys of the VM it belongs to
+            lines += [f"Match LocalAddress {a}", f"    AuthorizedKeysFile {self.authorized_keys} {self.keys_dir / a}"]
         cfg = self.dir / f"sshd_config.{group}"
         cfg.write_text("\n".join(lines) + "\n")
         check = subprocess.run([SSHD, "-t", "-f", str(cfg)], capture_output=True, text=True)
@@ -178,7 +184,7 @@ class Sshd:
 
 
 class AuthorizedKeysWriter:
-    """The guest agent's job, for the stand-in: live instances' ssh-keys metadata -> authorized_keys.
+    """The guest agent's job, for the stand-in: a live instance's ssh-keys metadata -> the keys its addresses take.
 
     Metadata entries look like `user:ssh-ed25519 AAAA... comment`; only keys for
     the sshd's user are installed (as the guest agent installs each user's own).
@@ -187,7 +193,17 @@ class AuthorizedKeysWriter:
     def __init__(self, sshd: Sshd):
         self.sshd = sshd
         self.keys: dict[str, list[str]] = {}  # instance selfLink/name -> key lines
+        self.addresses: dict[str, list[str]] = {}  # instance selfLink/name -> its internal and external addresses
         self.lock = threading.Lock()
+
+    @staticmethod
+    def _addresses(resource: dict) -> list[str]:
+        out = []
+        for nic in resource.get("networkInterfaces") or []:  # Compute Engine
+            out += [nic.get("networkIP")] + [ac.get("natIP") for ac in nic.get("accessConfigs") or []]
+        for ep in resource.get("networkEndpoints") or []:  # Cloud TPU
+            out += [ep.get("ipAddress"), (ep.get("accessConfig") or {}).get("externalIp")]
+        return [a for a in out if a]
 
     @staticmethod
     def _metadata_keys(resource: dict) -> list[str]:
@@ -198,24 +214,26 @@ class AuthorizedKeysWriter:
             values = [md.get("ssh-keys", "")]
         return [line for v in values for line in v.splitlines() if line.strip()]
 
-    def _rewrite(self) -> None:
-        lines = []
-        for entries in self.keys.values():
-            for entry in entries:
-                user, _, key = entry.partition(":")
-                if user == self.sshd.user and key:
-                    lines.append(key)
-        tmp = self.sshd.authorized_keys.with_suffix(".tmp")
+    def _write(self, address: str, entries: list[str]) -> None:
+        lines = [key for user, _, key in (e.partition(":") for e in entries) if user == self.sshd.user and key]
+        path = self.sshd.keys_dir / address
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
         tmp.write_text("".join(l + "\n" for l in dict.fromkeys(lines)))
         os.chmod(tmp, 0o600)
-        tmp.replace(self.sshd.authorized_keys)
+        tmp.replace(path)
 
     def created(self, resource: dict) -> None:
+        key = resource.get("selfLink") or resource["name"]
         with self.lock:
-            self.keys[resource.get("selfLink") or resource["name"]] = self._metadata_keys(resource)
-            self._rewrite()
+            self.keys[key] = self._metadata_keys(resource)
+            self.addresses[key] = self._addresses(resource)
+            for address in self.addresses[key]:
+                self._write(address, self.keys[key])
 
     def deleted(self, resource: dict) -> None:
+        key = resource.get("selfLink") or resource["name"]
         with self.lock:
-            self.keys.pop(resource.get("selfLink") or resource["name"], None)
-            self._rewrite()
+            self.keys.pop(key, None)
+            for address in self.addresses.pop(key, []):
+                self._write(address, [])

@@ -414,6 +414,53 @@ def test_spot_defaults(api):
     assert api.names() == []
 
 
+def test_stop_and_start_keep_the_internal_address_and_fire_the_hooks(api):
+    """instances.stop: RUNNING -> TERMINATED ("allows you to restart the instance at a later time");
+    instances.start: TERMINATED -> PROVISIONING -> STAGING -> RUNNING. Both take an empty body and a requestId."""
+    stopped, started = [], []
+    api.cloud.on_stopped.append(lambda r: stopped.append(r["name"]))
+    api.cloud.on_started.append(lambda r: started.append(r["name"]))
+    api.insert(vm("a", external=True))
+    before = api.wait_status("a")
+    rid = str(uuid.uuid4())
+    op = api.wait(api.instances.stop_unary(request=c.StopInstanceRequest(project=P, zone=Z, instance="a", request_id=rid)))
+    assert not errors(op) and api.get("a").status == "TERMINATED" and stopped == ["a"]
+    again = api.instances.stop_unary(request=c.StopInstanceRequest(project=P, zone=Z, instance="a", request_id=rid))
+    assert again.name == op.name, "the same request id is the same operation"
+    api.wait(api.instances.stop_unary(project=P, zone=Z, instance="a"))  # stopping a stopped VM changes nothing
+    assert stopped == ["a"]
+    api.wait(api.instances.start_unary(project=P, zone=Z, instance="a"))
+    assert api.get("a").status in ("PROVISIONING", "STAGING", "RUNNING")
+    after = api.wait_status("a")
+    assert started == ["a"]
+    assert after.network_interfaces[0].network_i_p == before.network_interfaces[0].network_i_p
+    api.wait(api.instances.start_unary(project=P, zone=Z, instance="a"))  # starting a running VM changes nothing
+    assert started == ["a"] and api.get("a").status == "RUNNING"
+
+
+def test_stop_and_start_refuse_missing_and_deleting_vms_and_bad_request_ids(api):
+    with pytest.raises(gx.NotFound):
+        api.instances.start_unary(project=P, zone=Z, instance="nope")
+    with pytest.raises(gx.NotFound):
+        api.instances.stop_unary(project=P, zone=Z, instance="nope")
+    api.insert(vm("gone"))
+    api.instances.delete_unary(project=P, zone=Z, instance="gone")
+    with pytest.raises(gx.BadRequest, match="not ready"):
+        api.instances.start_unary(project=P, zone=Z, instance="gone")
+    api.insert(vm("b"))
+    with pytest.raises(gx.BadRequest, match="UUID"):
+        api.instances.stop_unary(request=c.StopInstanceRequest(project=P, zone=Z, instance="b", request_id="x"))
+
+
+def test_a_preempted_spot_vm_stops_and_can_be_started_again(api):
+    api.insert(vm("s", scheduling=c.Scheduling(provisioning_model="SPOT", instance_termination_action="STOP")))
+    api.wait_status("s")
+    api.cloud.preempt_instance(P, Z, "s")
+    assert api.get("s").status == "TERMINATED" and api.get("s").last_stop_timestamp
+    api.wait(api.instances.start_unary(project=P, zone=Z, instance="s"))
+    api.wait_status("s")
+
+
 # =============================================================================================================
 # 5. External addresses
 # =============================================================================================================
