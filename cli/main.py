@@ -83,15 +83,27 @@ def up(
     check_autoscale(loaded, autoscale)
     if not _plan_approved(loaded, workers, dry_run=dry_run, yes=yes or detached_child):
         return
+    if detach and not detached_child and loaded.spec.provider == "gcp":
+        _hand_off(loaded, workers, mode, autoscale, json_out)
+        return
     if detach and not detached_child:
         _detach(spec, workers, mode, autoscale)
         return
     _sigterm_as_interrupt()
     runner = JobRunner(loaded, mode=mode, workers=workers, run_id=run_id, detached=detached_child, autoscale=autoscale)
+    # On Google Cloud the job runs under a supervisor on its dispatcher VM, this process following it: a
+    # lost connection or a closed laptop does not end it, and watching 640 workers costs this machine
+    # what watching 8 does (orchestrator/supervise.py).
+    supervised = loaded.spec.provider == "gcp" and mode == "service" and (
+        loaded.spec.gcp is None or loaded.spec.gcp.supervisor == "vm")
     try:
         with LiveView(enabled=not json_out) as view:
             runner.listener = view
-            runner.run(keep_up=detached_child)
+            if supervised:
+                runner.hand_off(attached=True)
+                runner.follow_hand_off()
+            else:
+                runner.run(keep_up=detached_child)
     except KeyboardInterrupt:
         err_console.print(f"interrupted: everything run {runner.run_id} started has been stopped; "
                           "what it measured is recorded (`dsctl runs show` has it).")
@@ -132,6 +144,46 @@ def _plan_approved(loaded, workers: Optional[int], *, dry_run: bool, yes: bool) 
     return True
 
 
+def _hand_off(loaded, workers: Optional[int], mode: str, autoscale: Optional[str], json_out: bool) -> None:
+    """`dsctl up --detach` on Google Cloud: provision from here, hand the job to a supervisor on the dispatcher
+    VM, and return once it trains; it tears everything down when the job ends (orchestrator/supervise.py)."""
+    from dsctl.orchestrator.run import JobRunner
+
+    if mode != "service":
+        fail(f"--detach on Google Cloud runs the job through the service; --mode {mode} is measured attached.",
+             EXIT_BAD_INPUT)
+    if loaded.spec.gcp is not None and loaded.spec.gcp.supervisor != "vm":
+        raise loaded.error(("gcp", "supervisor"), "a detached run is supervised by its dispatcher VM; with "
+                                                  "gcp.supervisor: here, run it attached (without --detach).")
+    _sigterm_as_interrupt()
+    runner = JobRunner(loaded, mode=mode, workers=workers, autoscale=autoscale)
+    try:
+        with LiveView(enabled=not json_out) as view:
+            runner.listener = view
+            latest = runner.hand_off()
+    except KeyboardInterrupt:
+        err_console.print(f"interrupted: everything run {runner.run_id} started has been deleted.")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    rid = runner.run_id
+    if json_out:
+        print_json(latest)
+        return
+    limit = loaded.spec.gcp.max_duration_s / 3600 if loaded.spec.gcp else 24
+    console.print(f"run {rid} is training on Google Cloud, supervised by its dispatcher VM; this machine is no "
+                  f"longer needed. It tears itself down when the job ends or fails, or after {limit:g} h "
+                  f"(gcp.max_duration_s). Follow it with `dsctl logs {rid} --follow`, see it with `dsctl runs show "
+                  f"{rid}`, stop it with `dsctl down {rid}` (from any machine: add --project P --zone Z).")
+
+
+@app.command(hidden=True)
+def supervise(run_dir: Path = typer.Argument(..., help="the handed-over run's directory on this VM")) -> None:
+    """Run a job handed over by `dsctl up --detach` to its end, on the cloud (orchestrator/supervise.py)."""
+    from dsctl.orchestrator.supervise import supervise as run_supervised
+
+    _sigterm_as_interrupt()
+    raise typer.Exit(run_supervised(run_dir))
+
+
 def _detach(spec: Path, workers: Optional[int], mode: str, autoscale: Optional[str]) -> None:
     """Re-run `dsctl up` in its own session; it keeps supervising the service until `dsctl down`."""
     from dsctl.orchestrator.run import new_run_id
@@ -154,12 +206,26 @@ def _detach(spec: Path, workers: Optional[int], mode: str, autoscale: Optional[s
 @app.command()
 def status(json_out: bool = typer.Option(False, "--json")) -> None:
     """Deployments that are up (or were left behind by a killed `dsctl up`)."""
+    from dsctl.orchestrator import cloudruns
     from dsctl.orchestrator.deployments import UNREADABLE, active_deployments, live_nodes
+    from dsctl.orchestrator.store import RunStore
 
-    deps = active_deployments()
-    rows = [{"run": d.run_id, "provider": d.provider, "status": d.status, "dispatcher": d.dispatcher_address,
-             "workers": len(d.by_role("worker")), "trainers": len(d.by_role("trainer")), "live_processes": live_nodes(d)}
-            for d in deps]
+    rows, deps = [], []
+    for d in active_deployments():
+        row = {"run": d.run_id, "provider": d.provider, "status": d.status, "dispatcher": d.dispatcher_address,
+               "workers": len(d.by_role("worker")), "trainers": len(d.by_role("trainer")), "live_processes": live_nodes(d)}
+        if cloudruns.supervised(d):
+            # Seen through what its supervisor publishes; a run found ended is taken off this list.
+            latest = cloudruns.refresh(RunStore(), d) or {}
+            if cloudruns.ended(latest):
+                continue
+            p = latest.get("progress") or {}
+            age = time.time() - latest["written_at"] if latest.get("written_at") else None
+            row.update(status=f"supervised on the cloud: {p.get('phase', 'starting')}", workers=p.get("workers"),
+                       batches=p.get("batches"), heard_from=None if age is None else f"{age:.0f} s ago",
+                       live_processes="-")
+        rows.append(row)
+        deps.append(d)
     if json_out:
         print_json(rows)
         return
@@ -174,10 +240,11 @@ def status(json_out: bool = typer.Option(False, "--json")) -> None:
     from rich.table import Table
 
     t = Table(title="deployments", title_justify="left")
-    for col in rows[0]:
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    for col in cols:
         t.add_column(col)
     for r in rows:
-        t.add_row(*(str(v) for v in r.values()))
+        t.add_row(*(str(r.get(c, "")) for c in cols))
     console.print(t)
 
 
@@ -214,12 +281,19 @@ def down(
 
 
 def _down_by_label(run: str, project: Optional[str], zone: Optional[str], bucket: Optional[str]) -> None:
-    """No local state for RUN: on Google Cloud its resources still carry its label."""
+    """No local state for RUN: on Google Cloud its resources still carry its label. A run supervised on the
+    cloud is asked to stop first, so its record says how it ended (and this machine gets a copy)."""
     if not (project or zone or os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("CLOUDSDK_COMPUTE_ZONE")):
         fail(f"no deployment found for run '{run}' on this machine; `dsctl status` lists the ones that are up. "
              "For a Google Cloud run whose local state is gone, add --project P --zone Z to find it by label.",
              EXIT_BAD_INPUT)
-    from dsctl.provisioners.gcp import down_without_state
+    from dsctl.orchestrator import cloudruns
+    from dsctl.orchestrator.store import RunStore
+    from dsctl.provisioners.gcp import down_without_state, run_objects_without_state
+
+    latest = cloudruns.stop(RunStore(), run_objects_without_state(run, project, bucket), run, "dsctl down")
+    if latest is not None:
+        console.print(f"{run}: its supervisor recorded it {latest['run']['status']}")
 
     found = down_without_state(run, project, zone, log=lambda msg: console.print(msg), bucket=bucket)
     console.print(f"{run}: nothing found on Google Cloud." if found.empty else f"{run}: deleted {found.summary()}")
@@ -241,17 +315,50 @@ def runs(ctx: typer.Context, limit: int = typer.Option(20, "--limit", "-n"), jso
         console.print(runs_table(records))
 
 
+def _cloud_objects(run: str, project: Optional[str], bucket: Optional[str]):
+    """Where a run supervised on the cloud publishes its record: from its local state, or from --project
+    (and --bucket) when this machine has none; None for any other run."""
+    from dsctl.orchestrator import cloudruns
+    from dsctl.orchestrator.deployments import find
+    from dsctl.provisioners import get_provisioner
+
+    dep = find(run)
+    if dep is not None and cloudruns.supervised(dep):
+        return get_provisioner(dep.provider).run_objects(dep), dep
+    if project or bucket:
+        from dsctl.provisioners.gcp import run_objects_without_state
+
+        return run_objects_without_state(run, project, bucket), None
+    return None, None
+
+
+def _synced(store, run: str, project: Optional[str], bucket: Optional[str]) -> None:
+    """A run supervised on the cloud: its record here brought up to date from what its supervisor published."""
+    from dsctl.orchestrator import cloudruns
+
+    objects, dep = _cloud_objects(run, project, bucket)
+    if dep is not None:
+        cloudruns.refresh(store, dep)
+    elif objects is not None and cloudruns.sync(store, objects, run) is None:
+        from dsctl.specs import SpecError
+
+        raise SpecError(f"run '{run}' has published no record in that project's bucket; check --project and --bucket.")
+
+
 @runs_app.command("show")
 def runs_show(
     run: str = typer.Argument(..., help="run id or unique prefix"),
     json_out: bool = typer.Option(False, "--json"),
     timeline: bool = typer.Option(False, "--timeline", help="plot workers and batch time over time (PNG)"),
     out: Optional[Path] = typer.Option(None, "--out", help="where --timeline writes its PNG (default: the run dir)"),
+    project: Optional[str] = typer.Option(None, "--project", help="read a cloud-supervised run's record from this project"),
+    bucket: Optional[str] = typer.Option(None, "--bucket", help="... and bucket, if not <project>-dsctl"),
 ) -> None:
     """One run: its summary, events and per-window metrics; --timeline plots them."""
     from dsctl.orchestrator.store import RunStore
 
     store = RunStore()
+    _synced(store, run, project, bucket)
     record = store.get(run)
     if record is None:
         from dsctl.specs import SpecError
@@ -265,6 +372,72 @@ def runs_show(
     console.print(sweep_table(record) if record.kind == "sweep" else summary_table(record))
     for e in store.events(record.id):
         console.print(f"  {time.strftime('%H:%M:%S', time.localtime(e['t']))} {e['kind']}: {e['message']}")
+
+
+@app.command()
+def logs(
+    run: str = typer.Argument(..., help="run id or unique prefix"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the run ends"),
+    project: Optional[str] = typer.Option(None, "--project", help="read a cloud-supervised run's record from this project"),
+    bucket: Optional[str] = typer.Option(None, "--bucket", help="... and bucket, if not <project>-dsctl"),
+    interval: float = typer.Option(2.0, "--interval", min=0.2, max=600, help="seconds between looks with --follow"),
+) -> None:
+    """A run's events (workers restarted, VMs stopped, outages, scaling) and its progress; --follow until it ends."""
+    from dsctl.orchestrator.store import RunStore
+    from dsctl.specs import SpecError
+
+    store = RunStore()
+    shown: set[tuple] = set()
+
+    def show() -> object:
+        _synced(store, run, project, bucket)
+        record = store.get(run)
+        if record is None:
+            raise SpecError(f"no run '{run}' is recorded; `dsctl runs` lists the recorded ones (a run supervised on "
+                            "Google Cloud from another machine: add --project P).")
+        for e in store.events(record.id):
+            key = (e["t"], e["kind"], e["message"])
+            if key not in shown:
+                shown.add(key)
+                console.print(f"{time.strftime('%H:%M:%S', time.localtime(e['t']))} {e['kind']}: {e['message']}",
+                              markup=False, highlight=False)
+        return record
+
+    record = show()
+    objects, _ = _cloud_objects(record.id, project, bucket) if follow else (None, None)
+    if objects is not None:
+        _follow_cloud(objects, record, shown, interval)
+        record = show()  # the whole record, once it has ended
+    while follow and objects is None and record.status == "running":
+        time.sleep(interval)
+        record = show()
+    if follow:
+        console.print(f"run {record.id} {record.status}" + (f": {record.error}" if record.error else ""),
+                      markup=False, highlight=False)
+
+
+def _follow_cloud(objects, record, shown: set, interval: float) -> None:
+    """Follow a supervised run by its latest.json alone: the same few kilobytes a look, whatever its size."""
+    from dsctl.orchestrator import cloudrecord, cloudruns
+
+    progress = None
+    while True:
+        latest = cloudrecord.read_latest(objects) or {}
+        for e in latest.get("events", []):
+            key = (e["t"], e["kind"], e["message"])
+            if key not in shown:
+                shown.add(key)
+                console.print(f"{time.strftime('%H:%M:%S', time.localtime(e['t']))} {e['kind']}: {e['message']}",
+                              markup=False, highlight=False)
+        p = latest.get("progress") or {}
+        if p.get("batches") and (p.get("batches"), p.get("phase")) != progress:
+            progress = (p.get("batches"), p.get("phase"))
+            rate = f", {p['batches_per_s']:.2f} batches/s" if p.get("batches_per_s") else ""
+            console.print(f"... {p.get('phase')}: {p['batches']} batches{rate}, {p.get('workers')} worker(s)",
+                          markup=False, highlight=False)
+        if cloudruns.ended(latest):
+            return
+        time.sleep(interval)
 
 
 def _timeline(store, record, out: Optional[Path]) -> None:

@@ -17,6 +17,7 @@ from dsctl.provisioners import Deployment, Node, get_provisioner
 from dsctl.provisioners.contract import STATE_FILE
 from dsctl.provisioners.local.processes import is_ours, stop_groups
 
+from . import cloudruns
 from .store import RunStore, dsctl_home
 
 
@@ -73,11 +74,18 @@ def take_down(dep: Deployment, store: RunStore | None = None) -> None:
     if monitors:
         stop_groups(monitors, grace_s=20.0)  # a detached monitor tears down its own deployment on SIGTERM
         dep = Deployment.load(dep.run_dir)
+    store = store or RunStore()
     if dep.status == UNREADABLE:
         stop_groups(dep.nodes)
     else:
-        get_provisioner(dep.provider).down(dep, lambda kind, msg: None)
-    store = store or RunStore()
+        provisioner = get_provisioner(dep.provider)
+        if cloudruns.supervised(dep):
+            # Its supervisor tears it down and records why; whatever it leaves is deleted below either way.
+            try:
+                cloudruns.stop(store, provisioner.run_objects(dep), dep.run_id, "dsctl down")
+            except Exception:  # noqa: BLE001 - the record is a convenience; deleting the VMs is not
+                pass
+        provisioner.down(dep, lambda kind, msg: None)
     record = store.get(dep.run_id)
     if record and record.status == "running":
         store.update_run(dep.run_id, status="interrupted", ended_at=time.time(),

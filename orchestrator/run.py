@@ -164,6 +164,112 @@ class JobRunner:
             self._finish(dep, outcome.status, outcome.error, started, keep_up)
         return self.summary
 
+    # -- a run supervised on the cloud: provisioned here, run there (orchestrator/supervise.py) -----------
+    def hand_off(self, attached: bool = False, wait_s: float = 300.0, poll_s: float = 1.0) -> dict:
+        """`dsctl up --detach` on a provider that supervises runs itself: provision from here, hand the job to
+        the supervisor on the dispatcher VM, and return once it has published that the trainers run (or the
+        run already ended). Returns the supervisor's latest published state. Any failure until then tears
+        everything down here."""
+        from . import cloudrecord
+
+        dep = self.prepare()
+        started = self.store.get(self.run_id).created_at
+        outcome = Outcome()
+        try:
+            with outcome.classify(self.run_id):
+                self.provisioner.prepare_hand_off(self.spec)
+                self._phase("provisioning")
+                self.provisioner.up(self.spec, dep, self.workers, self._event)
+                self.provisioner.wait_ready(dep, self._event)
+                dep.status = "up"
+                dep.save()
+                self._phase("handing over")
+                self.provisioner.hand_off(dep, self._hand_off_files(attached), self.loaded.base_dir, self._event)
+                latest = self._wait_supervisor(cloudrecord, dep, wait_s, poll_s)
+                run = latest.get("run") or {}
+                if run.get("status") in ("failed", "interrupted"):
+                    raise RunFailed(f"the run's supervisor on the dispatcher VM reported: {run.get('error')}", self.run_id)
+        except BaseException:
+            self._finish(dep, outcome.status, outcome.error, started, keep_up=False)
+            raise
+        return latest
+
+    def _hand_off_files(self, attached: bool) -> dict[str, bytes]:
+        files = {"spec.json": (self.run_dir / "spec.json").read_bytes(),
+                 "handoff.json": json.dumps({"run": self.store.run_row(self.run_id), "workers": self.workers,
+                                             "autoscale": self.policy.name if self.policy else None,
+                                             "attached": attached}).encode()}
+        if (self.run_dir / "spec.yaml").exists():
+            files["spec.yaml"] = (self.run_dir / "spec.yaml").read_bytes()
+        return files
+
+    def _wait_supervisor(self, cloudrecord, dep: Deployment, wait_s: float, poll_s: float) -> dict:
+        objects = self.provisioner.run_objects(dep)
+        deadline = time.monotonic() + wait_s
+        while True:
+            latest = cloudrecord.read_latest(objects)
+            run = (latest or {}).get("run") or {}
+            if run.get("status") not in (None, "running") or (latest or {}).get("progress", {}).get("batches"):
+                return latest
+            if time.monotonic() > deadline:
+                status = self.provisioner.supervisor_status(dep)
+                raise RunFailed(f"the run's supervisor on the dispatcher VM has not reported a first batch within "
+                                f"{wait_s:.0f} s (its process: {status}); everything was deleted.")
+            time.sleep(poll_s)
+
+    def follow_hand_off(self, poll_s: float = 2.0) -> dict:
+        """An attached `dsctl up` of a run handed over: its progress from what the supervisor publishes, until it
+        ends; then its record here. Ctrl-C asks the supervisor to stop the run (a second one deletes it all from
+        here). Raises RunFailed if the run did not succeed."""
+        from . import cloudruns
+
+        dep = self.deployment
+        objects = self.provisioner.run_objects(dep)
+
+        def show(latest: dict) -> None:
+            p = latest.get("progress") or {}
+            self.progress.phase = p.get("phase") or self.progress.phase
+            self.progress.batches = p.get("batches") or 0
+            self.progress.batches_per_s = p.get("batches_per_s")
+            self.progress.workers_ready = p.get("workers") or self.progress.workers_ready
+            self.progress.restarts = p.get("restarts") or 0
+            self.progress.last_event = p.get("last_event") or self.progress.last_event
+            self.listener(self.progress)
+
+        try:
+            cloudruns.follow(objects, show, outage_limit_s=self.spec.gcp.outage_limit_s if self.spec.gcp else 600.0,
+                             poll_s=poll_s)
+        except KeyboardInterrupt:
+            try:
+                self._phase("stopping")
+                cloudruns.stop(self.store, objects, self.run_id, "the attached `dsctl up` (Ctrl-C)")
+            finally:
+                self.provisioner.down(dep, self._event)  # whatever the supervisor left, or all of it after a 2nd Ctrl-C
+            raise
+        except TimeoutError as exc:
+            raise RunFailed(str(exc), self.run_id) from None
+        cloudruns.refresh(self.store, dep)
+        record = self.store.get(self.run_id)
+        self.summary = record.summary
+        if record.status != "succeeded":
+            raise RunFailed(f"the run {record.status}: {record.error}", self.run_id)
+        return self.summary
+
+    def run_adopted(self, dep: Deployment) -> dict:
+        """On the supervising VM: the job of a deployment provisioned elsewhere and handed over, to its end."""
+        self.deployment = dep
+        started = self.store.get(self.run_id).created_at
+        outcome = Outcome()
+        try:
+            with outcome.classify(self.run_id):
+                self.provisioner.adopt(dep, self.spec)
+                self._start_trainers(dep)
+                self._phase("training")
+                self._train(dep)
+        finally:
+            self._finish(dep, outcome.status, outcome.error, started, keep_up=False)
+        return self.summary
+
     def _provision_and_train(self, dep: Deployment) -> None:
         if self.mode == "service":
             self._phase("provisioning")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,8 +76,52 @@ WINDOW_FIELDS = ("trainer", "t_start", "t_end", "batches", "examples", "batches_
 ADDED_COLUMNS = {"windows": {"queue_fill": "REAL"}}
 
 
+PRIVATE_UMASK = 0o077  # records, specs, state, logs and metrics: the user's alone (0600 files, 0700 dirs)
+
+
 def dsctl_home() -> Path:
+    """DSCTL_HOME (default ~/.dsctl). Whatever this process writes from here on is private (umask 0o077):
+    every command that touches the home asks for it first, and the processes it starts inherit the umask."""
+    os.umask(PRIVATE_UMASK)
     return Path(os.environ.get("DSCTL_HOME") or Path.home() / ".dsctl")
+
+
+def _tighten(path: Path, mode: int) -> bool:
+    """chmod `path` to `mode` if it is ours, not a symlink and looser; True if it was changed."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & ~mode == 0:
+        return False
+    if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX:
+        return False  # a shared directory such as /tmp named as DSCTL_HOME: not ours to close
+    os.chmod(path, stat.S_IMODE(st.st_mode) & mode)
+    return True
+
+
+def private_home(home: Path) -> None:
+    """Make DSCTL_HOME the user's alone, and keep it so for everything this process writes.
+
+    Sets the process umask to 0o077 (inherited by every process dsctl starts), creates the home
+    0700, and tightens one that an older dsctl left open: the home, runs/ and every run under it
+    on first sight (0700 dirs, 0600 files), the database files on every open.
+    """
+    os.umask(PRIVATE_UMASK)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    runs = home / "runs"
+    try:
+        _tighten(home, 0o700)
+        if runs.is_dir() and _tighten(runs, 0o700):
+            for root, dirs, files in os.walk(runs):
+                for name in dirs:
+                    _tighten(Path(root) / name, 0o700)
+                for name in files:
+                    _tighten(Path(root) / name, 0o600)
+        else:
+            runs.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        pass  # a full disk or a read-only home: the records matter more; the next open tries again
 
 
 @dataclass
@@ -109,12 +154,14 @@ class RunRecord:
 class RunStore:
     def __init__(self, path: str | Path | None = None):
         self.path = Path(path) if path else dsctl_home() / "runs.db"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_home(self.path.parent)
         self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(SCHEMA)
         self._add_missing_columns()
+        for suffix in ("", "-wal", "-shm"):
+            _tighten(Path(f"{self.path}{suffix}"), 0o600)
         self._backlog: list[tuple[str, list]] = []  # (sql, rows) not written yet, oldest first
         self._next_retry = 0.0
         self.last_error: str | None = None
@@ -270,3 +317,40 @@ class RunStore:
 
     def events(self, run_id: str) -> list[dict]:
         return [dict(r) for r in self._db.execute("SELECT * FROM events WHERE run_id = ? ORDER BY t", (run_id,))]
+
+    # -- copying a run's record between stores (orchestrator/cloudrecord.py) -------------------
+    COPIED = ("windows", "events", "utilization")  # append-only tables, copied by rowid
+
+    def run_row(self, run_id: str) -> dict | None:
+        row = self._db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return dict(row) if row else None
+
+    def rows_after(self, table: str, run_id: str, rowid: int) -> tuple[list[dict], int]:
+        """A copied table's rows of the run written after `rowid`, and the last rowid seen."""
+        if table not in self.COPIED:
+            raise ValueError(f"not a copied table: {table}")
+        rows = self._db.execute(f"SELECT rowid AS _rowid, * FROM {table} WHERE run_id = ? AND rowid > ? ORDER BY rowid",
+                                (run_id, rowid)).fetchall()
+        out = [dict(r) for r in rows]
+        last = out[-1].pop("_rowid") if out else rowid
+        for r in out:
+            r.pop("_rowid", None)
+        return out, last
+
+    def put_run_row(self, row: dict) -> None:
+        """Insert or replace a run's row as another store had it (its columns; unknown ones are dropped)."""
+        known = [c[1] for c in self._db.execute("PRAGMA table_info(runs)")]
+        cols = {k: row[k] for k in known if k in row}
+        self._write(f"INSERT OR REPLACE INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                    [tuple(cols.values())])
+
+    def add_rows(self, table: str, rows: list[dict]) -> None:
+        """Append rows of a copied table as another store had them."""
+        if table not in self.COPIED:
+            raise ValueError(f"not a copied table: {table}")
+        if not rows:
+            return
+        known = [c[1] for c in self._db.execute(f"PRAGMA table_info({table})")]
+        cols = [c for c in known if c in rows[0]]
+        self._write(f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                    [tuple(r.get(c) for c in cols) for r in rows])

@@ -12,11 +12,29 @@ from .readiness import port_is_free, write_json_atomic
 EXIT_PORT_IN_USE = 3
 
 
+def port_holder(port: int) -> str | None:
+    """'pid N (name)' of a process with a socket on `port`, if this process may see it."""
+    try:
+        import psutil
+
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.laddr and conn.laddr.port == port and conn.pid:
+                try:
+                    return f"pid {conn.pid} ({psutil.Process(conn.pid).name()})"
+                except psutil.Error:
+                    return f"pid {conn.pid}"
+    except Exception:  # noqa: BLE001 - naming the holder is a courtesy; refusing the port is the point
+        return None
+    return None
+
+
 def refuse_taken_port(role: str, port: int) -> None:
+    """Exit with EXIT_PORT_IN_USE if something holds `port`; the message names the holder when it can."""
     if port and not port_is_free(port):
+        holder = port_holder(port)
         print(
-            f"dsctl {role}: port {port} is already in use by another process; "
-            f"stop it or pick another port (0 lets the system choose).",
+            f"dsctl {role}: port {port} is already in use by {holder or 'another process'}; "
+            "stop it or pick another port (0 lets the system choose).",
             file=sys.stderr,
         )
         sys.exit(EXIT_PORT_IN_USE)

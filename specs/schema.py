@@ -184,6 +184,14 @@ class GcpSpec(Strict):
     ssh_timeout_s: float = Field(300.0, gt=0, le=MAX_TIMEOUT_S, description="for SSH to answer once a VM runs")
     startup_timeout_s: float = Field(900.0, gt=0, le=MAX_TIMEOUT_S, description="for the startup script to install TensorFlow and dsctl")
     ready_timeout_s: float = Field(300.0, gt=0, le=MAX_TIMEOUT_S, description="for the dispatcher and workers to serve once started")
+    supervisor: Literal["vm", "here"] = Field(
+        "vm", description="where a run is supervised: vm (its dispatcher VM, with the VMs' service account; the run "
+                          "outlives this machine, and dsctl up --detach needs it) or here (this machine, which must "
+                          "stay connected: dsctl up only)")
+    max_duration_s: float = Field(86400.0, gt=0, le=MAX_DURATION_S,
+                                  description="a run supervised on the cloud (dsctl up --detach) is torn down after "
+                                              "this long even if its job goes on; its VMs also carry it (plus an hour) "
+                                              "as Compute Engine's maxRunDuration, in case the supervisor is lost")
     outage_limit_s: float = Field(600.0, gt=0, le=7 * 24 * 3600,
                                   description="how long a run goes on while dsctl cannot reach its VMs over SSH (a laptop "
                                               "asleep, a VPN drop); past it the run fails and is torn down")

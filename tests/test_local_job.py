@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 import pytest
 
 from dsctl.orchestrator.store import RunStore
@@ -229,4 +231,142 @@ def test_detached_deployment_stays_up_until_down(home):
     assert status and status[0]["run"] == record.id and status[0]["workers"] == 2
     assert status[0]["live_processes"] >= 3  # monitor, dispatcher, workers
     dsctl("down", check=True)
+    assert processes_under(home) == []
+
+
+def test_a_worker_whose_port_is_taken_waits_for_it_then_moves_and_the_job_goes_on(home, tmp_path, monkeypatch):
+    """Issue 17 item 5. A dead worker's clients read the rest of its share from its address only, so a
+    taken port is tried again (with backoff) for a bounded time; a port still taken then moves the
+    worker to a new one. Real processes hold the ports, in the run's own network namespace."""
+    import threading
+
+    from dsctl.orchestrator.run import JobRunner
+    from dsctl.provisioners.local import provisioner as local
+    from dsctl.provisioners.local.processes import enter_namespaces_of
+    from dsctl.specs import load_spec
+
+    from helpers import hold_port
+
+    monkeypatch.setattr(local, "WORKER_PORT_WAIT_S", 2.0)
+    spec = write_spec(tmp_path, """
+        name: taken
+        service: {workers: 2}
+        trainer: {model: {step_time_ms: 5}, duration_s: 600}
+        pipeline: {builtin: synthetic, params: {latency_ms: 2, batch_size: 8, epochs: null}}
+    """)
+    outcome: dict = {}
+    runners = []
+
+    def run():  # in its own thread, with its own store (SQLite connections stay in their thread)
+        try:
+            runners.append(JobRunner(load_spec(spec)))
+            runners[0].run()
+            outcome["status"] = "returned"
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            outcome["error"] = exc
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    holders = []
+    try:
+        wait_for(lambda: outcome or list(home.glob("runs/*/metrics/trainer-0.jsonl")), timeout=120, what="a trainer")
+        assert not outcome, outcome
+        run_dir = _wait_training(home)
+        store = RunStore()
+
+        def kinds():
+            assert "error" not in outcome, f"the job failed: {outcome['error']}"
+            return [e["kind"] for e in store.events(run_dir.name)]
+
+        def kill_holding_its_port(index: int):
+            victim = Deployment.load(run_dir).by_role("worker")[index]
+            holder = hold_port(victim.extra["port"], enter_namespaces_of(victim.pid))
+            holders.append(holder)
+            os.kill(victim.pid, signal.SIGKILL)
+            return victim, holder
+
+        # Held for a moment: the worker comes back at its own address once the port is free.
+        first, holder = kill_holding_its_port(1)
+        wait_for(lambda: "worker-port-taken" in kinds(), timeout=60, what="the restart to find the port taken")
+        [taken] = [e["message"] for e in store.events(run_dir.name) if e["kind"] == "worker-port-taken"]
+        assert f"pid {holder.pid}" in taken, "the event names the process holding the port"
+        holder.stdin.close()
+        holder.wait(timeout=10)
+        wait_for(lambda: "worker-port-free" in kinds(), timeout=60, what="the worker to get its port back")
+        back = Deployment.load(run_dir).by_role("worker")[1]
+        assert back.address == first.address and back.pid != first.pid and back.extra["ready"]
+
+        # Held for good: after the wait, the worker moves to a new port, registers there, and serves.
+        second, _ = kill_holding_its_port(0)
+        wait_for(lambda: "worker-moved" in kinds(), timeout=60, what="the worker to move")
+        moved = Deployment.load(run_dir).by_role("worker")[0]
+        # Ready means registered: a WorkerServer starts only once the dispatcher has taken it.
+        assert moved.address != second.address and moved.extra["ready"] and moved.pid != second.pid
+        assert thread.is_alive(), f"the job goes on: {outcome}"
+
+        # A (fault-tolerant) dispatcher cannot move: it waits for its port, then comes back from its journal.
+        dispatcher = Deployment.load(run_dir).by_role("dispatcher")[0]
+        holder = hold_port(dispatcher.extra["port"], enter_namespaces_of(dispatcher.pid))
+        holders.append(holder)
+        os.kill(dispatcher.pid, signal.SIGKILL)
+        wait_for(lambda: "dispatcher-port-taken" in kinds(), timeout=60, what="the dispatcher to find its port taken")
+        holder.stdin.close()
+        wait_for(lambda: Deployment.load(run_dir).by_role("dispatcher")[0].extra.get("ready"), timeout=60,
+                 what="the dispatcher to come back")
+        restarted = Deployment.load(run_dir).by_role("dispatcher")[0]
+        assert restarted.pid != dispatcher.pid and restarted.address == dispatcher.address
+
+        metrics = run_dir / "metrics" / "trainer-0.jsonl"
+        lines = len(metrics.read_text().splitlines())
+        wait_for(lambda: len(metrics.read_text().splitlines()) > lines + 1, timeout=60, what="more windows from the trainer")
+        # End the job the way its duration would: the trainer stops on SIGTERM and reports.
+        os.kill(Deployment.load(run_dir).by_role("trainer")[0].pid, signal.SIGTERM)
+        thread.join(timeout=90)
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait(timeout=10)
+        if thread.is_alive():  # a failed check: end the job, or take its deployment down
+            for trainer in runners[0].deployment.by_role("trainer"):
+                os.kill(trainer.pid, signal.SIGTERM)
+            thread.join(timeout=60)
+            if thread.is_alive():
+                runners[0].provisioner.down(runners[0].deployment, lambda kind, message: None)
+    assert outcome.get("status") == "returned", outcome
+    record = RunStore().get(run_dir.name)
+    assert record.status == "succeeded", record.error
+    assert processes_under(home) == []
+
+
+def test_a_new_worker_whose_port_is_taken_starts_at_another(home, monkeypatch):
+    """No client knows a worker's address before it is first ready, so a port taken meanwhile is simply
+    replaced. Outside a private network (DSCTL_LOCAL_ISOLATION=none) any process here can take it."""
+    from dsctl.provisioners.local import provisioner as local
+    from dsctl.specs import load_spec_text
+
+    from helpers import hold_port
+
+    monkeypatch.setenv("DSCTL_LOCAL_ISOLATION", "none")
+    holder = hold_port(0, [])  # the kernel picks; the holder prints nothing else, so ask psutil which port
+    port = next(c.laddr.port for c in psutil.Process(holder.pid).net_connections() if c.status == psutil.CONN_LISTEN)
+    picks = iter([None, port])  # the dispatcher's port first, then the worker's: the held one
+    real_pick = local.pick_service_port
+    monkeypatch.setattr(local, "pick_service_port", lambda exclude=frozenset(): next(picks, None) or real_pick(exclude))
+    spec = load_spec_text("name: fresh\nservice: {workers: 1}\ntrainer: {steps: 10}\npipeline: {builtin: synthetic}\n").spec
+    run_dir = home / "runs" / "fresh"
+    run_dir.mkdir(parents=True)
+    dep = Deployment(run_id="fresh", provider="local", run_dir=str(run_dir))
+    prov = local.LocalProvisioner()
+    events = []
+    try:
+        prov.up(spec, dep, 1, lambda kind, message: events.append((kind, message)))
+        prov.wait_ready(dep, lambda kind, message: events.append((kind, message)))
+        [worker] = dep.by_role("worker")
+        assert worker.extra["ready"] and worker.extra["port"] != port and worker.extra["port_picks"] == 1
+        assert "already in use" in (run_dir / "logs" / "worker-0.log").read_text()
+        [warning] = [m for k, m in events if k == "not-isolated"]
+        assert "DSCTL_LOCAL_ISOLATION=none" in warning and "reachable from this machine's network" in warning
+    finally:
+        prov.down(dep, lambda kind, message: None)
+        holder.kill()
+        holder.wait(timeout=10)
     assert processes_under(home) == []

@@ -15,11 +15,11 @@ Nothing here imports the Google Cloud libraries at import time (they take about 
 each module imports them where it calls them.
 """
 
-from .commands import confirm_up, down_without_state, up_plan
+from .commands import confirm_up, down_without_state, run_objects_without_state, up_plan
 from .errors import GcpError
 from .plan import Plan, plan
 from .provisioner import GcpProvisioner
 from .sweep import down_by_label, find_by_label
 
 __all__ = ["GcpError", "GcpProvisioner", "Plan", "confirm_up", "down_by_label", "down_without_state", "find_by_label",
-           "plan", "up_plan"]
+           "plan", "run_objects_without_state", "up_plan"]

@@ -50,6 +50,13 @@ def confirm_up(spec: JobSpec, workers: int | None, *, yes: bool, ask: Callable[[
     return ask("Create these machines on Google Cloud?")
 
 
+def _project(project: str | None) -> str | None:
+    from .settings import _adc_project
+
+    return project or os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("CLOUDSDK_CORE_PROJECT") or (
+        None if os.environ.get("DSCTL_GCE_ENDPOINT") else _adc_project())
+
+
 def down_without_state(run_id: str, project: str | None = None, zone: str | None = None,
                        log: Callable[[str], None] | None = None, bucket: str | None = None) -> Found:
     """`dsctl down RUN` when RUN has no local state: delete what carries its label in project/zone.
@@ -57,13 +64,27 @@ def down_without_state(run_id: str, project: str | None = None, zone: str | None
     project/zone default to GOOGLE_CLOUD_PROJECT (or CLOUDSDK_CORE_PROJECT, or the ADC project) and
     CLOUDSDK_COMPUTE_ZONE. Returns what was found (and deleted); Found.empty when there was nothing.
     """
-    from .settings import _adc_project
     from .sweep import down_by_label
 
-    project = project or os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("CLOUDSDK_CORE_PROJECT") or (
-        None if os.environ.get("DSCTL_GCE_ENDPOINT") else _adc_project())
+    project = _project(project)
     zone = zone or os.environ.get("CLOUDSDK_COMPUTE_ZONE")
     if not project or not zone:
         raise SpecError(f"run '{run_id}' has no local state; to find its Google Cloud resources by label, give the "
                         "project and zone (--project P --zone Z, or GOOGLE_CLOUD_PROJECT and CLOUDSDK_COMPUTE_ZONE).")
     return down_by_label(project, zone, run_id, log=log, bucket=bucket)
+
+
+def run_objects_without_state(run_id: str, project: str | None = None, bucket: str | None = None):
+    """A supervised run's published record (orchestrator/cloudrecord.py) when RUN has no local state:
+    gs://<bucket>/dsctl/runs/<run>/record/, the bucket defaulting to <project>-dsctl."""
+    from .clients import Clients
+    from .settings import GcpSettings, check_credentials
+    from .storage import RunObjects
+
+    project = _project(project)
+    if not project:
+        raise SpecError(f"run '{run_id}' has no local state; to read its record from Cloud Storage, give the project "
+                        "(--project P, or GOOGLE_CLOUD_PROJECT) and, if it is not <project>-dsctl, the bucket (--bucket).")
+    settings = GcpSettings(project=project, zone="", bucket=bucket or f"{project}-dsctl").with_env_endpoints()
+    check_credentials(settings)
+    return RunObjects(Clients(settings).storage, settings.bucket, run_id)

@@ -60,6 +60,7 @@ class VmConfig:
     metadata: dict  # key -> value (ssh-keys, startup-script, dsctl-*)
     image: str = ""  # boot image (a family or image URL)
     provisioning: str = "standard"  # standard (on-demand) | spot
+    max_run_s: float | None = None  # Compute Engine ends the VM after this long (a run supervised on the cloud)
 
 
 def _network_url(s: GcpSettings) -> str:
@@ -97,21 +98,31 @@ def _common(s: GcpSettings, vm: VmConfig, *, zonal_urls: bool) -> dict:
     if kind.kind == "gpu":
         acc_type = f"zones/{s.zone}/acceleratorTypes/{kind.accelerator}" if zonal_urls else kind.accelerator
         fields["guest_accelerators"] = [c.AcceleratorConfig(accelerator_type=acc_type, accelerator_count=kind.count)]
-    fields["scheduling"] = scheduling(vm.provisioning, gpu=kind.kind == "gpu")
+    fields["scheduling"] = scheduling(vm.provisioning, gpu=kind.kind == "gpu", max_run_s=vm.max_run_s)
     return fields
 
 
-def scheduling(provisioning: str, *, gpu: bool):
+def scheduling(provisioning: str, *, gpu: bool, max_run_s: float | None = None):
     """Spot: preemptible, stopped (not deleted) when preempted, never restarted by Compute Engine; GPU
-    VMs stop for host maintenance (they cannot live-migrate) and come back; others live-migrate."""
+    VMs stop for host maintenance (they cannot live-migrate) and come back; others live-migrate.
+
+    With max_run_s, Compute Engine itself ends the VM after that long (maxRunDuration), whatever
+    happens to dsctl: standard VMs are deleted then; Spot VMs are stopped, as when preempted (one
+    termination action serves both, and a preempted worker must stay restartable).
+    """
     from google.cloud import compute_v1 as c
 
+    limit = {}
+    if max_run_s is not None:
+        limit = dict(max_run_duration=c.Duration(seconds=int(max_run_s)),
+                     instance_termination_action="STOP" if provisioning == "spot" else "DELETE")
     if provisioning == "spot":
-        return c.Scheduling(provisioning_model="SPOT", instance_termination_action="STOP", automatic_restart=False,
-                            on_host_maintenance="TERMINATE")
+        return c.Scheduling(provisioning_model="SPOT", automatic_restart=False, on_host_maintenance="TERMINATE",
+                            **{"instance_termination_action": "STOP", **limit})
     if gpu:
-        return c.Scheduling(provisioning_model="STANDARD", on_host_maintenance="TERMINATE", automatic_restart=True)
-    return c.Scheduling(provisioning_model="STANDARD", on_host_maintenance="MIGRATE", automatic_restart=True)
+        return c.Scheduling(provisioning_model="STANDARD", on_host_maintenance="TERMINATE", automatic_restart=True,
+                            **limit)
+    return c.Scheduling(provisioning_model="STANDARD", on_host_maintenance="MIGRATE", automatic_restart=True, **limit)
 
 
 def instance_body(s: GcpSettings, name: str, vm: VmConfig):

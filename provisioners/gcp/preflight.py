@@ -62,16 +62,37 @@ def required_permissions(spec: JobSpec, public_ips: bool) -> list[str]:
     return perms
 
 
-def check_permissions(clients: Clients, spec: JobSpec) -> None:
+def supervisor_permissions(spec: JobSpec, public_ips: bool) -> list[str]:
+    """What a run's supervisor on the dispatcher VM does with the VMs' service account (orchestrator/supervise.py):
+    watch and restart VMs, publish the record, delete everything; with autoscaling, create workers too."""
+    perms = ["compute.instances.delete", "compute.instances.get", "compute.instances.list", "compute.instances.start",
+             "compute.firewalls.delete", "compute.firewalls.list", "compute.zoneOperations.get",
+             "compute.globalOperations.get", "storage.objects.create", "storage.objects.delete",
+             "storage.objects.get", "storage.objects.list"]
+    if spec.autoscale is not None:
+        perms += [p for p in required_permissions(spec, public_ips) if p.startswith("compute.") and p not in perms]
+        perms.append("iam.serviceAccounts.actAs")
+    if machine_kind(spec.trainer.machine).kind == "tpu":
+        perms += ["tpu.nodes.get", "tpu.nodes.list", "tpu.nodes.delete", "tpu.queuedResources.get",
+                  "tpu.queuedResources.list", "tpu.queuedResources.delete", "tpu.operations.get"]
+    return perms
+
+
+def missing_permissions(clients: Clients, wanted: list[str], doing: str) -> list[str]:
+    """The permissions of `wanted` the caller's credentials do not have on the run's project."""
     s = clients.settings
-    wanted = required_permissions(spec, s.public_ips)
     granted: set[str] = set()
     for i in range(0, len(wanted), 100):  # the API takes at most 100 at a time
         reply = call(clients.projects.test_iam_permissions,
-                     request={"resource": f"projects/{s.project}", "permissions": wanted[i:i + 100]},
-                     doing=f"checking your permissions on project {s.project}")
+                     request={"resource": f"projects/{s.project}", "permissions": wanted[i:i + 100]}, doing=doing)
         granted |= set(reply.permissions)
-    missing = [p for p in wanted if p not in granted]
+    return [p for p in wanted if p not in granted]
+
+
+def check_permissions(clients: Clients, spec: JobSpec) -> None:
+    s = clients.settings
+    missing = missing_permissions(clients, required_permissions(spec, s.public_ips),
+                                  f"checking your permissions on project {s.project}")
     if missing:
         roles = sorted({role for prefix, role in ROLES.items() for p in missing if p.startswith(prefix)})
         raise SpecError(

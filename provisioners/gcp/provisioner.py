@@ -142,6 +142,8 @@ class GcpProvisioner:
         self._staged_wheel_version: str | None = None
         self._findings: preflight.Findings | None = None
         self._recovery: Recovery | None = None
+        self._max_run_s: float | None = None  # Compute Engine's own limit on the VMs of a run supervised on the cloud
+        self._inside: str | None = None  # the VM this process runs on, when it supervises the run from there
 
     # -- context ------------------------------------------------------------------------------
     def check(self, spec: JobSpec, workers: int) -> None:
@@ -194,7 +196,7 @@ class GcpProvisioner:
     def _fleet(self, dep: Deployment, events: EventSink) -> Fleet:
         return Fleet(self._clients, dep.run_id, self._cancel, log=lambda msg: events("cloud", msg))
 
-    def _metadata(self, dep: Deployment, kind: str) -> dict:
+    def _metadata(self, dep: Deployment, kind: str, role: str = "worker") -> dict:
         s = self._settings
         kp = load_key_pair(dep.run_dir)
         md = {"ssh-keys": kp.metadata_entry(s.ssh_user), "enable-oslogin": "FALSE", "dsctl-run": dep.run_id}
@@ -205,7 +207,7 @@ class GcpProvisioner:
             md["startup-script"] = startup.script(
                 kind=s.kinds.for_kind(kind), tf_version=s.tensorflow_version, bucket=s.bucket,
                 wheelhouse_prefix=staged["wheelhouses"][kind], dsctl_prefix=Staging(self._clients, dep.run_id).staging_prefix,
-                dsctl_wheel=staged["wheel"], storage_host=s.storage_host)
+                dsctl_wheel=staged["wheel"], storage_host=s.storage_host, supervisor=role == "dispatcher")
         return md
 
     def _layout(self, dep: Deployment, node: Node) -> remote.Layout:
@@ -217,7 +219,7 @@ class GcpProvisioner:
         s = self._settings
         kind = compute.machine_kind(machine)
         tag = naming.network_tag(dep.run_id)
-        metadata = self._metadata(dep, kind.kind)
+        metadata = self._metadata(dep, kind.kind, role)
         image = s.kinds.for_kind(kind.kind).image  # a boot image, or a TPU VM's runtime version
         provisioning = spec.trainer.provisioning if role == "trainer" else spec.service.provisioning
         out = []
@@ -226,7 +228,7 @@ class GcpProvisioner:
             # Workers share one bulk insert, hence one set of labels: their index is in their names only.
             labels = naming.labels(dep.run_id, spec.name, role, s.labels, index=None if role == "worker" else i)
             vm = compute.VmConfig(machine=machine, labels=labels, tag=tag, metadata=metadata, image=image,
-                                  provisioning=provisioning)
+                                  provisioning=provisioning, max_run_s=self._max_run_s if kind.kind != "tpu" else None)
             node = Node(role=role, index=i, extra={
                 "instance": name, "kind": kind.kind, "machine": machine, "state": "creating",
                 "dir": remote.node_dir(s.remote_dir, dep.run_id, name)})
@@ -464,7 +466,9 @@ class GcpProvisioner:
         if s.bootstrap:
             self._staged_wheel_version = staged["wheel"].split("-")[1]
             for kind in sorted(kinds - set(staged["wheelhouses"])):
-                recipe = wheelhouse.Recipe.for_kind(s.kinds.for_kind(kind))
+                # The dispatcher's kind also carries what the run's supervisor needs (the dispatcher installs it).
+                supervisor = kind == compute.machine_kind(spec.service.dispatcher_machine).kind
+                recipe = wheelhouse.Recipe.for_kind(s.kinds.for_kind(kind), supervisor=supervisor)
                 house = wheelhouse.build(recipe, log=lambda msg: events("cloud", msg))
                 sent = wheelhouse.stage(self._clients.storage, s.bucket, house, log=lambda msg: events("cloud", msg))
                 staged["wheelhouses"][kind] = house.prefix
@@ -515,12 +519,8 @@ class GcpProvisioner:
         self._ensure_watcher()
         launch.metrics_dir.mkdir(parents=True, exist_ok=True)
         staging = Staging(self._clients, dep.run_id)
-        staging.ensure_bucket()
-        objects = [staging.upload("spec.json", Path(launch.spec_json))]
-        self._gcp_node(dep).extra["staged"] = True
         uses_code = bool(spec.pipeline.entrypoint or spec.trainer.model.kind == "python")
-        if uses_code:
-            objects.append(staging.upload("code.tar.gz", code_archive(launch.base_dir, exclude=[Path(dep.run_dir).parent.parent])))
+        objects = self._stage_trainer_files(dep, spec, launch.spec_json, launch.base_dir)
         storage_host = self._settings.storage_host
 
         def start(node: Node) -> None:
@@ -556,6 +556,21 @@ class GcpProvisioner:
 
         parallel(start, dep.by_role("trainer")[: launch.count], cancel=self._cancel)
         events("training", f"{launch.count} trainer(s) started ({launch.mode}) on Google Cloud")
+
+    def _stage_trainer_files(self, dep: Deployment, spec: JobSpec, spec_json: Path, base_dir: Path) -> list[str]:
+        """The spec (and the spec's folder, for user code) in the run's staging prefix, for the trainer VMs to fetch.
+        A run handed over to a supervisor (hand_off) was staged from the user's machine, where the code is."""
+        gcp = self._gcp_node(dep)
+        uses_code = bool(spec.pipeline.entrypoint or spec.trainer.model.kind == "python")
+        if gcp.extra.get("trainer_files"):
+            return list(gcp.extra["trainer_files"])
+        staging = Staging(self._clients, dep.run_id)
+        staging.ensure_bucket()
+        objects = [staging.upload("spec.json", Path(spec_json))]
+        gcp.extra["staged"] = True
+        if uses_code:
+            objects.append(staging.upload("code.tar.gz", code_archive(base_dir, exclude=[Path(dep.run_dir).parent.parent])))
+        return objects
 
     def _create_trainers(self, dep: Deployment, spec: JobSpec, count: int, events: EventSink) -> None:
         self._preflight(spec)
@@ -774,6 +789,117 @@ class GcpProvisioner:
         self._stop_processes(trainers, grace_s=5.0)
         self._collect_logs(dep, trainers)
 
+    # -- runs supervised on the cloud (orchestrator/supervise.py) ----------------------------------------
+    def prepare_hand_off(self, spec: JobSpec) -> None:
+        """Before `up` of a run to be handed over: its VMs carry gcp.max_duration_s (plus an hour) as Compute
+        Engine's maxRunDuration, so they end even if the supervisor is lost (TPU VMs have no such limit)."""
+        self._max_run_s = spec.gcp.max_duration_s + 3600 if spec.gcp else 86400 + 3600
+
+    def hand_off(self, dep: Deployment, files: dict[str, bytes], base_dir: Path, events: EventSink) -> None:
+        """Start the run's supervisor on the dispatcher VM with `files` (name -> contents) in its run dir, and stop
+        watching the VMs from here. The spec and the user's code (base_dir) go to Cloud Storage first, from here."""
+        s = self._settings
+        spec = JobSpec.model_validate_json(files["spec.json"])
+        staged = self._stage_trainer_files(dep, spec, Path(dep.run_dir) / "spec.json", base_dir)
+        self._gcp_node(dep).extra["trainer_files"] = staged
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
+        disp = dep.by_role("dispatcher")[0]
+        base = f"{disp.extra['dir']}/supervisor"
+        run_dir = f"{base}/home/runs/{dep.run_id}"
+        dep.save()
+        bundle = {f"{run_dir}/{name}": (data, 0o600) for name, data in files.items()}
+        bundle[f"{run_dir}/state.json"] = ((Path(dep.run_dir) / "state.json").read_bytes(), 0o600)
+        keys = key_dir(dep.run_dir)
+        for name in ("id_ed25519", "id_ed25519.pub"):
+            bundle[f"{run_dir}/ssh/{name}"] = ((keys / name).read_bytes(), 0o600)
+        self._ssh.put(disp.extra["host"], bundle)
+        env = {"DSCTL_HOME": f"{base}/home", **{k: v for k, v in (
+            ("DSCTL_GCE_ENDPOINT", s.compute_endpoint), ("DSCTL_TPU_ENDPOINT", s.tpu_endpoint),
+            ("DSCTL_CRM_ENDPOINT", s.crm_endpoint), ("STORAGE_EMULATOR_HOST", s.storage_host)) if v}}
+        layout = remote.Layout(base)
+        res = self._ssh.run(disp.extra["host"], remote.launch(layout, s.python, "dsctl.cli.main", ["supervise", run_dir],
+                                                              env), doing="starting the run's supervisor")
+        if res.code != 0:
+            raise RemoteError(f"could not start the run's supervisor on {disp.extra['instance']}: "
+                              f"{(res.stderr or res.stdout).strip()[-300:]}")
+        pid, start = remote.parse_launch(res.stdout)
+        dep.nodes.append(Node(role="supervisor", index=0, extra={
+            "instance": disp.extra["instance"], "host": disp.extra["host"], "dir": base, "remote_pid": pid,
+            "start_time": start}))
+        self._save(dep)
+        events("handed-over", f"the run is supervised on its dispatcher VM {disp.extra['instance']} from now on")
+
+    def supervisor_status(self, dep: Deployment) -> str:
+        """'running', 'exited (code N)', or why it is not known; one SSH command to the dispatcher VM."""
+        nodes = dep.by_role("supervisor")
+        if not nodes:
+            return "no supervisor"
+        node = nodes[0]
+        if self._ssh is None:
+            self._context(dep)
+        try:
+            res = self._ssh.run(node.extra["host"], remote.status([node.extra["dir"]]), doing="checking the supervisor",
+                                timeout=30)
+        except RemoteError as exc:
+            return f"unknown ({exc})"
+        st = remote.parse_status(res.stdout, time.monotonic()).get(node.extra["dir"])
+        if st is None:
+            return "unknown"
+        return "running" if st.running(node.extra.get("start_time")) else f"exited (code {st.exit_code})"
+
+    def adopt(self, dep: Deployment, spec: JobSpec) -> None:
+        """On the dispatcher VM: take over a deployment handed over by `hand_off`. Every VM is reached at its
+        internal address from here; the dispatcher and workers are watched from now on."""
+        self._spec = spec
+        self._inside = dep.by_role("dispatcher")[0].extra["instance"]
+        self._context(dep)
+        dep.nodes = [n for n in dep.nodes if n.role != "supervisor"]
+        for extra in [n.extra for n in dep.nodes] + list(self._gcp_node(dep).extra.get("trainer_vms", {}).values()):
+            if extra.get("internal_ip"):
+                extra["host"] = extra["internal_ip"]
+        self._ensure_watcher()
+        now = time.monotonic()
+        for n in dep.nodes:
+            if n.role in ("dispatcher", "worker") and n.extra.get("remote_pid"):
+                n.extra["launched_at"] = now  # a time of this machine's clock: readings from now on count
+                self._watcher.watch(Watched(key=(n.role, n.index), host=n.extra["host"], layout=self._layout(dep, n),
+                                            launched_at=now))
+        self._save(dep)
+
+    def check_supervisor(self, dep: Deployment, spec: JobSpec) -> None:
+        """On the dispatcher VM, before touching anything: may this VM's service account do what a supervisor
+        does? Raises GcpError naming what it lacks and how to grant it (the user's machine then deletes the run)."""
+        self._context(dep)
+        missing = preflight.missing_permissions(self._clients, preflight.supervisor_permissions(spec, self._settings.public_ips),
+                                                "checking the dispatcher VM's permissions")
+        if missing:
+            sa = self._settings.service_account or "the project's default compute service account"
+            raise GcpError(
+                f"the run's supervisor on the dispatcher VM runs as the VMs' service account ({sa}), which lacks "
+                f"{len(missing)} permission(s) it needs on project {self._settings.project}: {', '.join(missing[:8])}"
+                f"{' ...' if len(missing) > 8 else ''}. Grant that account roles/compute.instanceAdmin.v1, "
+                "roles/compute.securityAdmin and roles/storage.objectAdmin (and roles/tpu.admin for TPU trainers), "
+                "or set gcp.supervisor: here to supervise the run from this machine (dsctl up only, no --detach).")
+
+    def run_objects(self, dep: Deployment):
+        """Where a supervised run's record is published (orchestrator/cloudrecord.py)."""
+        from .storage import RunObjects
+
+        if self._clients is None:
+            self._context(dep)
+        return RunObjects(self._clients.storage, self._settings.bucket, dep.run_id)
+
+    def delete_self(self, dep: Deployment) -> None:
+        """The supervisor's last act, after the run's record is published: delete the VM it runs on, which
+        ends this process."""
+        if self._inside is None:
+            return
+        op = compute.delete(self._clients, self._inside)
+        if op is not None:
+            operations.wait(self._clients, op, doing=f"deleting VM {self._inside}", timeout_s=300)
+
     # -- the contract: down ------------------------------------------------------------------------------
     def _stop_processes(self, nodes: list[Node], grace_s: float) -> None:
         def stop(node: Node) -> None:
@@ -861,9 +987,11 @@ class GcpProvisioner:
             except Exception as exc:  # best effort: the VMs are deleted below either way
                 events("cloud", f"stopping processes: {exc}")
             self._ssh.close()
-        self._delete_nodes(dep, machines, events, firewall=True)
+        # A supervisor deletes the VM it runs on last of all (delete_self), after its record is published.
+        mine = [n for n in machines if n.extra.get("instance") == self._inside]
+        self._delete_nodes(dep, [n for n in machines if n not in mine], events, firewall=True)
         fleet = Fleet(self._clients, dep.run_id, log=lambda msg: events("cloud", msg))
-        found = fleet.sweep()
+        found = fleet.sweep(keep={self._inside} if self._inside else set())
         events.flush()
         # Billing resources are gone; now the bookkeeping: a copy of the results, the run's staging objects.
         try:

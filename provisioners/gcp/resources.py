@@ -327,8 +327,9 @@ class Fleet:
             time.sleep(delay)
             delay = min(delay * 1.5, 2.0)
 
-    def sweep(self, on_gone: Callable[[str], None] | None = None) -> Found:
-        """Delete everything found by the run's label and firewall name; returns what was found."""
+    def sweep(self, on_gone: Callable[[str], None] | None = None, keep: set[str] = frozenset()) -> Found:
+        """Delete everything found by the run's label and firewall name (but the VMs named in `keep`);
+        returns what was found."""
         try:
             found = self.find()
         except GcpError:
@@ -339,6 +340,8 @@ class Fleet:
             if isinstance(exc, gx.GoogleAPICallError):
                 raise from_api_error(exc, doing=f"looking for the resources of run {self.run_id}") from exc
             raise
+        for name in keep:
+            found.instances.pop(name, None)
         if not found.empty:
             self.log(f"deleting {found.summary()} of run {self.run_id}")
             self.delete(list(found.instances), list(found.tpus), found.firewalls, on_gone)

@@ -53,6 +53,7 @@ class GcpSettings:
     startup_timeout_s: float = 900.0
     ready_timeout_s: float = 300.0
     outage_limit_s: float = 600.0
+    max_duration_s: float = 86400.0
     labels: dict = field(default_factory=dict)
     software: dict = field(default_factory=dict)  # software.Software.as_dict(): the TensorFlow and images per VM kind
     compute_endpoint: str | None = None
@@ -170,7 +171,7 @@ def resolve(spec: JobSpec, *, check_creds: bool = True) -> GcpSettings:
         worker_port=g.worker_port, tensorflow_version=software.tensorflow_version, bootstrap=g.bootstrap, python=python,
         remote_dir=g.remote_dir, running_timeout_s=g.running_timeout_s, tpu_timeout_s=g.tpu_timeout_s,
         ssh_timeout_s=g.ssh_timeout_s, startup_timeout_s=g.startup_timeout_s, ready_timeout_s=g.ready_timeout_s,
-        outage_limit_s=g.outage_limit_s, labels=dict(g.labels), software=software.as_dict(),
+        outage_limit_s=g.outage_limit_s, max_duration_s=g.max_duration_s, labels=dict(g.labels), software=software.as_dict(),
     ).with_env_endpoints()
     if check_creds:
         check_credentials(settings)

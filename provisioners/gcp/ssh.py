@@ -129,6 +129,30 @@ class Ssh:
         except Exception as exc:
             raise self._fail(host, f"copying {remote}", exc) from None
 
+    def put(self, host: str, files: dict[str, tuple[bytes, int]]) -> None:
+        """Write remote path -> (contents, mode) over SFTP, making parent directories (mode 0700) as needed."""
+        from posixpath import dirname
+
+        try:
+            conn = self._connection(host)
+            with self._host_lock(host, self._sftp_locks):
+                sftp = conn.sftp()
+                for path, (data, mode) in files.items():
+                    parts, d = [], dirname(path)
+                    while d not in ("", "/"):
+                        parts.append(d)
+                        d = dirname(d)
+                    for d in reversed(parts):
+                        try:
+                            sftp.stat(d)
+                        except FileNotFoundError:
+                            sftp.mkdir(d, 0o700)
+                    with sftp.open(path, "wb") as f:
+                        f.write(data)
+                    sftp.chmod(path, mode)
+        except Exception as exc:
+            raise self._fail(host, f"copying files to {host}", exc) from None
+
     def wait_reachable(self, host: str, *, timeout_s: float, what: str, cancel: threading.Event | None = None) -> None:
         """Connect (and authenticate) to a VM that has just started; retry until timeout_s."""
         deadline = time.monotonic() + timeout_s

@@ -35,13 +35,17 @@ GPU_DRIVER_WAIT_S = 900
 
 
 def script(*, kind: KindSoftware, tf_version: str, bucket: str, wheelhouse_prefix: str, dsctl_prefix: str,
-           dsctl_wheel: str, storage_host: str | None = None) -> str:
-    """The bash startup script for one kind of VM (cpu, gpu, tpu) of a run."""
+           dsctl_wheel: str, storage_host: str | None = None, supervisor: bool = False) -> str:
+    """The bash startup script for one kind of VM (cpu, gpu, tpu) of a run; with `supervisor` (the dispatcher
+    VM), dsctl's supervisor extra too: the run's supervisor runs there (orchestrator/supervise.py)."""
     q = shlex.quote
     storage = storage_host or REAL_STORAGE
     venv_flags = "--without-pip" + (" --system-site-packages" if kind.uses_image_tensorflow else "")
     requirements = " ".join(q(r) for r in ((kind.tensorflow,) if kind.tensorflow else ()))
     where = f"gs://{bucket}/"
+    extra = "[supervisor]" if supervisor else ""
+    imports = "import dsctl.runtime.worker" + ("; import dsctl.cli.main, dsctl.orchestrator.supervise, "
+                                               "google.cloud.compute_v1, google.cloud.storage, fabric" if supervisor else "")
     # Messages are made here and quoted as one word each: a spec value in them is never read by the shell.
     msg = {
         "version": q(f"the image's Python is not {kind.python_version}, which the wheelhouse was built for "
@@ -104,13 +108,13 @@ phase venv
 
 step "installing from the wheelhouse (no index)"
 {VENV}/bin/python "$PIP/pip" install --no-index --find-links {WHEELS} --no-cache-dir --disable-pip-version-check \\
-    --no-warn-script-location --quiet ${{TARGET:-}} {requirements} {WHEELS}/{q(dsctl_wheel)} \\
+    --no-warn-script-location --quiet ${{TARGET:-}} {requirements} {q(f"{WHEELS}/{dsctl_wheel}{extra}")} \\
   || fail {msg["pip"]}
 phase installed
 
 V=$({VENV}/bin/python -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null | tail -n 1)
 [ "$V" = {q(tf_version)} ] || fail {msg["tensorflow"]}"it is ${{V:-not importable}}"
-{VENV}/bin/python -c 'import dsctl.runtime.worker' || fail "dsctl's runtime does not import"
+{VENV}/bin/python -c {q(imports)} || fail "dsctl's runtime does not import"
 phase checked{gpu_wait}
 
 "$PY" - "$T0" {MARKER} "$V" <<'EOF'

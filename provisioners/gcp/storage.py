@@ -159,4 +159,32 @@ class Staging:
         return [b.name for b in self.clients.storage.list_blobs(self.bucket_name, prefix=self.staging_prefix)]
 
 
-__all__ = ["GcpError", "Staging", "code_archive", "run_prefix"]
+class RunObjects:
+    """One run's record objects, gs://<bucket>/dsctl/runs/<run>/record/<name> (orchestrator/cloudrecord.py)."""
+
+    def __init__(self, storage_client, bucket: str, run_id: str):
+        self.client = storage_client
+        self.bucket = storage_client.bucket(bucket)
+        self.prefix = run_prefix(run_id) + "record/"
+
+    def put(self, name: str, data: bytes) -> None:
+        self.bucket.blob(self.prefix + name).upload_from_string(data)
+
+    def get(self, name: str) -> bytes | None:
+        from google.api_core import exceptions as gx
+
+        try:
+            return self.bucket.blob(self.prefix + name).download_as_bytes()
+        except gx.NotFound:
+            return None
+
+    def names(self, prefix: str = "") -> list[str]:
+        from google.api_core import exceptions as gx
+
+        try:
+            return [b.name[len(self.prefix):] for b in self.client.list_blobs(self.bucket.name, prefix=self.prefix + prefix)]
+        except gx.NotFound:
+            return []
+
+
+__all__ = ["GcpError", "RunObjects", "Staging", "code_archive", "run_prefix"]

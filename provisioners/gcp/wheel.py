@@ -22,6 +22,12 @@ PACKAGES = ("dsctl", "dsctl.cli", "dsctl.specs", "dsctl.runtime", "dsctl.provisi
 SUFFIXES = (".py", ".yaml", ".yml", ".json", ".txt")
 # What dsctl's runtime imports on a VM besides TensorFlow (which the VM's image or wheelhouse provides).
 RUNTIME_REQUIREMENTS = ("pyyaml>=6", "pydantic>=2.6", "psutil>=5.9")
+# What a run's supervisor needs besides (orchestrator/supervise.py: `dsctl supervise` on the dispatcher VM, with
+# the Google Cloud provider): the wheel's `supervisor` extra, installed on the dispatcher VM only. The same
+# specifiers as pyproject.toml's dependencies and its gcp extra (a test holds them together).
+SUPERVISOR_REQUIREMENTS = ("typer>=0.12", "rich>=13", "google-cloud-compute>=1.20", "google-cloud-tpu>=1.18",
+                           "google-cloud-storage>=2.16", "google-cloud-resource-manager>=1.12", "fabric>=3.2",
+                           "paramiko>=3.4")
 
 
 def _package_files() -> list[tuple[str, Path]]:
@@ -70,6 +76,8 @@ def build_wheel(out_dir: Path) -> Path:
         # TensorFlow is installed by the startup script (tensorflow-cpu, tensorflow[and-cuda] or
         # tensorflow-tpu at the trainer's version), so it is not a requirement here.
         *(f"Requires-Dist: {r}" for r in RUNTIME_REQUIREMENTS),
+        "Provides-Extra: supervisor",
+        *(f'Requires-Dist: {r}; extra == "supervisor"' for r in SUPERVISOR_REQUIREMENTS),
     ]) + "\n"
     wheel_meta = "Wheel-Version: 1.0\nGenerator: dsctl\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
     out_dir = Path(out_dir)

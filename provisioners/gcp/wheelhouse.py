@@ -29,7 +29,7 @@ from typing import Callable
 
 from .errors import GcpError
 from .software import KindSoftware
-from .wheel import RUNTIME_REQUIREMENTS
+from .wheel import RUNTIME_REQUIREMENTS, SUPERVISOR_REQUIREMENTS
 
 FORMAT = 1
 MANIFEST = "MANIFEST.json"
@@ -47,9 +47,12 @@ class Recipe:
     arch: str = "x86_64"
 
     @classmethod
-    def for_kind(cls, kind: KindSoftware) -> "Recipe":
-        reqs = ((kind.tensorflow,) if kind.tensorflow else ()) + RUNTIME_REQUIREMENTS + ("pip",)
-        return cls(kind.python_version, kind.glibc, reqs)
+    def for_kind(cls, kind: KindSoftware, supervisor: bool = False) -> "Recipe":
+        """The wheels VMs of this kind install; with `supervisor`, also what the dispatcher VM's run supervisor
+        needs (the wheel's supervisor extra: the other VMs of the kind install without it)."""
+        reqs = ((kind.tensorflow,) if kind.tensorflow else ()) + RUNTIME_REQUIREMENTS
+        reqs += SUPERVISOR_REQUIREMENTS if supervisor else ()
+        return cls(kind.python_version, kind.glibc, reqs + ("pip",))
 
     @property
     def digest(self) -> str:

@@ -26,11 +26,18 @@ class Launcher:
     def __init__(self, run_dir: Path):
         self.dir = Path(run_dir) / "launcher"
 
-    def start(self, log: Path) -> Node:
+    def start(self, log: Path, isolate: bool = False) -> Node:
+        """Start the launcher; with `isolate`, in a network namespace of its own (see isolation())."""
         self.dir.mkdir(parents=True, exist_ok=True)
         node = Node(role="launcher", index=0, extra={"requests": str(self.dir)})
-        spawn(node, ["dsctl.runtime.launcher", "--requests", str(self.dir)], log)
+        spawn(node, ["dsctl.runtime.launcher", "--requests", str(self.dir), *(["--isolate-network"] if isolate else [])],
+              log)
         return node
+
+    def isolation(self) -> dict | None:
+        """What the launcher said about its network: {"isolated": true, "userns": ..., "netns": ...} or
+        {"isolated": false, "reason": ...}; None until it has said."""
+        return read_json(self.dir / "isolation.json")
 
     def request(self, node: Node, module: str, argv: list[str], log: Path, cpus: list[int] | None = None) -> None:
         """Ask for a fork; node.pid is filled in later by resolve()."""

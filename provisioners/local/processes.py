@@ -8,6 +8,7 @@ later, identified by pid AND start time (never by process name).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,15 +27,42 @@ def child_env() -> dict:
     return env
 
 
-def spawn(node: Node, args: list[str], log: Path, cpus: list[int] | None = None) -> subprocess.Popen:
-    """Start `python -m <args>` for `node` (pinned to `cpus` if given), filling in its pid, pgid, start time and log."""
+PRIVATE_UMASK = 0o077  # what dsctl's processes write (logs, metrics, ready files) is the user's alone
+
+
+def enter_namespaces_of(pid: int) -> list[str]:
+    """The nsenter prefix that starts a command in the network namespace of process `pid` (and in its
+    user namespace, keeping our own uid, when it has one of its own); [] if `pid` shares ours."""
+    def ns(kind: str, of: int | str) -> str:
+        return os.readlink(f"/proc/{of}/ns/{kind}")
+
+    if ns("net", pid) == ns("net", "self"):
+        return []
+    nsenter = shutil.which("nsenter")
+    if nsenter is None:
+        raise FileNotFoundError("nsenter (util-linux) is not installed")
+    prefix = [nsenter, f"--net=/proc/{pid}/ns/net"]
+    if ns("user", pid) != ns("user", "self"):
+        prefix[1:1] = [f"--user=/proc/{pid}/ns/user", "--preserve-credentials"]
+    return [*prefix, "--"]
+
+
+def spawn(node: Node, args: list[str], log: Path, cpus: list[int] | None = None,
+          prefix: list[str] | None = None) -> subprocess.Popen:
+    """Start `python -m <args>` for `node` (pinned to `cpus` if given), filling in its pid, pgid, start time and log.
+
+    `prefix` (from enter_namespaces_of) starts it in another process's namespaces; nsenter execs
+    python in place, so the pid and start time are python's."""
     log.parent.mkdir(parents=True, exist_ok=True)
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-    with open(log, "ab") as out:
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=child_env(), preexec_fn=pin,
+            [*(prefix or []), sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True, env=child_env(), preexec_fn=pin, umask=PRIVATE_UMASK,
         )
+    finally:
+        os.close(out)
     node.pid = proc.pid
     node.pgid = proc.pid
     node.log = str(log)

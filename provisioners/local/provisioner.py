@@ -1,27 +1,36 @@
 """The local provider: the dispatcher, workers and trainers as processes on this machine.
 
-Every server listens on a free loopback port, logs to the run dir, and is
+Every server listens on a loopback port, logs to the run dir, and is
 recorded in the state file the moment it starts. Workers are supervised: one
 that dies is restarted at its own port, because tf.data service clients wait
 for a lost worker's address forever (see README, "How dsctl runs a job").
+
+The deployment runs in a network namespace of its own with only loopback up
+(the launcher makes it; everything it forks is inside): tf.data service has no
+authentication and binds every interface, so that is what keeps anyone else on
+the machine's network from submitting dataset graphs or registering workers.
+Where namespaces are not allowed the run goes on in the machine's network and
+says so (event "not-isolated"). DSCTL_LOCAL_ISOLATION=none|require changes that.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
 
 import psutil
 
-from dsctl.runtime.readiness import pick_free_port, read_json
+from dsctl.runtime.readiness import pick_service_port, read_json
+from dsctl.runtime.serve import EXIT_PORT_IN_USE
 from dsctl.runtime.sampler import ProcessSampler, Sample
 from dsctl.specs import SpecError
 from dsctl.specs.schema import JobSpec
 
 from ..contract import Deployment, EventSink, Node, TrainerLaunch, TrainerState
 from .launcher import Launcher
-from .processes import is_ours, spawn, stop_groups
+from .processes import enter_namespaces_of, is_ours, spawn, stop_groups
 
 # Measured with `dsctl bench` style runs: an idle tf.data service worker holds
 # ~300 MB resident and grows with its buffers; trainers and the dispatcher hold
@@ -31,10 +40,40 @@ OTHER_PROCESS_MEMORY_BYTES = 900 * 2**20
 READY_TIMEOUT_S = 120.0
 MAX_RESTARTS_PER_WORKER = 5  # and for the dispatcher
 EXIT_STATUS_GRACE_S = 10.0
+# A restarting worker whose port another process holds: tried again at the same address (the only
+# one its clients will read the rest of its share from) with backoff, for this long; then moved.
+WORKER_PORT_WAIT_S = 30.0
+PORT_RETRY_FIRST_S, PORT_RETRY_MAX_S = 0.5, 8.0
+DISPATCHER_PORT_WAIT_S = 30.0  # a dispatcher cannot move: every client and worker has its address
+ISOLATION_ENV = "DSCTL_LOCAL_ISOLATION"
+ISOLATION_MODES = ("auto", "none", "require")
+ISOLATION_ANSWER_TIMEOUT_S = 60.0
+
+
+def isolation_mode() -> str:
+    """auto (default: a private network where the machine allows it), none, or require (refuse to run without)."""
+    return (os.environ.get(ISOLATION_ENV) or "auto").strip().lower()
 
 
 class ProcessFailed(RuntimeError):
     """A process of the deployment failed to start; the message carries its log's tail."""
+
+
+class PortTaken(ProcessFailed):
+    """A server exited at start because another process holds its port; names that process when it can."""
+
+    def __init__(self, node: Node, holder: str):
+        self.node, self.holder = node, holder
+        name = node.role if node.role == "dispatcher" else f"{node.role} {node.index}"
+        super().__init__(f"the {name} cannot start: its port {node.extra.get('port')} is taken by {holder}.")
+
+
+def _holder(node: Node) -> str:
+    """Who holds the node's port, from the refusal the server wrote last in its log."""
+    for line in reversed(_log_tail(node.log, 5).splitlines()):
+        if "already in use by" in line:
+            return line.split("already in use by", 1)[1].split(";", 1)[0].strip()
+    return "another process"
 
 
 def _log_tail(path: str | None, lines: int = 12) -> str:
@@ -65,9 +104,15 @@ class LocalProvisioner:
         self._launcher: Launcher | None = None
         self._service_cpus: list[int] | None = None
         self._vanished: dict[int, float] = {}  # pid -> when it was first seen gone without an exit code
+        self._isolation_reported = False
+        self._port_waits: dict[int, dict] = {}  # worker index -> its wait for a port another process holds
 
     # -- checks -----------------------------------------------------------------
     def check(self, spec: JobSpec, workers: int) -> None:
+        if isolation_mode() not in ISOLATION_MODES:
+            raise SpecError(f"the environment variable {ISOLATION_ENV} is {os.environ.get(ISOLATION_ENV)!r}; use auto "
+                            "(the default: the deployment in a network of its own where this machine allows it), none "
+                            "(in this machine's network, reachable from it) or require (refuse to run without one).")
         capacity = local_capacity(spec.trainer.count)
         if workers > capacity:
             free_gb = psutil.virtual_memory().available / 2**30
@@ -95,10 +140,20 @@ class LocalProvisioner:
                 ready = read_json(node.extra["ready_file"])
                 if ready and ready.get("pid") == node.pid:
                     node.address = f"127.0.0.1:{ready['port']}"
-                    node.extra.update(port=ready["port"], ready=True)
+                    node.extra.update(port=ready["port"], ready=True, served=True)
                     pending.remove(node)
                 elif not is_ours(node):
                     code = self._exit_code(node)
+                    if code is None:
+                        continue  # gone, its exit code not written yet: wait for it (a port refusal is told apart)
+                    if code == EXIT_PORT_IN_USE and node.role in ("worker", "dispatcher"):
+                        picks = node.extra.get("port_picks", 0) + 1
+                        if node.role == "worker" and not node.extra.get("served") and picks <= 5:
+                            # No client knows this address yet: another port will do.
+                            node.extra["port_picks"] = picks
+                            self._start_worker(dep, node, node.extra.get("cache_mb", 0), port=self._pick_port(dep))
+                            continue
+                        raise PortTaken(node, _holder(node))
                     raise ProcessFailed(
                         f"the {node.role} {node.index} exited (code {code}) before it was ready. "
                         f"Its log ({node.log}) ends with:\n{_log_tail(node.log)}"
@@ -118,8 +173,29 @@ class LocalProvisioner:
         if self._launcher is not None and self._launcher_alive(dep):
             self._launcher.request(node, module, argv, log, cpus)
         else:
-            self._procs[(node.role, node.index)] = spawn(node, [module, *argv], log, cpus)
+            self._procs[(node.role, node.index)] = spawn(node, [module, *argv], log, cpus, self._namespace_prefix(dep))
         dep.save()
+
+    def _namespace_prefix(self, dep: Deployment) -> list[str]:
+        """Without its launcher, a process of an isolated deployment is started in the deployment's network
+        (entered through a process still in it), or its clients and servers could not reach each other."""
+        launcher = dep.by_role("launcher")
+        if not launcher or not (launcher[0].extra.get("isolation") or {}).get("isolated"):
+            return []
+        log = Path(dep.run_dir) / "logs" / "launcher.log"
+        for node in dep.by_role("dispatcher") + dep.by_role("worker") + dep.by_role("trainer"):
+            if node.pid and is_ours(node):
+                try:
+                    return enter_namespaces_of(node.pid)
+                except FileNotFoundError as exc:
+                    if "nsenter" in str(exc):
+                        raise ProcessFailed(f"the launcher exited (see {log}), and starting a process inside the "
+                                            f"run's private network without it needs nsenter, which is not "
+                                            "installed (util-linux).") from None
+                except OSError:
+                    continue  # exited meanwhile
+        raise ProcessFailed(f"the launcher and every process of the run have exited, and with them the run's private "
+                            f"network; see {log}.")
 
     def _launcher_alive(self, dep: Deployment) -> bool:
         nodes = dep.by_role("launcher")
@@ -135,9 +211,15 @@ class LocalProvisioner:
         if changed:
             dep.save()
 
-    def _start_worker(self, dep: Deployment, node: Node, spec_cache_mb: int) -> None:
+    def _pick_port(self, dep: Deployment) -> int:
+        return pick_service_port(exclude={n.extra["port"] for n in dep.nodes if n.extra.get("port")})
+
+    def _start_worker(self, dep: Deployment, node: Node, spec_cache_mb: int, port: int | None = None) -> None:
         ready = Path(dep.run_dir) / "ready" / f"worker-{node.index}.json"
         ready.unlink(missing_ok=True)
+        if port is not None:
+            node.extra["port"] = port
+            node.address = f"127.0.0.1:{port}"
         node.extra.update(ready_file=str(ready), cache_mb=spec_cache_mb, ready=False)
         args = ["--dispatcher", dep.dispatcher_address, "--host", "127.0.0.1",
                 "--port", str(node.extra["port"]), "--ready-file", str(ready)]
@@ -154,9 +236,9 @@ class LocalProvisioner:
         the time to the first batch.
         """
         run_dir = Path(dep.run_dir)
-        self._start_launcher(dep)
+        self._start_launcher(dep, isolate=isolation_mode() != "none")
         self._service_cpus = spec.service.worker_cpus
-        port = pick_free_port()
+        port = self._pick_port(dep)
         disp = Node(role="dispatcher", index=0, address=f"127.0.0.1:{port}",
                     extra={"port": port, "ready_file": str(run_dir / "ready" / "dispatcher.json"),
                            "status_file": str(run_dir / "dispatcher-status.json")})
@@ -170,21 +252,64 @@ class LocalProvisioner:
         self._cache_mb = spec.service.cross_trainer_cache_mb if spec.service.cross_trainer_cache else 0
         self._add_workers(dep, workers)
         events("starting", f"dispatcher and {workers} worker(s) starting")
+        # The launcher answers before it imports TensorFlow, and forks nothing until that is done: no time lost.
+        self._report_isolation(dep, events)
 
-    def _start_launcher(self, dep: Deployment) -> None:
+    def _start_launcher(self, dep: Deployment, isolate: bool = False) -> None:
+        """Start the launcher once per deployment; one started for a service isolates its network."""
         if self._launcher is None:
             self._launcher = Launcher(Path(dep.run_dir))
-            dep.nodes.append(self._launcher.start(Path(dep.run_dir) / "logs" / "launcher.log"))
+            dep.nodes.append(self._launcher.start(Path(dep.run_dir) / "logs" / "launcher.log", isolate=isolate))
             dep.save()
 
+    def _report_isolation(self, dep: Deployment, events: EventSink) -> None:
+        """Wait for the launcher to say whether the deployment has a network of its own, keep it in the state
+        and tell the user; refuse to go on without one under DSCTL_LOCAL_ISOLATION=require."""
+        launcher = dep.by_role("launcher")
+        if self._isolation_reported or self._launcher is None or not launcher:
+            return
+        node, mode = launcher[0], isolation_mode()
+        log = Path(dep.run_dir) / "logs" / "launcher.log"
+        if mode == "none":
+            isolation = {"isolated": False, "reason": f"{ISOLATION_ENV}=none"}
+        else:
+            deadline = time.monotonic() + ISOLATION_ANSWER_TIMEOUT_S
+            while (isolation := self._launcher.isolation()) is None:
+                if not self._launcher_alive(dep):
+                    raise ProcessFailed(f"the launcher exited while setting up the run's network; see {log}:\n"
+                                        f"{_log_tail(str(log))}")
+                if time.monotonic() > deadline:
+                    raise ProcessFailed(f"the launcher did not set up the run's network within "
+                                        f"{ISOLATION_ANSWER_TIMEOUT_S:.0f} s; see {log}.")
+                time.sleep(0.02)
+        node.extra["isolation"] = isolation
+        dep.save()
+        self._isolation_reported = True
+        if isolation.get("isolated"):
+            events("isolated", "the service's ports are reachable only from the run's own processes: the deployment "
+                               "runs in a network namespace of its own with only loopback up")
+            return
+        reason = isolation.get("reason", "unknown")
+        if mode == "require":
+            raise ProcessFailed(f"{ISOLATION_ENV}=require, but this machine does not let dsctl give the run a network "
+                                f"namespace of its own ({reason}). Run where namespaces are allowed, or set "
+                                f"{ISOLATION_ENV}=auto to run in the machine's network.")
+        port = dep.by_role("dispatcher")[0].extra["port"] if dep.by_role("dispatcher") else "?"
+        events("not-isolated", f"warning: the run's tf.data service ports (the dispatcher's, {port}, and the "
+                               "workers') listen on every interface, without authentication, and are reachable from "
+                               "this machine's network while the run is up: anyone who reaches them can run dataset "
+                               f"graphs as you and register workers. No private network for the run: {reason}.")
+
     def wait_ready(self, dep: Deployment, events: EventSink) -> None:
-        self._wait_ready([n for n in dep.nodes if n.role in ("dispatcher", "worker") and not n.extra.get("ready")], dep)
+        self._report_isolation(dep, events)
+        nodes = [n for n in dep.nodes if n.role in ("dispatcher", "worker") and not n.extra.get("ready")]
+        self._wait_ready(nodes, dep)  # a taken port fails the dispatcher (PortTaken); workers take another
         events("ready", f"dispatcher and {len(dep.by_role('worker'))} worker(s) ready")
 
     def _add_workers(self, dep: Deployment, workers: int) -> list[Node]:
         new = []
         for index in range(len(dep.by_role("worker")), workers):
-            node = Node(role="worker", index=index, extra={"port": pick_free_port()})
+            node = Node(role="worker", index=index, extra={"port": self._pick_port(dep)})
             dep.nodes.append(node)
             self._start_worker(dep, node, self._cache_mb)
             new.append(node)
@@ -201,6 +326,8 @@ class LocalProvisioner:
         elif workers < len(current):
             leaving = current[workers:]
             stop_groups(leaving)
+            for node in leaving:
+                self._port_waits.pop(node.index, None)
             dep.nodes = [n for n in dep.nodes if n not in leaving]
             dep.save()
             events("scaled", f"removed {len(leaving)} worker(s); {workers} remain")
@@ -279,14 +406,38 @@ class LocalProvisioner:
                                     f"{_log_tail(node.log)}")
             events("dispatcher-restarted", f"the dispatcher exited (code {code}); restarting it at {node.address} "
                                            "from its journal")
+            self._restart_dispatcher(dep, node, events)
+
+    def _restart_dispatcher(self, dep: Deployment, node: Node, events: EventSink) -> None:
+        """At its own port, which every client and worker has: if another process holds it, try again with
+        backoff for DISPATCHER_PORT_WAIT_S, then fail the job saying who holds it."""
+        since, delay = time.monotonic(), PORT_RETRY_FIRST_S
+        while True:
             Path(node.extra["ready_file"]).unlink(missing_ok=True)
             node.extra["ready"] = False
             self._launch(dep, node, "dsctl.runtime.dispatcher", node.extra["argv"],
                          Path(dep.run_dir) / "logs" / "dispatcher.log", self._service_cpus)
-            self._wait_ready([node], dep)
+            try:
+                self._wait_ready([node], dep)
+                return
+            except PortTaken as exc:
+                if time.monotonic() - since >= DISPATCHER_PORT_WAIT_S:
+                    raise ProcessFailed(
+                        f"the dispatcher cannot restart: its port {node.extra['port']} has been taken by {exc.holder} "
+                        f"for {DISPATCHER_PORT_WAIT_S:.0f} s, and its clients and workers know it only at "
+                        f"{node.address}. Stop that process and run the job again.") from None
+                if delay == PORT_RETRY_FIRST_S:
+                    events("dispatcher-port-taken", f"the dispatcher cannot restart at {node.address}: its port is "
+                                                    f"taken by {exc.holder}; trying again for up to "
+                                                    f"{DISPATCHER_PORT_WAIT_S:.0f} s")
+                time.sleep(delay)
+                delay = min(delay * 2, PORT_RETRY_MAX_S)
 
     def _supervise_workers(self, dep: Deployment, events: EventSink) -> None:
         for node in dep.by_role("worker"):
+            if node.index in self._port_waits:
+                self._retry_taken_port(dep, node, events)
+                continue
             code = self._exit_code(node)
             if code is None:
                 continue
@@ -297,8 +448,56 @@ class LocalProvisioner:
                     f"worker {node.index} died {count} times; giving up. Its log ({node.log}) ends with:\n{_log_tail(node.log)}"
                 )
             events("worker-restarted", f"worker {node.index} exited (code {code}); restarting it at {node.address}")
-            self._start_worker(dep, node, node.extra.get("cache_mb", 0))
+            self._restart_worker(dep, node, events)
+
+    def _restart_worker(self, dep: Deployment, node: Node, events: EventSink) -> None:
+        """Start the worker again at its own port and wait for it. If another process holds the port, the
+        worker waits for it (see _retry_taken_port) while the rest of the job goes on."""
+        self._start_worker(dep, node, node.extra.get("cache_mb", 0))
+        try:
             self._wait_ready([node], dep)
+        except PortTaken as exc:
+            now = time.monotonic()
+            wait = self._port_waits.get(node.index)
+            if wait is None:
+                wait = self._port_waits[node.index] = {"since": now, "delay": PORT_RETRY_FIRST_S}
+                events("worker-port-taken",
+                       f"worker {node.index} cannot restart at {node.address}: its port is taken by {exc.holder}. "
+                       f"Its clients read the rest of its share from that address only, so dsctl tries it again for "
+                       f"up to {WORKER_PORT_WAIT_S:.0f} s, then moves the worker to a new port.")
+            else:
+                wait["delay"] = min(wait["delay"] * 2, PORT_RETRY_MAX_S)
+            wait.update(next=now + wait["delay"], holder=exc.holder)
+            return
+        wait = self._port_waits.pop(node.index, None)
+        if wait is not None:
+            events("worker-port-free", f"worker {node.index} restarted at {node.address}, its port free again after "
+                                       f"{time.monotonic() - wait['since']:.1f} s")
+
+    def _retry_taken_port(self, dep: Deployment, node: Node, events: EventSink) -> None:
+        """Try a worker's taken port again when its backoff is up; after WORKER_PORT_WAIT_S, move the worker.
+
+        tf.data service has no way to hand a lost worker's share to another address: its clients go on
+        with the other workers and wait for that one at the end of a finite dataset. A worker at a new
+        port registers with the dispatcher as a new worker and serves the job from there."""
+        wait = self._port_waits[node.index]
+        now = time.monotonic()
+        if now < wait["next"]:
+            return
+        if now - wait["since"] < WORKER_PORT_WAIT_S:
+            self._restart_worker(dep, node, events)
+            return
+        del self._port_waits[node.index]
+        old = node.address
+        node.extra.update(served=False, port_picks=0)  # no client knows the new address: any free port will do
+        self._start_worker(dep, node, node.extra.get("cache_mb", 0), port=self._pick_port(dep))
+        self._wait_ready([node], dep)
+        events("worker-moved",
+               f"worker {node.index} restarted at {node.address}: its port at {old} was still taken by "
+               f"{wait.get('holder', 'another process')} after {WORKER_PORT_WAIT_S:.0f} s. It serves the job from "
+               f"the new address; tf.data service clients that were reading from {old} wait for what it had not "
+               "sent them, so a job that reads a finite dataset to its end may stall there, while one bounded by "
+               "steps or time goes on.")
 
     def stop_trainers(self, dep: Deployment) -> None:
         stop_groups(dep.by_role("trainer"), grace_s=5.0)

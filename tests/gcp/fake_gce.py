@@ -1020,6 +1020,20 @@ class FakeCloud:
                                "when OnHostMaintenance isn't TERMINATE (Spot VMs cannot live migrate).")
             ohm, auto = "TERMINATE", False
         action = sched_in.get("instanceTerminationAction")
+        mrd = sched_in.get("maxRunDuration")
+        if mrd is not None:
+            # https://cloud.google.com/compute/docs/instances/limit-vm-runtime: "between 30 seconds and 120 days",
+            # and "you must also specify the termination action".
+            try:
+                seconds = int((mrd or {}).get("seconds", 0))
+            except (TypeError, ValueError):
+                seconds = -1
+            if not 30 <= seconds <= 120 * 86400:
+                raise _invalid(f"{sfield}.maxRunDuration.seconds", str((mrd or {}).get("seconds")),
+                               "Must be between 30 seconds and 120 days.")
+            if action is None:
+                raise _invalid(f"{sfield}.instanceTerminationAction", "", "An instanceTerminationAction (STOP or "
+                               "DELETE) is required with maxRunDuration.")
         if action is not None:
             if action not in ("STOP", "DELETE"):
                 raise _invalid(f"{sfield}.instanceTerminationAction", action, "Must be STOP or DELETE.")

@@ -52,12 +52,14 @@ def cpu_software():
 
 @pytest.fixture(scope="session")
 def cpu_wheelhouse(cpu_software):
-    """The wheelhouse dsctl builds for Debian 12's Python (3.11) with this run's TensorFlow: built once, cached."""
-    return wheelhouse.build(wheelhouse.Recipe.for_kind(cpu_software.for_kind("cpu")))
+    """The wheelhouse dsctl builds for Debian 12's Python (3.11) with this run's TensorFlow, and what the
+    dispatcher VM's run supervisor needs: built once, cached."""
+    return wheelhouse.build(wheelhouse.Recipe.for_kind(cpu_software.for_kind("cpu"), supervisor=True))
 
 
 def test_the_real_startup_script_boots_debian_12_from_cloud_storage_and_its_worker_serves(
         tmp_path, cpu_software, cpu_wheelhouse, capsys):
+    """Booted as the dispatcher VM: with the run supervisor's extra, whose command must run there too."""
     import vmboot
 
     reason = vmboot.unsupported_reason()
@@ -72,7 +74,7 @@ def test_the_real_startup_script_boots_debian_12_from_cloud_storage_and_its_work
         client.bucket(BUCKET).blob(run_prefix + wheel.name).upload_from_filename(str(wheel))
         script = startup.script(kind=kind, tf_version=cpu_software.tensorflow_version, bucket=BUCKET,
                                 wheelhouse_prefix=cpu_wheelhouse.prefix, dsctl_prefix=run_prefix,
-                                dsctl_wheel=wheel.name, storage_host=vm.gcs_endpoint)
+                                dsctl_wheel=wheel.name, storage_host=vm.gcs_endpoint, supervisor=True)
         vm.metadata.set_attribute("startup-script", script)
         # The image as Google ships it: a Python, but no venv package and no pip.
         assert vm.exec(["python3", "-c", "import ensurepip"]).exit_code != 0
@@ -94,8 +96,11 @@ def test_the_real_startup_script_boots_debian_12_from_cloud_storage_and_its_work
         again = vm.run_startup_script(timeout_s=60)
         assert again.ok and again.seconds < 5
 
-        # dsctl's runtime, from the venv the script made, serves a client on this machine across the VM's link.
+        # The run's supervisor can start there: `dsctl supervise` and the Google Cloud provider import.
         python = startup.VENV + "/bin/python"
+        helped = vm.exec([python, "-m", "dsctl.cli.main", "supervise", "--help"], timeout_s=120)
+        assert helped.exit_code == 0 and "handed over" in helped.stdout, helped
+        # dsctl's runtime, from the venv the script made, serves a client on this machine across the VM's link.
         vm.spawn([python, "-m", "dsctl.runtime.dispatcher", "--port", str(DISPATCHER_PORT),
                   "--ready-file", "/tmp/dispatcher.json"], name="dispatcher")
         vm.spawn([python, "-m", "dsctl.runtime.worker", "--dispatcher", f"localhost:{DISPATCHER_PORT}",

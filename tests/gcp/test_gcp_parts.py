@@ -565,13 +565,14 @@ def test_fetch_on_the_vm_unpacks_the_code_and_refuses_paths_outside_it(cloud, tm
 
 
 def _fake_wheelhouse(cache, kind) -> None:
-    """A complete wheelhouse in the local cache for `kind` (what `pip download` would have left), so no pip runs."""
+    """A complete wheelhouse in the local cache for `kind` (what `pip download` would have left), so no pip runs.
+    The CPU kind is the dispatcher's here: its wheelhouse also holds what the run's supervisor needs."""
     import hashlib
     import json
 
     from dsctl.provisioners.gcp import wheelhouse
 
-    recipe = wheelhouse.Recipe.for_kind(kind)
+    recipe = wheelhouse.Recipe.for_kind(kind, supervisor=kind.kind == "cpu")
     final = cache / recipe.digest
     final.mkdir(parents=True)
     files = []

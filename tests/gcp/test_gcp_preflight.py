@@ -139,3 +139,34 @@ def test_a_run_refused_by_preflight_records_nothing_billable(cloud, home, tmp_pa
         JobRunner(load_spec(spec)).run()
     assert cloud.counts() == NOTHING
     assert not [c for c in cloud.calls if c[0] in ("POST", "DELETE", "PATCH") and not c[1].endswith(":testIamPermissions")]
+
+
+@pytest.mark.parametrize("autoscale, tpu", [(False, False), (True, True)])
+def test_the_supervisor_checks_its_own_permissions_before_it_touches_anything(cloud, home, tmp_path, autoscale, tpu):
+    """On the dispatcher VM, the run's supervisor acts as the VMs' service account: what it lacks is named,
+    with the roles that grant it, before it starts, stops or deletes anything."""
+    from dsctl.provisioners import Deployment, Node
+    from dsctl.provisioners.gcp import GcpProvisioner, GcpError
+    from dsctl.provisioners.gcp.preflight import supervisor_permissions
+    from dsctl.provisioners.gcp.settings import resolve
+
+    extra = "\nautoscale: {policy: cachew, max_workers: 4}\n" if autoscale else ""
+    path = gcp_spec(tmp_path / "job", home=home, trainer_machine="tpu-v2-8" if tpu else "n2-standard-8",
+                    mode="parallel_epochs")
+    path.write_text(path.read_text() + extra)
+    spec = load_spec(path).spec
+    wanted = supervisor_permissions(spec, public_ips=True)
+    assert ("compute.instances.create" in wanted) == autoscale and ("tpu.nodes.delete" in wanted) == tpu
+    assert "compute.instances.start" in wanted and "storage.objects.create" in wanted
+    dep = Deployment(run_id="perm-run", provider="gcp", run_dir=str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    dep.nodes.append(Node(role="gcp", index=0, extra={"settings": resolve(spec).as_dict()}))
+    cloud.granted_permissions = set(wanted)
+    GcpProvisioner().check_supervisor(dep, spec)  # everything granted: nothing to say
+    cloud.granted_permissions = set(wanted) - {"compute.instances.start", "storage.objects.create"}
+    with pytest.raises(GcpError) as info:
+        GcpProvisioner().check_supervisor(dep, spec)
+    message = str(info.value)
+    assert "lacks 2 permission(s)" in message and "compute.instances.start" in message
+    assert "roles/compute.instanceAdmin.v1" in message and "gcp.supervisor: here" in message
+    assert cloud.counts() == NOTHING

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -104,6 +105,35 @@ def test_a_wheelhouse_is_addressed_by_everything_that_decides_its_contents():
     # Every manylinux tag the VM's glibc (2.36) can load, and none newer.
     assert platforms[0] == "manylinux2014_x86_64" and platforms[-1] == "manylinux_2_36_x86_64"
     assert "manylinux_2_17_x86_64" in platforms and "manylinux_2_37_x86_64" not in platforms
+
+
+def test_the_supervisor_extra_is_what_pyproject_asks_for_the_cli_and_the_gcp_provider():
+    """The dispatcher VM runs `dsctl supervise` (cli -> orchestrator -> provisioners.gcp): its extra must hold the
+    same requirements as the package itself, and only the dispatcher's kind carries them."""
+    import tomllib
+
+    from dsctl.provisioners.gcp import wheel
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    wanted = {r for r in project["dependencies"] + project["optional-dependencies"]["gcp"]
+              if not r.startswith(("tensorflow", "matplotlib", "grpcio", "dsctl"))}
+    assert set(wheel.RUNTIME_REQUIREMENTS) | set(wheel.SUPERVISOR_REQUIREMENTS) == wanted
+    plain, with_supervisor = (wheelhouse.Recipe.for_kind(_kind(), supervisor=s) for s in (False, True))
+    assert not set(wheel.SUPERVISOR_REQUIREMENTS) & set(plain.requirements)
+    assert set(wheel.SUPERVISOR_REQUIREMENTS) <= set(with_supervisor.requirements) and plain.digest != with_supervisor.digest
+
+
+def test_the_wheel_offers_the_supervisor_extra(tmp_path):
+    import zipfile
+
+    from dsctl.provisioners.gcp import wheel
+
+    path = wheel.build_wheel(tmp_path)
+    with zipfile.ZipFile(path) as z:
+        meta = z.read(next(n for n in z.namelist() if n.endswith("/METADATA"))).decode()
+    assert "Provides-Extra: supervisor" in meta
+    assert 'Requires-Dist: google-cloud-compute>=1.20; extra == "supervisor"' in meta
+    assert "Requires-Dist: pydantic>=2.6\n" in meta
 
 
 def test_a_built_wheelhouse_is_reused_and_a_failed_download_names_the_cause(tmp_path, monkeypatch):

@@ -403,6 +403,19 @@ def test_spot_constraints(api, sched, why):
         api.insert(vm("spot", scheduling=c.Scheduling(**sched)))
 
 
+@pytest.mark.parametrize("sched, why", [
+    (dict(max_run_duration=c.Duration(seconds=3600)), "instanceTerminationAction"),
+    (dict(max_run_duration=c.Duration(seconds=10), instance_termination_action="DELETE"), "between 30 seconds"),
+    (dict(max_run_duration=c.Duration(seconds=121 * 86400), instance_termination_action="DELETE"), "120 days"),
+])
+def test_max_run_duration_needs_a_termination_action_and_a_sane_length(api, sched, why):
+    with pytest.raises(gx.BadRequest, match=why):
+        api.insert(vm("limited", scheduling=c.Scheduling(**sched)))
+    assert not errors(api.insert(vm("ok", scheduling=c.Scheduling(max_run_duration=c.Duration(seconds=3600),
+                                                                 instance_termination_action="DELETE"))))
+    assert api.get("ok").scheduling.max_run_duration.seconds == 3600
+
+
 def test_spot_defaults(api):
     assert not errors(api.insert(vm("spot", scheduling=c.Scheduling(provisioning_model="SPOT",
                                                                   instance_termination_action="DELETE"))))

@@ -1,0 +1,109 @@
+"""Runs supervised on the cloud, seen from any machine: their progress, their record, and stopping them.
+
+A run `dsctl up --detach` handed over to its dispatcher VM (orchestrator/supervise.py) is known
+here by its state file (a `supervisor` node) when this machine started it, or only by its id
+and project otherwise. Either way its record comes from the objects its supervisor publishes
+(cloudrecord.py): `refresh` imports what is new into this machine's store, so `dsctl runs`,
+`runs show`, `logs` and `cost report` read it like any other run, and a run found ended
+has what is left of it (its supervisor's own VM, being deleted) removed and confirmed gone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Callable
+
+from dsctl.provisioners import Deployment, get_provisioner
+
+from . import cloudrecord
+from .store import RunStore, dsctl_home
+
+IMPORTED = "cloud-parts.json"  # in the run dir: the record's parts already imported here
+STOP_WAIT_S = 300.0
+
+
+def supervised(dep: Deployment) -> bool:
+    return bool(dep.by_role("supervisor"))
+
+
+def _imported(run_dir: Path) -> set[str]:
+    try:
+        return set(json.loads((run_dir / IMPORTED).read_text()))
+    except (OSError, ValueError):
+        return set()
+
+
+def sync(store: RunStore, objects, run_id: str, run_dir: Path | None = None) -> dict | None:
+    """Import what the run's supervisor published since the last sync; its latest state, or None."""
+    run_dir = Path(run_dir or dsctl_home() / "runs" / run_id)
+    imported = _imported(run_dir)
+    latest = cloudrecord.import_record(store, objects, run_id, imported)
+    if latest is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / IMPORTED).write_text(json.dumps(sorted(imported)))
+    return latest
+
+
+def ended(latest: dict | None) -> bool:
+    return bool(latest) and (latest.get("run") or {}).get("status") not in (None, "running")
+
+
+def refresh(store: RunStore, dep: Deployment, events: Callable[[str, str], None] = lambda k, m: None) -> dict | None:
+    """Bring a supervised run's record up to date here; once it has ended, confirm nothing of it is left."""
+    provisioner = get_provisioner(dep.provider)
+    latest = sync(store, provisioner.run_objects(dep), dep.run_id, Path(dep.run_dir))
+    if ended(latest) and dep.status != "down":
+        provisioner.down(dep, events)  # its supervisor deleted everything but its own VM, which goes now
+    return latest
+
+
+def stop(store: RunStore, objects, run_id: str, reason: str, wait_s: float = STOP_WAIT_S,
+         poll_s: float = 2.0) -> dict | None:
+    """Ask the run's supervisor to tear the run down, and wait (up to wait_s) until it has recorded so."""
+    latest = sync(store, objects, run_id)
+    if latest is None or ended(latest):
+        return latest  # nothing published (not supervised, or its supervisor never started), or over already
+    cloudrecord.request_stop(objects, reason)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        time.sleep(poll_s)
+        latest = cloudrecord.read_latest(objects)
+        if ended(latest):
+            break
+    return sync(store, objects, run_id)
+
+
+HEARTBEAT_S = 30.0
+
+
+def follow(objects, on_latest: Callable[[dict], None], *, outage_limit_s: float, poll_s: float = 2.0,
+           heartbeat_s: float = HEARTBEAT_S) -> dict:
+    """An attached `dsctl up` of a supervised run: show each new state (latest.json alone: the same few
+    kilobytes a look, whatever the number of workers) until the run ends, telling its supervisor all the while
+    that someone follows it. Past outage_limit_s without reaching Cloud Storage, raise TimeoutError: the
+    supervisor, no longer hearing from this machine, tears the run down on its side."""
+    beat, last_beat, last_ok = 0, -math.inf, time.monotonic()
+    while True:
+        try:
+            if time.monotonic() - last_beat >= heartbeat_s:
+                beat += 1
+                cloudrecord.still_following(objects, beat)
+                last_beat = time.monotonic()
+            latest = cloudrecord.read_latest(objects)
+            last_ok = time.monotonic()
+        except Exception as exc:  # noqa: BLE001 - no route to Cloud Storage (a laptop offline): try again
+            lost = time.monotonic() - last_ok
+            if lost > outage_limit_s:
+                raise TimeoutError(f"this machine could not reach the run's record in Cloud Storage for {lost:.0f} s "
+                                   f"(gcp.outage_limit_s; last: {type(exc).__name__}: {exc}); its supervisor tears the "
+                                   "run down when it stops hearing from here") from None
+            time.sleep(poll_s)
+            continue
+        if latest:
+            on_latest(latest)
+        if ended(latest):
+            return latest
+        time.sleep(poll_s)
