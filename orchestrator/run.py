@@ -236,9 +236,11 @@ class JobRunner:
             self.progress.last_event = p.get("last_event") or self.progress.last_event
             self.listener(self.progress)
 
+        limit = self.spec.gcp.outage_limit_s if self.spec.gcp else 600.0
         try:
-            cloudruns.follow(objects, show, outage_limit_s=self.spec.gcp.outage_limit_s if self.spec.gcp else 600.0,
-                             poll_s=poll_s)
+            # Heartbeats well within the limit, so the supervisor never takes a slow one for a gone follower.
+            cloudruns.follow(objects, show, outage_limit_s=limit, poll_s=poll_s,
+                             heartbeat_s=min(cloudruns.HEARTBEAT_S, limit / 3))
         except KeyboardInterrupt:
             try:
                 self._phase("stopping")

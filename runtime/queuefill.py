@@ -55,11 +55,11 @@ class QueueFillSampler:
     def active(self) -> bool:
         return self._read is not None
 
-    def maybe_sample(self) -> None:
+    def maybe_sample(self, force: bool = False) -> None:
         if self._read is None:
             return
         now = self._clock()
-        if now < self._next:
+        if now < self._next and not force:
             return
         self._next = now + self._interval
         try:
@@ -73,6 +73,9 @@ class QueueFillSampler:
         self._count += 1
 
     def take(self) -> Optional[float]:
+        """The mean since the last take; a window with no sample yet (a slow batch spanned it) reads now."""
+        if not self._count:
+            self.maybe_sample(force=True)
         if not self._count:
             return None
         mean = self._sum / self._count

@@ -76,7 +76,7 @@ class Clock:
 
 def test_queue_fill_sampler_reads_at_most_once_per_interval_and_averages_per_take():
     clock, reads = Clock(), []
-    values = iter([4.0, 8.0, 6.0])
+    values = iter([4.0, 8.0, 6.0, 3.0])
 
     def reader():
         reads.append(clock.now)
@@ -88,10 +88,11 @@ def test_queue_fill_sampler_reads_at_most_once_per_interval_and_averages_per_tak
         sampler.maybe_sample()
     assert reads == [0.0, 0.1]
     assert sampler.take() == 6.0
-    assert sampler.take() is None, "a take empties the window"
     clock.now = 0.3
     sampler.maybe_sample()
-    assert sampler.take() == 6.0
+    assert sampler.take() == 6.0, "a take empties the window"
+    clock.now = 0.35
+    assert sampler.take() == 3.0 and reads[-1] == 0.35, "a window with no sample reads at its end"
 
 
 def test_a_model_without_the_service_node_turns_sampling_off_for_good():

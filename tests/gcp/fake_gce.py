@@ -346,8 +346,10 @@ class Faults:
     # Refuse the insert/bulkInsert call itself (HTTP 403 quotaExceeded, or 503 for capacity) instead of
     # failing its operation; applies to the fail_nth knob and to configured quotas alike.
     fail_sync: bool = False
-    # Every `burst_every`-th API call starts a burst of `burst_length` errors with `burst_status`
-    # (503 backendError, 429 or 403 rateLimitExceeded).
+    # Every `burst_every`-th call to one method and path starts a burst of `burst_length` errors with
+    # `burst_status` (503 backendError, 429 or 403 rateLimitExceeded) on it. Counted per method and path,
+    # so a caller retrying one call meets at most `burst_length` errors in a row however many other
+    # calls run at the same time (a global count would fail concurrent retries far more often).
     burst_every: int | None = None
     burst_length: int = 0
     burst_status: int = 503
@@ -454,7 +456,7 @@ class FakeCloud:
         self._addr_base = self._addr_index_of(first_ip)
         self._next_addr = 0
         self._free_addrs: list[int] = []
-        self._burst_left = 0
+        self._bursts: dict[tuple[str, str], list[int]] = {}  # (method, path) -> [calls, errors left]
         self._pending_created: list[dict] = []  # made under the lock; their on_created hooks run after it
         self._pending_stopped: list[dict] = []  # stopped or preempted, likewise
         self._pending_started: list[dict] = []  # started again, likewise
@@ -760,16 +762,17 @@ class FakeCloud:
                     "tpus": len(self.tpus) + sum(1 for q in self.queued.values() if q.get("_node_key") not in self.tpus)}
 
     # -- faults --------------------------------------------------------------------------------------------
-    def maybe_fail_call(self) -> None:
+    def maybe_fail_call(self, method: str, path: str) -> None:
         """Bursts of errors. Rate limits are 403/429 with reason rateLimitExceeded
         (https://cloud.google.com/compute/api-quota#exceeded); never a quota error."""
         f = self.faults
         with self.lock:
-            n = len(self.calls)
-            if self._burst_left > 0:
-                self._burst_left -= 1
-            elif f.burst_every and n % f.burst_every == 0 and f.burst_length > 0:
-                self._burst_left = f.burst_length - 1
+            burst = self._bursts.setdefault((method, path), [0, 0])
+            burst[0] += 1
+            if burst[1] > 0:
+                burst[1] -= 1
+            elif f.burst_every and burst[0] % f.burst_every == 0 and f.burst_length > 0:
+                burst[1] = f.burst_length - 1
             else:
                 return
             self.errors_injected += 1
@@ -2379,7 +2382,7 @@ class _Handler(BaseHTTPRequestHandler):
         if cloud.faults.latency_s:
             time.sleep(cloud.faults.latency_s)
         try:
-            cloud.maybe_fail_call()
+            cloud.maybe_fail_call(method, url.path)
             try:
                 body = json.loads(raw) if raw else {}
             except ValueError:

@@ -28,7 +28,7 @@ from dsctl.specs import load_spec
 from conftest import PROJECT, ZONE, gcp_spec
 from helpers import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.background]  # they mostly wait: beside the other tests
 
 NOTHING = {"instances": 0, "firewalls": 0, "tpus": 0}
 OUTAGE_S = float(os.environ.get("DSCTL_TEST_OUTAGE_S", "180"))  # the three minutes
@@ -108,7 +108,7 @@ def sshd_processes(sshd) -> list[psutil.Process]:
 
 
 def test_three_minutes_without_ssh_are_an_event_not_a_failure(cloud, sshd, home, tmp_path):
-    run_time = OUTAGE_S + 60
+    run_time = OUTAGE_S + 40
     spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=1, trainer_machine="n2-standard-8", epochs=None,
                     latency_ms=1, model="{step_time_ms: 20}", duration_s=run_time, gcp={"outage_limit_s": OUTAGE_S + 120})
     run_id = "ssh-outage-0001"

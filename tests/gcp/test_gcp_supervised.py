@@ -23,7 +23,7 @@ from dsctl.orchestrator.store import RunStore
 from conftest import BUCKET, PROJECT, ZONE, gcp_spec
 from helpers import processes_under, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.background]  # they mostly wait: beside the other tests
 
 NOTHING = {"instances": 0, "firewalls": 0, "tpus": 0}
 BUCKET_OF = ("--project", PROJECT, "--bucket", BUCKET)  # where its record is
@@ -109,14 +109,14 @@ def test_down_from_another_machine_stops_a_detached_run_and_records_it(cloud, ss
 
 def test_a_detached_run_stops_itself_at_its_maximum_duration(cloud, sshd, home, tmp_path):
     spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=1, trainer_machine="n2-standard-8", epochs=None,
-                    latency_ms=1, model="{step_time_ms: 20}", duration_s=900, gcp={"max_duration_s": 40})
+                    latency_ms=1, model="{step_time_ms: 20}", duration_s=900, gcp={"max_duration_s": 60})
     run_id = up_detached(spec)
     record = when_ended(run_id, 240, "the run to reach its maximum duration")
     assert record["status"] == "interrupted" and "gcp.max_duration_s" in record["error"]
     wait_for(lambda: cloud.counts() == NOTHING, timeout=60, what="everything to be deleted")
     for kind, body in cloud.created:
         if kind == "instance":
-            assert body["scheduling"]["maxRunDuration"]["seconds"] == str(40 + 3600)
+            assert body["scheduling"]["maxRunDuration"]["seconds"] == str(60 + 3600)
     assert processes_under(home) == []
 
 
@@ -139,7 +139,7 @@ def test_an_attached_run_whose_dsctl_is_gone_is_torn_down_after_the_outage_limit
     """kill -9 of an attached `dsctl up` (a laptop that never comes back): its supervisor no longer hears from it,
     and after gcp.outage_limit_s tears the run down by itself and says why."""
     spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=1, trainer_machine="n2-standard-8", epochs=None,
-                    latency_ms=1, model="{step_time_ms: 20}", duration_s=900, gcp={"outage_limit_s": 30})
+                    latency_ms=1, model="{step_time_ms: 20}", duration_s=900, gcp={"outage_limit_s": 20})
     up = subprocess.Popen([sys.executable, "-m", "dsctl.cli.main", "up", str(spec), "--yes"], stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
     run_dir = wait_for(lambda: next(iter((home / "runs").glob("*/state.json")), None), timeout=60, what="a run dir").parent
