@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,14 +12,39 @@ import pytest
 from helpers import processes_under
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
-def pytest_collection_modifyitems(items) -> None:
-    """Two groups for pytest-xdist (--dist loadgroup, pyproject.toml): the tests marked `background`, which
-    mostly wait, in one test process; all others, in order, in the other. Timing-sensitive tests thus share
-    the machine only with tests that barely use it."""
-    for item in items:
-        group = "background" if item.get_closest_marker("background") else "main"
-        item.add_marker(pytest.mark.xdist_group(group))
+@pytest.fixture(autouse=True)
+def machine_share(request):
+    """How a test shares this 2-core machine with the one pytest-xdist runs beside it (pyproject.toml: -n 2).
+
+    `timed` tests (they measure throughput, knees or deadlines) run alone; the other `slow` tests (they start
+    TensorFlow processes) run beside one another; tests marked `background` (mostly waiting on timers) and
+    unit tests run beside anything. A file lock in the run's temp dir does it: exclusive for `timed`, shared for
+    `slow`, behind a turnstile so a waiting `timed` test is not starved by the shared ones."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    marks = {m.name for m in request.node.iter_markers()}
+    if run is None or "background" in marks or not marks & {"timed", "slow"}:
+        yield
+        return
+    locks = Path(tempfile.gettempdir()) / f"dsctl-tests-{run}"
+    locks.mkdir(exist_ok=True)
+    with _locked(locks / "turnstile", fcntl.LOCK_EX):  # held while waiting: no shared test slips in first
+        share = _locked(locks / "machine", fcntl.LOCK_EX if "timed" in marks else fcntl.LOCK_SH)
+    with share:
+        yield
+
+
+class _locked:
+    """flock(path, how), taken when made, let go on leaving the `with`."""
+
+    def __init__(self, path: Path, how: int):
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self.fd, how)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)  # closing the last descriptor releases the lock
 
 
 @pytest.fixture

@@ -41,6 +41,7 @@ def workers_at(windows, t):
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_cachew_policy_finds_the_knee_then_follows_the_model_up_and_down(home, tmp_path):
     spec = write_spec(tmp_path, PHASED_JOB)
     record = json.loads(dsctl("up", spec, "--json", timeout=400, check=True).stdout)

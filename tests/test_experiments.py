@@ -66,6 +66,7 @@ def check_outputs(result: dict, out) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_fig11_coordinated_reads_cut_padding_and_the_synchronous_step(home, out):
     proc = experiments_cli("run", "fig11", "--quick", "--out", str(out), "--json")
     assert proc.returncode == 0, proc.stderr
@@ -85,6 +86,7 @@ def test_fig11_coordinated_reads_cut_padding_and_the_synchronous_step(home, out)
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_fig10_sharing_spends_less_worker_cpu_per_delivered_batch(home, out):
     result = run_experiment("fig10", out, quick=True).to_dict()
     rows = {(r["mode"], r["k"]): r for r in result["data"]["rows"]}
@@ -101,6 +103,7 @@ def test_fig10_sharing_spends_less_worker_cpu_per_delivered_batch(home, out):
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_fig8_scale_out_and_the_papers_cost_arithmetic(home, out):
     result = run_experiment("fig8", out, quick=True).to_dict()
     rows = {r["model"]: r for r in result["data"]["paper_rows"]}
@@ -127,6 +130,7 @@ def test_fig8_scale_out_and_the_papers_cost_arithmetic(home, out):
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_fig9_predicted_sweep_rises_saturates_and_predicts_the_held_out_point(home, out):
     result = run_experiment("fig9", out, quick=True).to_dict()
     d = result["data"]
@@ -251,6 +255,7 @@ def test_cachew_autoscale_verdict_and_conclusion_follow_the_numbers(change, fail
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_cachew_autoscale_settles_at_the_knee_and_hpa_under_provisions(home, out):
     result = run_experiment("cachew-autoscale", out, quick=True).to_dict()
     d = result["data"]

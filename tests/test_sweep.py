@@ -26,6 +26,7 @@ KNEE_SPEC = """
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_local_sweep_finds_the_knee_and_records_every_point(home, tmp_path):
     spec = write_spec(tmp_path, KNEE_SPEC)
     out = tmp_path / "plots"

@@ -201,6 +201,7 @@ def storage_client():
     return storage.Client(project=PROJECT, credentials=AnonymousCredentials())
 
 
+@pytest.mark.timed
 def test_a_dead_fault_tolerant_dispatcher_is_restarted_on_its_vm(cloud, sshd, home, tmp_path):
     """SIGKILL of the dispatcher on its "VM" mid-job: dsctl restarts it at its address from its journal,
     the trainer carries on, and the record says so."""
