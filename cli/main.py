@@ -369,7 +369,11 @@ def runs_show(
     if json_out:
         print_json({**record.as_dict(), "windows": store.windows(record.id), "events": store.events(record.id)})
         return
-    console.print(sweep_table(record) if record.kind == "sweep" else summary_table(record))
+    table = sweep_table(record) if record.kind == "sweep" else summary_table(record)
+    if record.summary.get("summary_source") == "windows":
+        table.add_row("summary", "rebuilt from the run's stored metrics windows: its trainers' own end records are "
+                                 "missing (the run ended abnormally)")
+    console.print(table)
     for e in store.events(record.id):
         console.print(f"  {time.strftime('%H:%M:%S', time.localtime(e['t']))} {e['kind']}: {e['message']}")
 

@@ -90,15 +90,35 @@ def runs_table(records) -> Table:
     return t
 
 
+def worker_counts(counts: list[int], asked: str | None) -> str:
+    """The counts a sweep visits, and what --workers as typed may have led a reader to expect instead."""
+    from dsctl.specs.workercounts import doubling_note
+
+    note = doubling_note(asked) if asked else None
+    return ", ".join(map(str, counts)) + (f" ({note})" if note else "")
+
+
+def sweep_plan_line(measured: list[int], predicted: list[int], asked: str | None) -> str:
+    """A sweep's first line, before it measures anything: exactly which counts run."""
+    counts = sorted(measured + predicted)
+    line = f"sweeping {len(counts)} worker count{'' if len(counts) == 1 else 's'}: {worker_counts(counts, asked)}"
+    if predicted and not measured:
+        line += "; every one predicted from the calibration, nothing runs"
+    elif predicted:
+        line += f"; measured here: {', '.join(map(str, measured))}; predicted: {', '.join(map(str, predicted))}"
+    return line
+
+
 def sweep_table(record) -> Table:
     """Figure 9 as a table: throughput, speedup, fraction of ideal, cost, saving; each row says where it comes from."""
     s = record.summary
     base = s.get("baselines", {})
     colo, ideal = base.get("colocated", {}), base.get("ideal", {})
     given = colo.get("given") or ideal.get("given")
+    counts = f"worker counts: {worker_counts(s['counts'], s.get('workers_asked'))}\n" if s.get("counts") else ""
     t = Table(title=f"sweep {record.id} ({record.status}; window {s.get('window')}, warm-up {s.get('warmup_s')} s)",
               title_justify="left", caption_justify="left",
-              caption=f"colocated {fmt(colo.get('batches_per_s'))} b/s, ideal {fmt(ideal.get('batches_per_s'))} b/s "
+              caption=f"{counts}colocated {fmt(colo.get('batches_per_s'))} b/s, ideal {fmt(ideal.get('batches_per_s'))} b/s "
                       f"({'given: ' + given if given else 'measured here'}); source: measured here, fitted (the model "
                       "at a count it was fitted on: its input back), or predicted (* in the workers column)")
     for col in ("workers", "batches/s", "speedup", "of ideal", "$/1k batches", "cost saving", "source"):

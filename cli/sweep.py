@@ -12,15 +12,16 @@ from dsctl.specs.workercounts import parse_worker_counts
 
 from .errors import EXIT_INTERRUPTED, err_console
 from .live import LiveView
-from .render import console, print_json, sweep_table
+from .render import console, print_json, sweep_plan_line, sweep_table
 
 
 def _detached_target():
-    """The deployment `dsctl up --detach` left running, and its spec."""
+    """The deployment `dsctl up --detach` left running, and its spec; whether it can take a sweep now is for
+    the sweep to say (AttachedDeployment.claim), so one still running its job is named, not missed."""
     from dsctl.orchestrator.deployments import active_deployments
     from dsctl.orchestrator.store import RunStore
 
-    detached = [d for d in active_deployments() if d.by_role("monitor") and d.status == "up"]
+    detached = [d for d in active_deployments() if d.by_role("monitor")]
     if not detached:
         raise SpecError("no deployment is up to sweep. Start one with `dsctl up JOB.yaml --detach`, "
                         "or name a spec: `dsctl sweep JOB.yaml --workers 1..8`.")
@@ -34,10 +35,15 @@ def _detached_target():
     return dep, load_spec(spec_path)
 
 
+WORKERS_HELP = ("worker counts; the end is always included. 8..640 doubles: 8,16,...,512,640 (the paper's Figure 9); "
+                "1..4 gives 1,2,4 and 1..4:1 every count; 1..6:2 steps by 2: 1,3,5,6; 8,16,64 is a list. The sweep "
+                "prints the counts before it measures.")
+
+
 def sweep(
     spec: Optional[Path] = typer.Argument(None, metavar="[JOB.yaml]",
                                           help="job spec; default: the deployment `dsctl up --detach` left running"),
-    workers: str = typer.Option(..., "--workers", "-w", help="counts: 8..640 (doubling), 1..6:1 (step), 8,16,64 (list)"),
+    workers: str = typer.Option(..., "--workers", "-w", help=WORKERS_HELP),
     simulate: bool = typer.Option(False, "--simulate", help="predict counts this machine cannot hold with the calibrated model"),
     window: str = typer.Option("5s", "--window", help="measurement per point: batches (200) or seconds (5s)"),
     warmup: float = typer.Option(2.0, "--warmup", min=0, help="seconds discarded after each change of worker count"),
@@ -60,13 +66,14 @@ def sweep(
         raise SpecError(f"--strategy must be in-place or restart, got '{strategy}'.", field="--strategy")
     options = SweepOptions(counts=counts, window=Window.parse(window), warmup_s=warmup, simulate=simulate,
                            tolerance=tolerance, out_dir=out, strategy=strategy,
-                           calibration=load_calibration(calibration) if calibration else None)
+                           calibration=load_calibration(calibration) if calibration else None, asked=workers.strip())
     attach = None
     if spec is None:
         attach, loaded = _detached_target()
     else:
         loaded = load_spec(spec)  # entrypoints are imported and checked in a child process
     runner = SweepRunner(loaded, options, attach=attach)
+    (err_console if json_out else console).print(sweep_plan_line(*runner.plan(), options.asked), markup=False)
     try:
         with LiveView(enabled=not json_out) as view:
             runner.listener = view

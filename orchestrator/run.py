@@ -25,7 +25,7 @@ from .policies import Observation
 from .preflight import check_autoscale
 from .pricing import cost_summary
 from .store import RunStore, dsctl_home
-from .summary import summarize
+from .summary import summarize_run
 from .tail import JsonlTail
 
 POLL_S = 0.2
@@ -310,12 +310,13 @@ class JobRunner:
             raise
 
     def _record_end(self, status: str, error: str | None, started: float, ended: float) -> None:
-        """The run's outcome and summary; what the database will not take now is kept in the run dir."""
+        """The run's outcome and summary; what the database will not take now is kept in the run dir.
+        Trainers that never sent their end record are summarized from their stored windows."""
         store = self.store
         store.flush()
         results = {**store.trainer_results(self.run_id), **self._results}
-        summary = summarize(results, store.utilization(self.run_id), started, ended, self.first_batch_wall,
-                            self.measured_from_wall)
+        summary = summarize_run(results, store.windows(self.run_id), store.utilization(self.run_id), started, ended,
+                                self.first_batch_wall, self.measured_from_wall)
         summary.update(self._element_accounting(results))
         summary.update({f"{role}_stopped_s": seconds for role, seconds in self._stopped_s.items() if seconds})
         if self.policy is not None:
@@ -326,14 +327,18 @@ class JobRunner:
         store.update_run(self.run_id, summary=summary)
         self.summary = summary
         reason = store.last_error
+        # The error's first line only: what follows it (a log's tail) would break the one paragraph.
+        lines = (error or "").splitlines()
+        outcome = f"the run {status}" + (f" ({lines[0]}{' …' if len(lines) > 1 else ''})" if lines else "")
         try:
             kept = store.keep_unwritten(self.run_dir)
         except OSError as exc:
-            raise RunFailed(f"the run {status}, and everything it started is stopped, but its record could not be "
-                            f"written to {store.path} ({reason}) nor kept in {self.run_dir} ({exc}); free some space "
-                            "in DSCTL_HOME.") from None
+            raise RunFailed(f"{outcome}, and everything it started is stopped, but its record could not be written to "
+                            f"{store.path} ({reason}) nor kept in {self.run_dir} ({exc.strerror}): free some space in "
+                            f"{store.path.parent}, then `dsctl down {self.run_id}` records it from what was stored."
+                            ) from None
         if kept is not None:
-            raise RunFailed(f"the run {status}, and everything it started is stopped, but {store.path} would not take its "
+            raise RunFailed(f"{outcome}, and everything it started is stopped, but {store.path} would not take its "
                             f"record ({reason}); it is kept in {kept} and the next dsctl command adds it.")
 
     def _start_trainers(self, dep: Deployment) -> None:

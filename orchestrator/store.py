@@ -5,20 +5,30 @@ Rows are written as results arrive (one short transaction each), so a crash or
 
 A database that is locked by another program or on a full disk must not fail a run
 or lose what it measured: a write that cannot be made waits in a backlog (in order)
-and is retried before the next one; what is still unwritten when the run ends is kept
-as SQL in the run's directory (`unrecorded.jsonl`) and written by the next dsctl
-command that opens the store.
+and is retried before the next one (reads of the run count it); what is still unwritten
+when the run ends is kept as SQL in a file of the run's directory (`unrecorded-*.jsonl`,
+written whole or not at all) and written by the next dsctl command that opens the store,
+once.
+
+A file that is not (or no longer) an SQLite database is moved aside, never deleted, and a
+new one is started; `on_notice` tells the user where it went and how to recover its rows.
+Errors the store cannot absorb (locked at open, a full disk when a run starts) are one
+StoreError paragraph naming the file and what to do.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import sqlite3
 import stat
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -58,6 +68,9 @@ CREATE TABLE IF NOT EXISTS utilization (
 CREATE TABLE IF NOT EXISTS events (
     run_id TEXT NOT NULL, t REAL NOT NULL, kind TEXT NOT NULL, message TEXT
 );
+CREATE TABLE IF NOT EXISTS replayed (
+    file TEXT PRIMARY KEY                      -- a kept unrecorded-*.jsonl, written in the same transaction
+);
 CREATE INDEX IF NOT EXISTS windows_run ON windows(run_id);
 CREATE INDEX IF NOT EXISTS utilization_run ON utilization(run_id);
 CREATE INDEX IF NOT EXISTS events_run ON events(run_id);
@@ -65,8 +78,10 @@ CREATE INDEX IF NOT EXISTS events_run ON events(run_id);
 
 BUSY_TIMEOUT_S = 5.0  # one write waits this long for a lock before it joins the backlog
 RETRY_EVERY_S = 2.0  # while writes are failing, try the backlog again at most this often
-UNRECORDED = "unrecorded.jsonl"
-# The statements this module defers; nothing else in an unrecorded.jsonl is replayed.
+UNRECORDED = "unrecorded"  # unrecorded-<ns>-<pid>.jsonl in a run dir (unrecorded.jsonl from older versions)
+DAMAGED = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB: the file is not (or no longer) a database
+FULL_BELOW = 1 << 20  # bytes free under which a failing database is said to be on a full disk
+# The statements this module defers; nothing else in a kept file is replayed.
 REPLAYABLE = ("UPDATE runs SET ", "INSERT INTO windows ", "INSERT OR REPLACE INTO trainer_results ",
               "INSERT INTO utilization ", "INSERT INTO events ")
 
@@ -151,10 +166,51 @@ class RunRecord:
         return d
 
 
+def _quiet(message: str) -> None:
+    """The orchestrator prints nothing: the CLI points `on_notice` at stderr (cli/errors.py)."""
+
+
+on_notice: Callable[[str], None] = _quiet  # told what the store did on its own (a damaged file moved aside)
+
+
+class StoreError(RuntimeError):
+    """The records cannot be used now (exit 1); the message names the file and what to do."""
+
+
+def _damaged(exc: sqlite3.Error) -> bool:
+    """The file is not (or no longer) an SQLite database: not a lock, a full disk or an I/O error."""
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return code & 0xFF in DAMAGED
+    return type(exc) is sqlite3.DatabaseError  # what older Pythons raise for exactly those two
+
+
+def _busy(error: str | None) -> bool:
+    """A lock held by another connection: waiting helps (a full disk or an I/O error seldom clears by itself)."""
+    return error is not None and "locked" in error
+
+
 class RunStore:
     def __init__(self, path: str | Path | None = None):
         self.path = Path(path) if path else dsctl_home() / "runs.db"
         private_home(self.path.parent)
+        self._backlog: list[tuple[str, list]] = []  # (sql, rows) not written yet, oldest first
+        self._next_retry = 0.0
+        self.last_error: str | None = None
+        try:
+            self._open()
+        except sqlite3.DatabaseError as exc:
+            if not _damaged(exc):
+                raise self._unusable(exc) from None
+            on_notice(self._set_aside(exc))
+            try:
+                self._open()
+            except sqlite3.DatabaseError as again:
+                raise self._unusable(again) from None
+
+    def _open(self) -> None:
+        """Connect, make the schema, and write what earlier commands kept in run dirs."""
+        self._ino = _inode(self.path)
         self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -162,10 +218,56 @@ class RunStore:
         self._add_missing_columns()
         for suffix in ("", "-wal", "-shm"):
             _tighten(Path(f"{self.path}{suffix}"), 0o600)
-        self._backlog: list[tuple[str, list]] = []  # (sql, rows) not written yet, oldest first
-        self._next_retry = 0.0
-        self.last_error: str | None = None
         self._replay_unrecorded()
+
+    def _set_aside(self, exc: sqlite3.Error) -> str:
+        """Move the damaged file (with its -wal and -shm) aside, never deleting it; the paragraph that says so.
+        Moved before the connection closes: closing deletes a -wal that is still where it was."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        aside, n = self.path.with_name(f"{self.path.name}.corrupt-{stamp}"), 1
+        while any(Path(f"{aside}{s}").exists() for s in ("", "-wal", "-shm")):
+            aside, n = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{n}"), n + 1
+        if _inode(self.path) == self._ino:  # not already moved by another dsctl command
+            for suffix in ("", "-wal", "-shm"):
+                try:
+                    os.rename(f"{self.path}{suffix}", f"{aside}{suffix}")
+                except FileNotFoundError:
+                    pass
+        self._db.close()
+        old, new = shlex.quote(str(aside)), shlex.quote(str(self.path))
+        return (f"{self.path} is not a usable SQLite database ({exc}), so it was moved to {aside} (nothing is "
+                "deleted) and dsctl goes on with a new, empty one. To copy into the new one the runs that SQLite can "
+                f"still read: sqlite3 {old} '.dump --data-only' | sqlite3 {new}")
+
+    def _unusable(self, exc: sqlite3.Error) -> StoreError:
+        return StoreError(f"{self.path} cannot be opened ({exc}): {self._remedy(exc)}")
+
+    def _remedy(self, exc: sqlite3.Error) -> str:
+        """What the user can do about an error the store cannot absorb."""
+        if _busy(str(exc)):
+            return ("another program holds a lock on it (an open sqlite3 shell, a backup?); close that and run the "
+                    "command again.")
+        try:
+            full = shutil.disk_usage(self.path.parent).free < FULL_BELOW
+        except OSError:
+            full = False
+        if full or "full" in str(exc):
+            return f"the disk is full; free some space in {self.path.parent} and run the command again."
+        return f"check that {self.path.parent} is yours and writable, and run the command again."
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        """A damaged file found in use is moved aside as on open, and the command stops with the paragraph."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            if not _damaged(exc):
+                raise
+            raise StoreError(self._set_aside(exc)) from None
+
+    def _rows(self, sql: str, args: tuple | list = ()) -> list[sqlite3.Row]:
+        with self._guard():
+            return self._db.execute(sql, args).fetchall()
 
     def _add_missing_columns(self) -> None:
         for table, columns in ADDED_COLUMNS.items():
@@ -182,7 +284,13 @@ class RunStore:
         """The one write that is never deferred: a run that cannot be recorded does not start."""
         cols.setdefault("created_at", time.time())
         names = ", ".join(cols)
-        self._db.execute(f"INSERT INTO runs ({names}) VALUES ({', '.join('?' * len(cols))})", tuple(cols.values()))
+        try:
+            with self._guard():
+                self._db.execute(f"INSERT INTO runs ({names}) VALUES ({', '.join('?' * len(cols))})",
+                                 tuple(cols.values()))
+        except sqlite3.OperationalError as exc:
+            raise StoreError(f"{self.path} would not take the record of a new run ({exc}), so nothing was started: "
+                             f"{self._remedy(exc)}") from None
 
     def update_run(self, run_id: str, **cols) -> None:
         if "summary" in cols:
@@ -223,7 +331,9 @@ class RunStore:
             sql, rows = self._backlog[0]
             try:
                 self._transaction([(sql, rows)])
-            except sqlite3.OperationalError as exc:  # locked, disk full, I/O error: try again later
+            except sqlite3.DatabaseError as exc:  # locked, disk full, I/O error, damaged: try again, or keep it
+                if not (isinstance(exc, sqlite3.OperationalError) or _damaged(exc)):
+                    raise
                 self.last_error = str(exc)
                 self._next_retry = time.monotonic() + RETRY_EVERY_S
                 return False
@@ -236,43 +346,70 @@ class RunStore:
         return len(self._backlog)
 
     def keep_unwritten(self, run_dir: str | Path, wait_s: float = 30.0) -> Path | None:
-        """At the end of a run: retry the backlog for up to `wait_s`, then append what is left to the
-        run dir's unrecorded.jsonl (None when everything was written). Raises OSError if that fails too."""
+        """At the end of a run: retry the backlog while the database is locked (up to `wait_s`), then keep what is
+        left in a new unrecorded-*.jsonl in the run dir, whole or not at all (None when everything was written).
+        Raises OSError if it cannot be kept either."""
         deadline = time.monotonic() + wait_s
-        while not self.flush() and time.monotonic() < deadline:
+        while not self.flush() and _busy(self.last_error) and time.monotonic() < deadline:
             time.sleep(0.5)
         if not self._backlog:
             return None
-        path = Path(run_dir) / UNRECORDED
-        with open(path, "a") as f:
-            for sql, rows in self._backlog:
-                f.write(json.dumps({"sql": sql, "rows": rows}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        path = Path(run_dir) / f"{UNRECORDED}-{time.time_ns()}-{os.getpid()}.jsonl"
+        tmp = path.with_suffix(".tmp")
+        try:
+            with open(tmp, "w") as f:
+                for sql, rows in self._backlog:
+                    f.write(json.dumps({"sql": sql, "rows": rows}) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
         self._backlog.clear()
         return path
 
     def _replay_unrecorded(self) -> None:
-        """Write what earlier runs kept in their run dirs; each file goes once it is written whole."""
-        for path in sorted((self.path.parent / "runs").glob(f"*/{UNRECORDED}")):
+        """Write what earlier commands kept in run dirs. A file goes once all of it is written; its name is
+        written with it, so two commands opening the store at once do not both write it."""
+        for path in sorted(self.path.parent.glob(f"runs/*/{UNRECORDED}*.jsonl")):
             try:
-                entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-                statements = [(e["sql"], e["rows"]) for e in entries if e["sql"].startswith(REPLAYABLE)]
-                self._transaction(statements)
-            except (OSError, ValueError, KeyError, TypeError, AttributeError, sqlite3.Error):
-                continue  # still locked or unreadable: kept for the next command
+                statements = _replayable(path.read_text())
+                self._transaction(statements, once=f"{path.parent.name}/{path.name}")
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, sqlite3.Error) as exc:
+                if isinstance(exc, sqlite3.Error) and _damaged(exc):
+                    raise  # the database itself: moved aside like one found damaged on open
+                if not _busy(str(exc)):  # a lock passes by itself; anything else, the user should hear of
+                    on_notice(f"{path} could not be added to {self.path} ({exc}); it is left there for the next "
+                              "command.")
+                continue
             path.unlink(missing_ok=True)
 
-    def _transaction(self, statements: list[tuple[str, list]]) -> None:
-        """All the statements or none (the connection is in autocommit mode otherwise)."""
+    def _transaction(self, statements: list[tuple[str, list]], once: str | None = None) -> None:
+        """All the statements or none (the connection is in autocommit mode otherwise). With `once` (a kept
+        file's name): none if that name was written before, and the name with them otherwise."""
         self._db.execute("BEGIN IMMEDIATE")
         try:
+            if once is not None:
+                done = self._db.execute("SELECT 1 FROM replayed WHERE file = ?", (once,)).fetchone()
+                statements = [] if done else [*statements, ("INSERT INTO replayed (file) VALUES (?)", [(once,)])]
             for sql, rows in statements:
                 self._db.executemany(sql, rows)
+            self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
+
+    def _pending(self, table: str, run_id: str) -> list[dict]:
+        """The run's rows of `table` still in the backlog: what a run reads back (its summary) counts them too."""
+        head = f"INSERT INTO {table} ("
+        out = []
+        for sql, rows in self._backlog:
+            if sql.startswith(head):
+                cols = [c.strip() for c in sql[len(head):sql.index(")")].split(",")]
+                out += [d for d in (dict(zip(cols, r)) for r in rows) if d.get("run_id") == run_id]
+        return out
 
     # -- reading ---------------------------------------------------------------
     def _record(self, row: sqlite3.Row) -> RunRecord:
@@ -281,11 +418,10 @@ class RunStore:
         return RunRecord(summary=summary, **d)
 
     def get(self, run_id: str) -> RunRecord | None:
-        row = self._db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
-        if row is None:
-            rows = self._db.execute("SELECT * FROM runs WHERE id LIKE ? ORDER BY created_at DESC", (run_id + "%",)).fetchall()
-            row = rows[0] if len(rows) == 1 else None
-        return self._record(row) if row else None
+        rows = self._rows("SELECT * FROM runs WHERE id = ?", (run_id,))
+        if not rows:
+            rows = self._rows("SELECT * FROM runs WHERE id LIKE ? ORDER BY created_at DESC", (run_id + "%",))
+        return self._record(rows[0]) if len(rows) == 1 else None
 
     def list(self, limit: int | None = None, kinds: tuple[str, ...] = ("job", "sweep"), since: float | None = None,
              parent_id: str | None = None) -> list[RunRecord]:
@@ -300,37 +436,41 @@ class RunStore:
         sql += " ORDER BY created_at DESC"
         if limit:
             sql += f" LIMIT {int(limit)}"
-        return [self._record(r) for r in self._db.execute(sql, args).fetchall()]
+        return [self._record(r) for r in self._rows(sql, args)]
 
     def ids(self) -> list[str]:
-        return [r[0] for r in self._db.execute("SELECT id FROM runs ORDER BY created_at DESC").fetchall()]
+        return [r[0] for r in self._rows("SELECT id FROM runs ORDER BY created_at DESC")]
 
     def windows(self, run_id: str) -> list[dict]:
-        return [dict(r) for r in self._db.execute("SELECT * FROM windows WHERE run_id = ? ORDER BY t_end", (run_id,))]
+        stored = [dict(r) for r in self._rows("SELECT * FROM windows WHERE run_id = ? ORDER BY t_end", (run_id,))]
+        pending = self._pending("windows", run_id)
+        return sorted(stored + pending, key=lambda w: w["t_end"]) if pending else stored
 
     def trainer_results(self, run_id: str) -> dict[int, dict]:
-        rows = self._db.execute("SELECT trainer, result_json FROM trainer_results WHERE run_id = ?", (run_id,))
+        rows = self._rows("SELECT trainer, result_json FROM trainer_results WHERE run_id = ?", (run_id,))
         return {r[0]: json.loads(r[1]) for r in rows}
 
     def utilization(self, run_id: str) -> list[dict]:
-        return [dict(r) for r in self._db.execute("SELECT * FROM utilization WHERE run_id = ? ORDER BY t", (run_id,))]
+        stored = [dict(r) for r in self._rows("SELECT * FROM utilization WHERE run_id = ? ORDER BY t", (run_id,))]
+        pending = self._pending("utilization", run_id)
+        return sorted(stored + pending, key=lambda u: u["t"]) if pending else stored
 
     def events(self, run_id: str) -> list[dict]:
-        return [dict(r) for r in self._db.execute("SELECT * FROM events WHERE run_id = ? ORDER BY t", (run_id,))]
+        return [dict(r) for r in self._rows("SELECT * FROM events WHERE run_id = ? ORDER BY t", (run_id,))]
 
     # -- copying a run's record between stores (orchestrator/cloudrecord.py) -------------------
     COPIED = ("windows", "events", "utilization")  # append-only tables, copied by rowid
 
     def run_row(self, run_id: str) -> dict | None:
-        row = self._db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
-        return dict(row) if row else None
+        rows = self._rows("SELECT * FROM runs WHERE id = ?", (run_id,))
+        return dict(rows[0]) if rows else None
 
     def rows_after(self, table: str, run_id: str, rowid: int) -> tuple[list[dict], int]:
         """A copied table's rows of the run written after `rowid`, and the last rowid seen."""
         if table not in self.COPIED:
             raise ValueError(f"not a copied table: {table}")
-        rows = self._db.execute(f"SELECT rowid AS _rowid, * FROM {table} WHERE run_id = ? AND rowid > ? ORDER BY rowid",
-                                (run_id, rowid)).fetchall()
+        rows = self._rows(f"SELECT rowid AS _rowid, * FROM {table} WHERE run_id = ? AND rowid > ? ORDER BY rowid",
+                          (run_id, rowid))
         out = [dict(r) for r in rows]
         last = out[-1].pop("_rowid") if out else rowid
         for r in out:
@@ -339,7 +479,7 @@ class RunStore:
 
     def put_run_row(self, row: dict) -> None:
         """Insert or replace a run's row as another store had it (its columns; unknown ones are dropped)."""
-        known = [c[1] for c in self._db.execute("PRAGMA table_info(runs)")]
+        known = [c[1] for c in self._rows("PRAGMA table_info(runs)")]
         cols = {k: row[k] for k in known if k in row}
         self._write(f"INSERT OR REPLACE INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
                     [tuple(cols.values())])
@@ -350,7 +490,21 @@ class RunStore:
             raise ValueError(f"not a copied table: {table}")
         if not rows:
             return
-        known = [c[1] for c in self._db.execute(f"PRAGMA table_info({table})")]
+        known = [c[1] for c in self._rows(f"PRAGMA table_info({table})")]
         cols = [c for c in known if c in rows[0]]
         self._write(f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
                     [tuple(r.get(c) for c in cols) for r in rows])
+
+
+def _inode(path: Path) -> int | None:
+    """Which file `path` is now: another command may have moved a damaged one aside and started a new one."""
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
+
+
+def _replayable(text: str) -> list[tuple[str, list]]:
+    """A kept file's statements: only those this module defers (REPLAYABLE); nothing else in it is run."""
+    entries = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [(e["sql"], e["rows"]) for e in entries if e["sql"].startswith(REPLAYABLE)]

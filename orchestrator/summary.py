@@ -2,6 +2,10 @@
 
 Throughput is steps per second per trainer (each trainer is one replica taking
 one batch per step), averaged over trainers, measured after the warm-up batches.
+
+A trainer that never sent its end record (dsctl up killed, the trainer stopped early, the
+record lost to a full disk) is summarized from its stored metrics windows the same way,
+and the summary says so ("summary_source": "windows").
 """
 
 from __future__ import annotations
@@ -37,6 +41,47 @@ def summarize(trainer_results: dict[int, dict], utilization: list[dict], started
             out.update(utilization_summary(window, measured_batches))
             return out
     out.update(utilization_summary(utilization, batches))
+    return out
+
+
+def summarize_run(trainer_results: dict[int, dict], windows: list[dict], utilization: list[dict], started_at: float,
+                  ended_at: float, first_batch_wall: float | None = None,
+                  measured_from_wall: float | None = None) -> dict:
+    """summarize(), with the trainers whose end record is missing (or only the partial one dsctl up keeps)
+    rebuilt from their windows."""
+    results, rebuilt = complete_results(trainer_results, windows)
+    out = summarize(results, utilization, started_at, ended_at, first_batch_wall, measured_from_wall)
+    if rebuilt:
+        out["summary_source"] = "windows"
+    return out
+
+
+def complete_results(trainer_results: dict[int, dict], windows: list[dict]) -> tuple[dict[int, dict], bool]:
+    """Each trainer's own end record where it has one, else its windows' (when it has any); and whether any was."""
+    from_windows = results_from_windows(windows)
+    own = {i: r for i, r in trainer_results.items() if not r.get("partial") or i not in from_windows}
+    rebuilt = {i: r for i, r in from_windows.items() if i not in own}
+    return {**own, **rebuilt}, bool(rebuilt)
+
+
+def results_from_windows(windows: list[dict]) -> dict[int, dict]:
+    """What each trainer's end record would have said, from its windows: every batch counted, the rate and the
+    input stall over the measured (non-warm-up) windows only, as the trainer itself measures them."""
+    by_trainer: dict[int, list[dict]] = {}
+    for w in windows:
+        by_trainer.setdefault(w["trainer"], []).append(w)
+    out = {}
+    for trainer, mine in by_trainer.items():
+        measured = [w for w in mine if not w.get("warmup")]
+        measured_s = sum(w["t_end"] - w["t_start"] for w in measured)
+        measured_batches = sum(w.get("batches") or 0 for w in measured)
+        out[trainer] = {
+            "batches": sum(w.get("batches") or 0 for w in mine),
+            "measured_batches": measured_batches,
+            "measured_s": measured_s,
+            "batches_per_s": measured_batches / measured_s if measured_s > 0 else None,
+            **{k: sum(w.get(k) or 0 for w in measured) for k in ("input_wait_s", "step_s", "tokens", "padded_tokens")},
+        }
     return out
 
 

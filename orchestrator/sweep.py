@@ -79,6 +79,7 @@ class SweepOptions:
     out_dir: Path | None = None
     strategy: str = "in-place"  # in-place | restart (restart: a fresh deployment per point, for comparison)
     calibration: Calibration | None = None  # given: nothing runs, every count is predicted from it
+    asked: str | None = None  # --workers as typed (e.g. 1..4), for saying which counts it gives
 
 
 class SweepRunner:
@@ -97,6 +98,8 @@ class SweepRunner:
         self.points: list[dict] = []
         self.baselines: dict[str, dict] = {}
         self.timings: dict[str, float] = {}  # wall seconds of the phases, for benchmarks/bench_sweep.py
+        self._plan: tuple[list[int], list[int]] | None = None
+        self._attached: AttachedDeployment | None = None
 
     @property
     def provisioner(self):
@@ -107,7 +110,13 @@ class SweepRunner:
 
     # -- planning ---------------------------------------------------------------------
     def plan(self) -> tuple[list[int], list[int]]:
-        """(measured, predicted) counts; refuses what cannot run here before anything starts."""
+        """(measured, predicted) counts, decided once (the CLI says them before the sweep starts)."""
+        if self._plan is None:
+            self._plan = self._make_plan()
+        return self._plan
+
+    def _make_plan(self) -> tuple[list[int], list[int]]:
+        """Refuses what cannot run here before anything starts."""
         counts = sorted(self.opt.counts)
         if self.opt.calibration is not None:
             return [], counts
@@ -145,6 +154,7 @@ class SweepRunner:
     # -- the sweep -------------------------------------------------------------------------
     def run(self) -> dict:
         measured, predicted = self.plan()
+        self._attached = self._claim(measured)  # a busy deployment is refused at once, before anything is recorded
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "spec.json").write_text(self.spec.model_dump_json(indent=1))
         self.store.create_run(
@@ -233,10 +243,7 @@ class SweepRunner:
                     self._add_point(self._measure_point(handle, tails, n, "service"))
         finally:
             self._phase("tearing down")
-            try:
-                handle.stop_trainers()
-            finally:
-                handle.release(self._event)
+            handle.release(self._event)
 
     def _start_trainers(self, handle, mode: str) -> dict[int, JsonlTail]:
         """Trainers that read until stopped, in `mode`, on the sweep's deployment."""
@@ -255,11 +262,16 @@ class SweepRunner:
         cost = price(self._usage(0, bps, None, None), self.catalog, self.spec.cost_basis)
         return {"run_id": record.id, "batches_per_s": bps, "cost_per_1000_batches": cost.per_1000_batches}
 
+    def _claim(self, measured: list[int]) -> AttachedDeployment | None:
+        """The detached deployment to measure on, held for this sweep alone; None when it starts its own."""
+        if self.attach is None or not measured or self.opt.strategy != "in-place":
+            return None
+        return AttachedDeployment.claim(self.attach, self.sweep_id)
+
     def _deployment(self, workers: int):
-        if self.attach is not None:
-            handle = AttachedDeployment(self.attach)
+        if self._attached is not None:
             self._event("attached", f"sweeping deployment {self.attach.run_id} (left running by dsctl up --detach)")
-            return handle
+            return self._attached
         dep = Deployment(run_id=self.sweep_id, provider=self.spec.provider, run_dir=str(self.run_dir),
                          labels={"dsctl-run": self.sweep_id, "dsctl-job": self.spec.name})
         dep.save()
@@ -377,7 +389,8 @@ class SweepRunner:
     def _conclude(self, predicted: list[int]) -> dict:
         model = self._predict(predicted) if predicted else None
         self.points.sort(key=lambda p: p["workers"])
-        summary: dict = {"points": self.points, "baselines": self.baselines, "model": model,
+        summary: dict = {"counts": sorted(self.opt.counts), "workers_asked": self.opt.asked,
+                         "points": self.points, "baselines": self.baselines, "model": model,
                          "window": self.opt.window.describe(), "warmup_s": self.opt.warmup_s,
                          "strategy": self.opt.strategy, "tolerance": self.opt.tolerance, "timings": self.timings}
         colocated = self.baselines.get("colocated", {}).get("batches_per_s")

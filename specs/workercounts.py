@@ -11,6 +11,10 @@ because a sweep's table and plots read left to right by worker count):
 
 B is always included, in both range forms, so the largest count asked for is always
 measured. Counts are whole numbers >= 1; A must not exceed B (A..A is just A).
+
+A..B doubling is the paper's Figure 9 sweep as users type it (8..640), but read as a range it
+can surprise (1..4 never measures 3): doubling_note() says so, and a sweep prints it with the
+counts before it measures anything.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import re
 
 from .errors import SpecError
 
+EVERY_COUNT_MAX = 32  # doubling_note suggests A..B:1 only for ranges this short (not 8..640:1, 633 points)
 MAX_POINTS = 1000  # a sweep point is a deployment; more than this is a typo, not a plan
 _NUMBER = re.compile(r"\d+")
 _FORMS = (
@@ -47,6 +52,35 @@ def parse_worker_counts(text: str, *, option: str = "--workers") -> list[int]:
         if len(counts) > MAX_POINTS:
             raise fail(f"it gives more than {MAX_POINTS} worker counts")
     return sorted(counts)
+
+
+def doubling_note(text: str) -> str | None:
+    """For a valid spec: which A..B items skip counts by doubling, and how to get every count; None if none does.
+
+    1..4 -> "1..4 doubles from 1; write 1..4:1 for every count"."""
+    counts, skipping = parse_worker_counts(text), []
+    for item in text.split(","):
+        start, dots, end = item.strip().partition("..")
+        if dots and ":" not in end:
+            start, end = int(start), int(end)
+            if sum(start <= c <= end for c in counts) < end - start + 1:
+                skipping.append(f"{start}..{end}")
+    if not skipping:
+        return None
+    every = [r for r in skipping if _span(r) <= EVERY_COUNT_MAX]
+    how = f"write {_and([r + ':1' for r in every])} for every count" if every else "write A..B:S to step by S"
+    if len(skipping) == 1:
+        return f"{skipping[0]} doubles from {skipping[0].split('..')[0]}; {how}"
+    return f"{_and(skipping)} double from their first counts; {how}"
+
+
+def _span(rng: str) -> int:
+    start, _, end = rng.partition("..")
+    return int(end) - int(start) + 1
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _item(item: str, fail) -> list[int]:

@@ -6,10 +6,13 @@ import json
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from dsctl.orchestrator.store import RunStore
+from dsctl.provisioners import Deployment
 
 from helpers import EXAMPLES, dsctl, processes_under, wait_for, write_spec
 
@@ -106,16 +109,98 @@ def test_ctrl_c_keeps_finished_points_and_leaves_nothing_running(home, tmp_path)
     assert [p["workers"] for p in record.summary["points"]][:1] == [1]
 
 
+def test_help_first_line_table_and_json_say_exactly_which_counts_run(home):
+    """1..4 doubles (1, 2, 4): said before anything is measured, and where the results are read."""
+    help_text = " ".join(dsctl("sweep", "--help", check=True).stdout.split())
+    assert "8..640 doubles: 8,16,...,512,640" in help_text and "1..4:1 every count" in help_text
+    args = ("sweep", EXAMPLES / "gcp-resnet50.yaml", "--workers", "1..4", "--simulate",
+            "--calibration", EXAMPLES / "calibrations" / "paper-m1.yaml")
+    counts = "1, 2, 4 (1..4 doubles from 1; write 1..4:1 for every count)"
+    out = dsctl(*args, check=True).stdout
+    assert out.splitlines()[0] == f"sweeping 3 worker counts: {counts}; every one predicted from the calibration, nothing runs"
+    assert f"worker counts: {counts}" in out.split("\n", 1)[1], "the table says them too"
+    proc = dsctl(*args, "--json", check=True)
+    assert proc.stderr.splitlines()[0].startswith(f"sweeping 3 worker counts: {counts}")
+    summary = json.loads(proc.stdout)["summary"]
+    assert summary["counts"] == [1, 2, 4] and summary["workers_asked"] == "1..4"
+
+
+def detached(home: Path, spec: Path) -> Path:
+    """`dsctl up --detach`: the run dir of the job it leaves running."""
+    dsctl("up", spec, "--detach", check=True)
+    return next((home / "runs").iterdir())
+
+
+def state(run_dir: Path) -> Deployment | None:
+    try:
+        return Deployment.load(run_dir)
+    except (OSError, ValueError):
+        return None
+
+
+def requests_left(run_dir: Path) -> list[str]:
+    return [p.name for p in (run_dir / "control").glob("*") if p.suffix in (".req", ".taken", ".resp")]
+
+
 @pytest.mark.slow
 def test_sweep_scales_the_deployment_up_left_running(home, tmp_path):
     spec = write_spec(tmp_path, KNEE_SPEC.replace("duration_s: 60", "duration_s: 2"))
-    dsctl("up", spec, "--detach", check=True)
+    run_dir = detached(home, spec)
     wait_for(lambda: [r for r in RunStore().list() if r.status == "succeeded"], timeout=120, what="the detached job")
     proc = dsctl("sweep", "--workers", "1..3:1", "--window", "2s", "--json", check=True)
+    assert proc.stderr.splitlines()[0] == "sweeping 3 worker counts: 1, 2, 3"
     s = json.loads(proc.stdout)["summary"]
-    assert [p["workers"] for p in s["points"]] == [1, 2, 3]
+    assert s["counts"] == [1, 2, 3] and [p["workers"] for p in s["points"]] == [1, 2, 3]
     status = json.loads(dsctl("status", "--json", check=True).stdout)
     assert len(status) == 1 and status[0]["workers"] == 1, "the deployment is left as it was found"
+    assert status[0]["trainers"] == 0
+    assert requests_left(run_dir) == [] and not (run_dir / "control" / "sweep.json").exists()
+    dsctl("down", check=True)
+    assert processes_under(home) == []
+
+
+@pytest.mark.slow
+def test_a_sweep_while_the_detached_job_trains_is_refused_at_once_and_starts_nothing(home, tmp_path):
+    spec = write_spec(tmp_path, KNEE_SPEC.replace("duration_s: 60", "duration_s: 20"))
+    run_dir = detached(home, spec)
+    wait_for(lambda: (state(run_dir) or Deployment("", "", "")).by_role("trainer"), timeout=120, what="the job training")
+    t0 = time.monotonic()
+    proc = dsctl("sweep", "--workers", "1..4", "--window", "2s", timeout=120)
+    assert time.monotonic() - t0 < 60, "refused at once, not after a request timed out"
+    assert RunStore().get(run_dir.name).status == "running", "the job was still training when the sweep was refused"
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    err = " ".join(proc.stderr.split())
+    assert "is still running its own job" in err and err.endswith("Nothing was started.") and "Traceback" not in err
+    assert proc.stdout.splitlines()[0] == "sweeping 3 worker counts: 1, 2, 4 (1..4 doubles from 1; write 1..4:1 for every count)"
+    assert requests_left(run_dir) == []
+    # Once the job has ended the monitor serves requests: none is left to start a trainer then.
+    wait_for(lambda: RunStore().get(run_dir.name).status == "succeeded", timeout=120, what="the job's end")
+    wait_for(lambda: (run_dir / "control" / "serving.json").exists(), timeout=30, what="the monitor serving")
+    time.sleep(3)
+    assert state(run_dir).by_role("trainer") == [] and requests_left(run_dir) == []
+    assert RunStore().list(kinds=("sweep", "point")) == [] and list(home.glob("runs/*/metrics/colocated")) == []
+    dsctl("down", check=True)
+    assert processes_under(home) == []
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_while_it_holds_the_deployment_is_put_back_by_the_monitor(home, tmp_path):
+    spec = write_spec(tmp_path, KNEE_SPEC.replace("duration_s: 60", "duration_s: 2"))
+    run_dir = detached(home, spec)
+    wait_for(lambda: [r for r in RunStore().list() if r.status == "succeeded"], timeout=120, what="the detached job")
+    sweep = subprocess.Popen([sys.executable, "-m", "dsctl.cli.main", "sweep", "--workers", "1..3:1", "--window", "2s"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: len((state(run_dir) or Deployment("", "", "")).by_role("worker")) >= 2, timeout=180,
+             what="the sweep scaling the deployment")
+    sweep.kill()
+    sweep.wait()
+    wait_for(lambda: [e for e in RunStore().events(run_dir.name) if e["kind"] == "sweep-abandoned"], timeout=60,
+             what="the monitor putting the deployment back")
+    dep = state(run_dir)
+    assert len(dep.by_role("worker")) == 1 and dep.by_role("trainer") == []
+    # It takes the next sweep as it took the first.
+    proc = dsctl("sweep", "--workers", "2", "--window", "1s", "--json", check=True)
+    assert [p["workers"] for p in json.loads(proc.stdout)["summary"]["points"]] == [2]
     dsctl("down", check=True)
     assert processes_under(home) == []
 

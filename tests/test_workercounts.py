@@ -1,11 +1,11 @@
-"""`--workers` specs: the three forms, the always-included end, and one-paragraph errors."""
+"""`--workers` specs: the three forms, the always-included end, one-paragraph errors, and what doubling skips."""
 
 from __future__ import annotations
 
 import pytest
 
 from dsctl.specs.errors import SpecError
-from dsctl.specs.workercounts import MAX_POINTS, parse_worker_counts
+from dsctl.specs.workercounts import MAX_POINTS, doubling_note, parse_worker_counts
 
 
 @pytest.mark.parametrize("text, counts", [
@@ -70,3 +70,19 @@ def test_option_name_is_configurable():
 
 def test_huge_doubling_range_stays_small():
     assert len(parse_worker_counts("1..1000000")) == 21
+
+
+@pytest.mark.parametrize("text, note", [
+    ("1..4", "1..4 doubles from 1; write 1..4:1 for every count"),
+    ("8..640", "8..640 doubles from 8; write A..B:S to step by S"),
+    ("1..4,8..640", "1..4 and 8..640 double from their first counts; write 1..4:1 for every count"),
+    (" 1 .. 4 ,10", "1..4 doubles from 1; write 1..4:1 for every count"),
+    ("1..4,8..32", "1..4 and 8..32 double from their first counts; write 1..4:1 and 8..32:1 for every count"),
+    ("1..4:1", None),
+    ("1..3", None),                                      # 1, 2, 3: doubling skips nothing
+    ("1..4,3", None),                                    # the list gives the count doubling skips
+    ("8,16,64", None),
+    ("5..5", None),
+])
+def test_doubling_note_says_which_ranges_skip_counts_and_how_to_get_every_one(text, note):
+    assert doubling_note(text) == note
