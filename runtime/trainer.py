@@ -66,10 +66,11 @@ def build_input(spec: JobSpec, mode: str, index: int, dispatcher: str | None, ca
 
     if repeat and not is_infinite(ds):
         ds = ds.repeat()
+    finish = _finisher(spec)
     if mode == "ideal":
-        return ds.take(1).cache().repeat()
+        return finish(ds).take(1).cache().repeat()
     if mode == "colocated":
-        return ds.prefetch(tf.data.AUTOTUNE)
+        return finish(ds).prefetch(tf.data.AUTOTUNE)
 
     service = tf.data.experimental.service
     kwargs = dict(
@@ -83,7 +84,19 @@ def build_input(spec: JobSpec, mode: str, index: int, dispatcher: str | None, ca
         kwargs.update(consumer_index=index, num_consumers=coord.num_consumers)
     if svc.cross_trainer_cache:
         kwargs["cross_trainer_cache"] = service.CrossTrainerCache(trainer_id=f"trainer-{index}")
-    return ds.apply(service.distribute(**kwargs))
+    return finish(ds.apply(service.distribute(**kwargs)))
+
+
+def _finisher(spec: JobSpec):
+    """The trainer-side end of a builtin that sends a smaller element than the model gets (images: uint8
+    on the wire, float32 to the model), applied after `distribute` and at the same point in the other
+    modes so that every mode computes the same thing; the identity for the rest."""
+    if spec.pipeline.builtin != "images":
+        return lambda ds: ds
+    from dsctl.runtime.pipelines import images, validate_params
+
+    params = validate_params("images", spec.pipeline.params)
+    return lambda ds: images.finish(ds, params)
 
 
 class Harness:

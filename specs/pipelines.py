@@ -37,7 +37,7 @@ class SyntheticParams(Strict):
 
 
 class ImagesParams(Strict):
-    """ResNet-style: JPEG TFRecords, decode, random crop, flip, batch."""
+    """ResNet-style: JPEG TFRecords, decode, random crop, flip, batch; float32 images in [0, 1] for the model."""
 
     num_files: int = Field(8, ge=1, le=10**5)
     images_per_file: int = Field(64, ge=1, le=10**6)
@@ -48,6 +48,9 @@ class ImagesParams(Strict):
     shuffle_buffer: int = Field(256, ge=0, le=BIG)
     seed: int = Field(0, **SEED)
     cache_dir: Optional[str] = Field(None, description="where the TFRecords are generated; default under DSCTL_HOME")
+    transfer_dtype: Literal["uint8", "float32"] = Field(
+        "uint8", description="what workers send: uint8 pixels (the trainer converts them to float32 in [0, 1]), "
+                             "or float32 converted on the worker (4x the bytes per batch)")
 
     @model_validator(mode="after")
     def _crop_fits(self) -> "ImagesParams":

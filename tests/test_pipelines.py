@@ -27,8 +27,10 @@ from dsctl.runtime.pipelines import (  # noqa: E402
     is_infinite,
     load_entrypoint_dataset,
     prepare_data,
+    validate_params,
 )
 from dsctl.runtime.pipelines import _cache, synthetic, text  # noqa: E402
+from dsctl.runtime.pipelines import images as images_pipeline  # noqa: E402
 
 FAIL = tf.data.experimental.ExternalStatePolicy.FAIL
 
@@ -117,7 +119,7 @@ def test_cpu_work_burns_cpu_and_keeps_values(cache):
 
 
 def test_images_batches_have_crop_shape_float_and_all_examples(cache):
-    ds = build_dataset("images", IMAGES, cache_dir=cache)
+    ds = build_dataset("images", {**IMAGES, "transfer_dtype": "float32"}, cache_dir=cache)
     bs = batches(ds)
     assert sum(len(b["label"]) for b in bs) == 3 * 16
     for b in bs:
@@ -127,6 +129,46 @@ def test_images_batches_have_crop_shape_float_and_all_examples(cache):
     images = np.concatenate([b["image"] for b in bs])
     assert images.std() > 0.05 and not np.allclose(images[0], images[1])  # not blank, not all equal
     assert batch_stats(bs[0]) == {"examples": 8, "tokens": 0, "padded_tokens": 0}
+
+
+def test_images_uint8_transfer_finished_on_the_trainer_equals_the_float32_path(cache):
+    """The default sends uint8 (a quarter of the bytes); after `finish` the model gets the same values."""
+    sent = batches(build_dataset("images", IMAGES, cache_dir=cache))
+    assert sent[0]["image"].dtype == np.uint8
+    params = validate_params("images", IMAGES)
+    assert params.transfer_dtype == "uint8"
+    got = batches(images_pipeline.finish(build_dataset("images", IMAGES, cache_dir=cache), params))
+    as_float = {**IMAGES, "transfer_dtype": "float32"}
+    want = batches(images_pipeline.finish(build_dataset("images", as_float, cache_dir=cache), validate_params("images", as_float)))
+    assert len(got) == len(want) == len(sent)
+    for g, w, u in zip(got, want, sent):
+        assert g["image"].dtype == w["image"].dtype == np.float32
+        np.testing.assert_array_equal(g["image"], w["image"])
+        np.testing.assert_array_equal(g["label"], w["label"])
+        assert u["image"].nbytes * 4 == w["image"].nbytes
+
+
+def images_spec(cache: Path):
+    from dsctl.specs import load_spec_text
+
+    return load_spec_text(
+        "name: t\ntrainer: {steps: 1}\n"
+        f"pipeline: {{builtin: images, params: {{num_files: 3, images_per_file: 16, image_size: 32, crop_size: 24, "
+        f"batch_size: 8, cache_dir: '{cache}'}}}}\n"
+    ).spec
+
+
+@pytest.mark.parametrize("mode", ["colocated", "ideal"])
+def test_trainer_finishes_uint8_images_in_every_mode(cache, mode):
+    from dsctl.runtime.trainer import build_input
+
+    batch = next(iter(build_input(images_spec(cache), mode, 0, None, cache, cache)))
+    assert batch["image"].dtype == tf.float32 and batch["image"].shape == (8, 24, 24, 3)
+
+
+def test_images_transfer_dtype_is_checked(cache):
+    with pytest.raises(PipelineError, match="transfer_dtype: Input should be 'uint8' or 'float32'"):
+        build_dataset("images", {**IMAGES, "transfer_dtype": "float16"}, cache_dir=cache)
 
 
 def test_images_generated_once_and_reused(tmp_path):
@@ -142,6 +184,7 @@ def test_images_generated_once_and_reused(tmp_path):
     other = prepare_data("images", {**params, "seed": 1}, cache_dir=tmp_path)
     assert other != first  # different generation params, different directory
     assert prepare_data("images", {**params, "batch_size": 4}, cache_dir=tmp_path) == first  # batching is not generation
+    assert prepare_data("images", {**params, "transfer_dtype": "float32"}, cache_dir=tmp_path) == first
 
 
 def test_images_params_cache_dir_overrides_argument(tmp_path):
@@ -427,3 +470,17 @@ def test_coordinated_reads_give_each_round_one_padded_length(cache, service):
         t.join(90)
     assert set(widths) == {0, 1}, "a consumer did not finish"
     assert widths[0] == widths[1]
+
+
+@pytest.mark.timeout(120)
+def test_service_sends_uint8_and_the_trainer_gets_float32(cache, service):
+    """Through `distribute`: the model gets float32 made from uint8 pixels (every value a pixel times 1/255)."""
+    from dsctl.runtime.trainer import build_input
+
+    ds = build_input(images_spec(cache), "service", 0, service.split("://")[1], cache, cache)
+    bs = batches(ds)
+    assert sum(len(b["label"]) for b in bs) == 2 * 3 * 16  # parallel_epochs: one epoch per worker
+    for b in bs:
+        assert b["image"].dtype == np.float32 and b["image"].shape[1:] == (24, 24, 3)
+        pixels = np.round(b["image"] * 255).astype(np.uint8)
+        np.testing.assert_array_equal(b["image"], pixels.astype(np.float32) * np.float32(1 / 255))

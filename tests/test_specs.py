@@ -159,7 +159,7 @@ def test_defaults_are_filled_in():
     "builtin, expected",
     [
         ("images", {"num_files": 8, "images_per_file": 64, "image_size": 80, "crop_size": 64, "batch_size": 32,
-                    "epochs": 1, "shuffle_buffer": 256, "seed": 0, "cache_dir": None}),
+                    "epochs": 1, "shuffle_buffer": 256, "seed": 0, "cache_dir": None, "transfer_dtype": "uint8"}),
         ("text", {"num_files": 8, "sequences_per_file": 256, "min_length": 8, "max_length": 512,
                   "length_distribution": "lognormal", "vocab_size": 32000, "batch_size": 16, "epochs": 1,
                   "shuffle_buffer": 256, "seed": 0, "cache_dir": None}),

@@ -12,6 +12,11 @@ Why it is built this way:
   graph is plain data for remote workers, and crops still differ every epoch
   (rerandomize_each_iteration). Zipping `Dataset.random` does not add split RPCs
   under DYNAMIC sharding (checked: same time as without).
+- Images travel as uint8 by default (`transfer_dtype`) and `finish()` converts them to
+  float32 in [0, 1] on the trainer, after `distribute` (and at the same point in colocated
+  mode): a float32 batch is 4x the bytes, and every byte is serialized, sent and copied
+  again on the trainer, which costs more CPU than the conversion it saves there
+  (benchmarks/bench_data_path.py measures both).
 """
 
 from __future__ import annotations
@@ -70,19 +75,33 @@ def prepare(p: ImagesParams, cache_dir):
     return _cache.materialize(final, _write_files(p), meta)
 
 
-def _decode_and_augment(crop: int):
+def _decode_and_augment(crop: int, to_float: bool):
     def fn(record: tf.Tensor, rand: tf.Tensor) -> dict:
         ex = tf.io.parse_single_example(record, _FEATURES)
         image = tf.io.decode_jpeg(ex["image/encoded"], channels=3)
         image = tf.image.stateless_random_crop(image, [crop, crop, 3], seed=tf.stack([rand, tf.constant(0, tf.int64)]))
         image = tf.image.stateless_random_flip_left_right(image, seed=tf.stack([rand, tf.constant(1, tf.int64)]))
-        image = tf.image.convert_image_dtype(image, tf.float32)  # [0, 1]
+        if to_float:
+            image = tf.image.convert_image_dtype(image, tf.float32)  # [0, 1]
         return {"image": image, "label": ex["image/class/label"]}
 
     return fn
 
 
+def _to_float(batch: dict) -> dict:
+    """uint8 -> float32 in [0, 1]: the same elementwise op as the float32 path, so the same values."""
+    return {**batch, "image": tf.image.convert_image_dtype(batch["image"], tf.float32)}
+
+
+def finish(ds: tf.data.Dataset, p: ImagesParams) -> tf.data.Dataset:
+    """The trainer's part of the pipeline: float32 images from what `build` sent (uint8 or already float32)."""
+    if p.transfer_dtype == "float32":
+        return ds
+    return ds.map(_to_float, num_parallel_calls=tf.data.AUTOTUNE)
+
+
 def build(p: ImagesParams, cache_dir) -> tf.data.Dataset:
+    """The part of the pipeline that workers run; its images are `p.transfer_dtype` (see `finish`)."""
     directory = prepare(p, cache_dir)
     files = _cache.data_files(directory)
     ds = tf.data.Dataset.from_tensor_slices(files)
@@ -93,7 +112,7 @@ def build(p: ImagesParams, cache_dir) -> tf.data.Dataset:
         num_parallel_calls=tf.data.AUTOTUNE,
     )
     ds = tf.data.Dataset.zip(ds, tf.data.Dataset.random(seed=p.seed, rerandomize_each_iteration=True))
-    ds = ds.map(_decode_and_augment(p.crop_size), num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.map(_decode_and_augment(p.crop_size, p.transfer_dtype == "float32"), num_parallel_calls=tf.data.AUTOTUNE)
     if p.shuffle_buffer > 0:
         ds = ds.shuffle(p.shuffle_buffer, seed=p.seed + 1)
     ds = ds.repeat() if p.epochs is None else ds.repeat(p.epochs)
