@@ -33,6 +33,8 @@ from typing import Callable
 
 import psutil
 
+from dsctl.provisioners import Node
+from dsctl.provisioners.local.processes import is_ours
 from dsctl.runtime.readiness import read_json, write_json_atomic
 
 from .outcome import RunFailed
@@ -63,10 +65,9 @@ def process_alive(who: dict | None) -> bool:
     if not who or not who.get("pid"):
         return False
     try:
-        proc = psutil.Process(int(who["pid"]))
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return who.get("create_time") is None or abs(proc.create_time() - float(who["create_time"])) < 0.01
+        created = who.get("create_time")
+        created = None if created is None else float(created)
+        return is_ours(Node(role="control", index=0, pid=int(who["pid"]), create_time=created))
     except (psutil.Error, ValueError, TypeError):
         return False
 
