@@ -32,7 +32,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
@@ -87,6 +87,8 @@ class CatalogFile(_Strict):
     rates: dict[str, FamilyRates] = Field(default_factory=dict, description="on-demand per-resource rates")
     machines: dict[str, Price] = Field(default_factory=dict, description="on-demand whole-machine prices")
     spot: Optional[PriceList] = Field(None, description="Spot prices: rates and machines, as at the top level")
+    storage: dict[Literal["local-disk", "persistent-disk", "gcs"], Price] = Field(
+        default_factory=dict, description="$ per GB-month of cache storage, per storage kind (autocache)")
 
     @field_validator("date", mode="before")
     @classmethod
@@ -196,6 +198,14 @@ class Catalog:
 
     def __repr__(self) -> str:
         return f"Catalog({self.name!r}, date={self.date!r}, path={self.path!r})"
+
+    def storage_gb_month(self, kind: str) -> float:
+        """$ per GB-month of cache storage of this kind; an error naming the kinds the catalog prices."""
+        if kind not in self.data.storage:
+            have = ", ".join(self.data.storage) or "none"
+            raise SpecError(f"price catalog {self.name} ({self.path}) has no price for {kind} storage (it prices: "
+                            f"{have}); add 'storage: {{{kind}: DOLLARS_PER_GB_MONTH}}' to a copy of it")
+        return self.data.storage[kind]
 
     @property
     def provisioning_models(self) -> tuple[str, ...]:

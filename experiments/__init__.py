@@ -27,6 +27,7 @@ REGISTRY = {
     "fig10": "dsctl.experiments.fig10",
     "fig11": "dsctl.experiments.fig11",
     "cachew-autoscale": "dsctl.experiments.cachew_autoscale",
+    "cachew-autocache": "dsctl.experiments.cachew_autocache",
 }
 
 __all__ = ["REGISTRY", "ExperimentResult", "default_out_dir", "get", "names", "run_experiment", "write_report"]

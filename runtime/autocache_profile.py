@@ -1,0 +1,147 @@
+"""dsctl's autocache profiling phase, run by a trainer process before training (Cachew §4.4).
+
+Cachew's workers report per-node active time and bytes; tf.data service's own workers report
+nothing (no metrics endpoint), so dsctl measures the same quantities from outside, on the
+workers that will serve the job: the pipeline cut at each point (its end, and each autocache
+hint) is sent to the service as a job of its own, and the trainer times the elements that
+arrive. Hints' elements travel in batches of 64, so the per-element RPC does not hide the
+work. A short first job estimates the rate, so each point takes at most about `profile_s`.
+It then measures the cache's storage (runtime/autocache_storage.py) and emits one
+`autocache_profile` record, which the orchestrator's policy turns into a decision.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import autocache
+from .autocache_storage import calibrate
+
+TRANSFER_BATCH = 64
+PROBE_BATCHES = 3  # timed batches in the first, rate-estimating job of each point
+MIN_BATCHES = 6  # timed batches at least in the measuring job
+
+
+def _raw_pipeline(spec, cache_dir, base_dir: Path):
+    """What the workers run: the builtin or entrypoint dataset, before `distribute`."""
+    from dsctl.runtime.pipelines import build_dataset, load_entrypoint_dataset
+
+    if spec.pipeline.builtin:
+        return build_dataset(spec.pipeline.builtin, spec.pipeline.params, cache_dir=cache_dir)
+    return load_entrypoint_dataset(spec.pipeline.entrypoint, spec.pipeline.params, base_dir)
+
+
+def element_bytes(batch) -> tuple[int, int]:
+    """(rows, bytes) of one received batch: strings count their length, tensors their buffer."""
+    leaves = batch.values() if isinstance(batch, dict) else (batch if isinstance(batch, (tuple, list)) else [batch])
+    rows, total = 0, 0
+    for leaf in leaves:
+        if isinstance(leaf, (dict, tuple, list)):
+            r, b = element_bytes(leaf)
+            rows, total = max(rows, r), total + b
+            continue
+        arr = leaf.numpy() if hasattr(leaf, "numpy") else np.asarray(leaf)
+        rows = max(rows, int(arr.shape[0]) if arr.ndim else 1)
+        total += sum(len(x) for x in arr.ravel()) if arr.dtype == object else arr.nbytes
+    return rows, total
+
+
+def _timed(ds, mode: str, dispatcher: str | None, keep: list, batches: int) -> tuple[int, int, float]:
+    """Read a finite dataset to its end; (elements after the first batch, their bytes, seconds from the
+    first batch to the last: neither the job's start nor the wait for its end is counted). It stops at
+    `batches`, without waiting for the service to say the job has ended (about a second)."""
+    import tensorflow as tf
+
+    if mode == "service":
+        ds = ds.apply(tf.data.experimental.service.distribute("parallel_epochs", service=f"grpc://{dispatcher}"))
+    it = iter(ds)
+    keep.append(it)  # destroying a service iterator can wait for seconds; the process exits instead
+    first = last = None
+    rows = nbytes = 0
+    for n, batch in enumerate(it, 1):
+        last = time.perf_counter()
+        r, b = element_bytes(batch)
+        if first is None:
+            first = last
+        else:
+            rows, nbytes = rows + r, nbytes + b
+        if n >= batches:
+            break
+    return rows, nbytes, (last - first) if first is not None else 0.0
+
+
+def measure_point(ds, *, batched: bool, mode: str, dispatcher: str | None, elements: int, budget_s: float,
+                  keep: list, transfer_batch: int = TRANSFER_BATCH) -> dict:
+    """Seconds and bytes per element where `ds` ends (a hint's elements are batched for transport, and
+    repeated so that a short epoch does not end the measurement)."""
+
+    def cut(timed_batches: int):  # one more batch than timed: the first only starts the clock
+        if batched:
+            return ds.take(timed_batches + 1)
+        return ds.repeat().take((timed_batches + 1) * transfer_batch).batch(transfer_batch)
+
+    rows, _, secs = _timed(cut(PROBE_BATCHES), mode, dispatcher, keep, PROBE_BATCHES + 1)
+    per = secs / rows if rows else 0.0
+    rows_per_batch = max(1.0, rows / PROBE_BATCHES)
+    want = elements if per <= 0 else min(elements, budget_s / per)
+    timed = max(MIN_BATCHES, int(want // rows_per_batch))
+    rows, nbytes, secs = _timed(cut(timed), mode, dispatcher, keep, timed + 1)
+    if rows <= 0 or secs <= 0:
+        return {"elements": rows, "s_per_element": None, "bytes_per_element": None}
+    return {"elements": rows, "s_per_element": secs / rows, "bytes_per_element": nbytes / rows}
+
+
+def measure_points(end, hints: dict, *, mode: str, dispatcher: str | None, elements: int, budget_s: float,
+                   transfer_batch: int = TRANSFER_BATCH, rounds: int = 2) -> list[dict]:
+    """The end and every hint, measured in turn `rounds` times; each keeps its fastest round.
+
+    Cachew's projection subtracts the time at a hint from the time at the end, so both must be
+    measured under the same conditions: on a shared machine a slow moment during one point
+    only (another process's burst) would otherwise decide. Interleaved rounds and the fastest of
+    each point keep such bursts out."""
+    keep: list = []
+    targets = [("end", end, True), *((name, ds, False) for name, ds in hints.items())]
+    best: dict[str, dict] = {}
+    for _ in range(rounds):
+        for name, ds, batched in targets:
+            m = measure_point(ds, batched=batched, mode=mode, dispatcher=dispatcher, elements=elements,
+                              budget_s=budget_s / rounds, keep=keep, transfer_batch=transfer_batch)
+            if m["s_per_element"] and (name not in best or m["s_per_element"] < best[name]["s_per_element"]):
+                best[name] = m
+    return [{"point": name, **best.get(name, {"elements": 0, "s_per_element": None, "bytes_per_element": None})}
+            for name, _, _ in targets]
+
+
+def cache_hits(plan: autocache.Plan) -> list[str]:
+    """The hints whose cache a job with the same pipeline has sealed, in pipeline order."""
+    hits = []
+    for name, ds in plan.points.items():
+        key = autocache.fingerprint(ds)
+        status, _ = autocache.inspect(autocache.cache_path(plan.cache_root, name, key), key, plan.stale_s)
+        if status == "complete":
+            hits.append(name)
+    return hits
+
+
+def profile(spec, mode: str, dispatcher: str | None, cache_dir, base_dir: Path, plan: autocache.Plan, writer) -> dict:
+    """Measure the end and every hint, then the storage; emit and return the profile."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # nothing to save: the orchestrator may stop it once it reported
+    ac = spec.autocache
+    with autocache.active(plan):
+        end = _raw_pipeline(spec, cache_dir, base_dir)
+    hits = cache_hits(plan)
+    if hits:  # Cachew checks its cache first: a sealed cache of this pipeline is read, nothing is profiled
+        record = {"points": [], "hits": hits, "hints": list(plan.points), "mode": mode}
+        writer.emit("autocache_profile", **record)
+        return record
+    points = measure_points(end, plan.points, mode=mode, dispatcher=dispatcher, elements=ac.profile_elements,
+                            budget_s=ac.profile_s)
+    storage = calibrate(plan.cache_root)
+    record = {"points": points, "storage": storage, "hints": list(plan.points), "mode": mode}
+    writer.emit("autocache_profile", **record)
+    return record
