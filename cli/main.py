@@ -18,6 +18,7 @@ from dsctl.specs.schema import MAX_WORKERS
 from .cost import cost_app
 from .experiments import experiments_app
 from .sweep import sweep
+from .tensorboard import tensorboard
 from .errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, err_console, fail, run_app
 from .live import LiveView
 from .render import console, print_json, runs_table, summary_table, sweep_table
@@ -68,6 +69,8 @@ def up(
     autoscale: Optional[str] = typer.Option(None, "--autoscale", help="scale workers while it runs: cachew | cpu"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan and its price; create nothing"),
     yes: bool = typer.Option(False, "--yes", "-y", help="create cloud machines without asking"),
+    resume: Optional[str] = typer.Option(None, "--resume", metavar="RUN",
+                                         help="restore each trainer from RUN's latest checkpoint and train the steps left"),
     run_id: Optional[str] = typer.Option(None, "--run-id", hidden=True),
     detached_child: bool = typer.Option(False, "--detached-child", hidden=True),
 ) -> None:
@@ -81,16 +84,18 @@ def up(
         fail(f"--autoscale must be cachew or cpu, got '{autoscale}'.", EXIT_BAD_INPUT)
     loaded = load_spec(spec)
     check_autoscale(loaded, autoscale)
+    resumed = _resume_plan(loaded, resume, to_stderr=json_out) if resume else None
     if not _plan_approved(loaded, workers, dry_run=dry_run, yes=yes or detached_child):
         return
     if detach and not detached_child and loaded.spec.provider == "gcp":
-        _hand_off(loaded, workers, mode, autoscale, json_out)
+        _hand_off(loaded, workers, mode, autoscale, json_out, resumed)
         return
     if detach and not detached_child:
-        _detach(spec, workers, mode, autoscale)
+        _detach(spec, workers, mode, autoscale, resume)
         return
     _sigterm_as_interrupt()
-    runner = JobRunner(loaded, mode=mode, workers=workers, run_id=run_id, detached=detached_child, autoscale=autoscale)
+    runner = JobRunner(loaded, mode=mode, workers=workers, run_id=run_id, detached=detached_child, autoscale=autoscale,
+                       resume=resumed)
     # On Google Cloud the job runs under a supervisor on its dispatcher VM, this process following it: a
     # lost connection or a closed laptop does not end it, and watching 640 workers costs this machine
     # what watching 8 does (orchestrator/supervise.py).
@@ -116,6 +121,19 @@ def up(
         print_json(record.as_dict())
     else:
         console.print(summary_table(record))
+
+
+def _resume_plan(loaded, ref: str, *, to_stderr: bool):
+    """--resume RUN: the checkpoints restored, said before the plan; one paragraph (exit 2) if it cannot be resumed."""
+    from dsctl.orchestrator.resume import plan_resume
+    from dsctl.orchestrator.store import RunStore
+
+    from .render import resume_line
+
+    resumed = plan_resume(RunStore(), ref, loaded)
+    (err_console if to_stderr else console).print(resume_line(resumed, loaded.spec.trainer.steps), markup=False,
+                                                  highlight=False)
+    return resumed
 
 
 def _plan_approved(loaded, workers: Optional[int], *, dry_run: bool, yes: bool) -> bool:
@@ -144,7 +162,7 @@ def _plan_approved(loaded, workers: Optional[int], *, dry_run: bool, yes: bool) 
     return True
 
 
-def _hand_off(loaded, workers: Optional[int], mode: str, autoscale: Optional[str], json_out: bool) -> None:
+def _hand_off(loaded, workers: Optional[int], mode: str, autoscale: Optional[str], json_out: bool, resumed=None) -> None:
     """`dsctl up --detach` on Google Cloud: provision from here, hand the job to a supervisor on the dispatcher
     VM, and return once it trains; it tears everything down when the job ends (orchestrator/supervise.py)."""
     from dsctl.orchestrator.run import JobRunner
@@ -156,7 +174,7 @@ def _hand_off(loaded, workers: Optional[int], mode: str, autoscale: Optional[str
         raise loaded.error(("gcp", "supervisor"), "a detached run is supervised by its dispatcher VM; with "
                                                   "gcp.supervisor: here, run it attached (without --detach).")
     _sigterm_as_interrupt()
-    runner = JobRunner(loaded, mode=mode, workers=workers, autoscale=autoscale)
+    runner = JobRunner(loaded, mode=mode, workers=workers, autoscale=autoscale, resume=resumed)
     try:
         with LiveView(enabled=not json_out) as view:
             runner.listener = view
@@ -184,7 +202,7 @@ def supervise(run_dir: Path = typer.Argument(..., help="the handed-over run's di
     raise typer.Exit(run_supervised(run_dir))
 
 
-def _detach(spec: Path, workers: Optional[int], mode: str, autoscale: Optional[str]) -> None:
+def _detach(spec: Path, workers: Optional[int], mode: str, autoscale: Optional[str], resume: Optional[str]) -> None:
     """Re-run `dsctl up` in its own session; it keeps supervising the service until `dsctl down`."""
     from dsctl.orchestrator.run import new_run_id
     from dsctl.orchestrator.store import dsctl_home
@@ -198,6 +216,8 @@ def _detach(spec: Path, workers: Optional[int], mode: str, autoscale: Optional[s
         args += ["--workers", str(workers)]
     if autoscale:
         args += ["--autoscale", autoscale]
+    if resume:
+        args += ["--resume", resume]
     with open(log, "ab") as out:
         subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     console.print(f"started run {run_id} in the background; `dsctl status` shows it, `dsctl down {run_id}` removes it. Log: {log}")
@@ -366,10 +386,12 @@ def runs_show(
         raise SpecError(f"no run '{run}' is recorded; `dsctl runs` lists the recorded ones.")
     if timeline:
         _timeline(store, record, out)
+    resumed_by = store.resumed_by(record.id)
     if json_out:
-        print_json({**record.as_dict(), "windows": store.windows(record.id), "events": store.events(record.id)})
+        print_json({**record.as_dict(), "resumed_by": resumed_by, "windows": store.windows(record.id),
+                    "events": store.events(record.id)})
         return
-    table = sweep_table(record) if record.kind == "sweep" else summary_table(record)
+    table = sweep_table(record) if record.kind == "sweep" else summary_table(record, resumed_by)
     if record.summary.get("summary_source") == "windows":
         table.add_row("summary", "rebuilt from the run's stored metrics windows: its trainers' own end records are "
                                  "missing (the run ended abnormally)")
@@ -455,6 +477,9 @@ def _timeline(store, record, out: Optional[Path]) -> None:
     path = plot_timeline(windows, out or Path(record.run_dir or ".") / "timeline.png",
                          f"run {record.id}: workers and batch time")
     console.print(f"timeline: {path} ({len(windows)} windows, {len(scaling_changes(windows))} change(s) of worker count)")
+
+
+app.command("tensorboard")(tensorboard)  # listed after the run commands
 
 
 def main() -> None:

@@ -43,7 +43,7 @@ def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, default=str))
 
 
-def summary_table(record) -> Table:
+def summary_table(record, resumed_by: list[str] | None = None) -> Table:
     s = record.summary
     t = Table(title=f"run {record.id} ({record.mode}, {record.status})", show_header=False, title_justify="left")
     t.add_column(style="bold")
@@ -64,6 +64,7 @@ def summary_table(record) -> Table:
     if "elements_expected" in s:
         rows.append(("elements", f"{s['elements_received']} received of {s['elements_expected']}: "
                                   f"{s['elements_lost']} lost, {s['elements_duplicated']} duplicated"))
+    rows += training_rows(record, resumed_by or [])
     cost = s.get("cost") or {}
     if "total" in cost:
         rows.append(("cost", f"{money(cost['total'])}: service {money(cost['service'])}, trainers {money(cost['trainers'])} "
@@ -76,6 +77,50 @@ def summary_table(record) -> Table:
     for k, v in rows:
         t.add_row(k, v)
     return t
+
+
+def training_rows(record, resumed_by: list[str]) -> list[tuple[str, str]]:
+    """The model's loss, the runs this one resumed or was resumed by, its checkpoints and event files."""
+    s, rows = record.summary, []
+    if s.get("loss_first") is not None:
+        rows.append(("loss", f"{s['loss_first']:.4g} in the first window, {s['loss_last']:.4g} in the last "
+                             "(measured here, as the model reports it)"))
+    if record.resumed_from:
+        at = f" at step {s['restored_step']}" if s.get("restored_step") is not None else " (step not known)"
+        rows.append(("resumed from", f"{record.resumed_from}{at}"))
+    if resumed_by:
+        rows.append(("resumed by", ", ".join(resumed_by)))
+    if record.checkpoint_dir:
+        last = f"; last saved at step {s['checkpoint_step']}" if s.get("checkpoint_step") is not None else ""
+        rows.append(("checkpoints", f"{record.checkpoint_dir}/trainer-<i>{last}"))
+    board = s.get("tensorboard") or {}
+    if board.get("dir"):
+        from dsctl.orchestrator.tbevents import event_files
+
+        files = event_files(board["dir"])
+        if files:
+            where = f"{board['dir']} ({len(files)} event file(s))" + (f", copied to {board['copy']}"
+                                                                     if board.get("copy") else "")
+        elif board.get("copy"):
+            where = f"{board['copy']} (not in {board['dir']}: written where the run was followed)"
+        else:
+            where = f"none in {board['dir']}"
+        if board.get("error"):
+            where += f"; stopped: {board['error']}"
+        rows.append(("tensorboard", where + (f"; `dsctl tensorboard {record.id}` shows them" if files or board.get("copy") else "")))
+    return rows
+
+
+def resume_line(resume, steps: int | None) -> str:
+    """What `dsctl up --resume` restores, printed with the plan before anything starts."""
+    holder = "" if resume.holder == resume.run_id else f", written by run {resume.holder}, which {resume.run_id} resumed"
+    if resume.step is not None:
+        rest = f": trains the remaining {steps - resume.step} of {steps} steps" if steps else ""
+        at = f"from step {resume.step}"
+    else:
+        rest = ""
+        at = "from each trainer's latest checkpoint (its step is not known here; the trainers say it when they start)"
+    return f"resuming run {resume.run_id} {at} (checkpoints in {resume.restore_from}/trainer-<i>{holder}){rest}."
 
 
 def runs_table(records) -> Table:

@@ -96,3 +96,16 @@ def shape(name: str) -> MachineShape:
         raise SpecError(
             f"unknown machine type '{name}'. Known machine types, closest first: {known_list(name, MACHINES)}."
         ) from None
+
+
+def accelerator_of(machine: str) -> tuple[str, int]:
+    """("tpu" | "gpu" | "none", count) of a machine type, for the trainer's distribution strategy.
+
+    `local` and machine types dsctl does not know count as no accelerator: the trainer then
+    uses TensorFlow's default strategy, which runs on whatever device TensorFlow finds.
+    """
+    shape = MACHINES.get(machine)
+    if shape is None or not shape.accelerator_type or not shape.accelerators:
+        return "none", 0
+    kind = "tpu" if shape.accelerator_type.startswith("TPU") else "gpu"
+    return kind, shape.accelerators

@@ -19,14 +19,19 @@ from typing import Callable
 from dsctl.provisioners import Deployment, Node, TrainerLaunch, get_provisioner
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 
+from .accelerators import trainer_accelerators
+from . import caching
 from .autoscaling import TrainerWindows, leave_queue_room
+from .checkpoints import run_checkpoint_dir
 from .outcome import Outcome, RunFailed
 from .policies import Observation
 from .preflight import check_autoscale
 from .pricing import cost_summary
+from .resume import Resume
 from .store import RunStore, dsctl_home
 from .summary import summarize_run
 from .tail import JsonlTail
+from .tbevents import RunBoard
 
 POLL_S = 0.2
 SAMPLE_S = 0.5
@@ -50,6 +55,14 @@ class Progress:
 Listener = Callable[[Progress], None]
 
 
+def _copy_to(folder: str | None, base_dir: Path) -> str | None:
+    """trainer.tensorboard_dir as the board copies to it: gs:// as is, a relative local folder from the spec's."""
+    if not folder or folder.startswith("gs://"):
+        return folder
+    path = Path(folder).expanduser()
+    return str(path if path.is_absolute() else (base_dir / path).resolve())
+
+
 def new_run_id(name: str) -> str:
     return f"{name}-{time.strftime('%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
@@ -61,7 +74,7 @@ class JobRunner:
                  store: RunStore | None = None, listener: Listener | None = None, kind: str = "job",
                  parent_id: str | None = None, run_id: str | None = None, detached: bool = False,
                  duration_s: float | None = None, repeat: bool = False, record_steps: bool = False,
-                 autoscale: str | None = None):
+                 autoscale: str | None = None, resume: Resume | None = None):
         self.loaded = loaded
         self.spec = loaded.spec
         self.mode = mode
@@ -77,6 +90,13 @@ class JobRunner:
         self.provisioner = get_provisioner(self.spec.provider)
         self.run_id = run_id or new_run_id(self.spec.name)
         self.run_dir = dsctl_home() / "runs" / self.run_id
+        # Checkpoints: this run's own folder, and the run it restores from (dsctl up --resume).
+        self.resume = resume
+        self.checkpoint_dir = run_checkpoint_dir(self.spec, loaded.base_dir, self.run_id)
+        self._restored: dict[int, int] = {}  # trainer -> the step it restored
+        self._cost_record = None  # the run's record, priced per window for TensorBoard's cost so far
+        self.board = RunBoard(self.run_dir, self.run_id, self.spec.trainer.count,
+                              _copy_to(self.spec.trainer.tensorboard_dir, loaded.base_dir))
         self.progress = Progress(run_id=self.run_id, workers_wanted=self.workers)
         self.kind, self.parent_id = kind, parent_id
         self.first_batch_wall: float | None = None
@@ -87,6 +107,8 @@ class JobRunner:
         self._results: dict[int, dict] = {}  # each trainer's end record, also kept here in case the store defers it
         self._stopped_s: dict[str, float] = {}  # role -> VM-seconds stopped (preempted VMs are not billed meanwhile)
         self.summary: dict = {}
+        self.trainer_spec_json: Path | None = None  # the spec the trainers get, when autocache decided a mode
+        self.autocache_summary: dict | None = None
 
     # -- events -----------------------------------------------------------------
     def _event(self, kind: str, message: str) -> None:
@@ -122,6 +144,7 @@ class JobRunner:
             mode=self.mode, status="running", spec_path=str(src.resolve()) if src.is_file() else None,
             spec_yaml=spec_yaml, spec_json=spec_json, spec_hash=spec_hash(self.spec), workers=self.workers,
             trainers=self.spec.trainer.count, run_dir=str(self.run_dir),
+            resumed_from=self.resume.run_id if self.resume else None, checkpoint_dir=self.checkpoint_dir,
         )
         dep = Deployment(run_id=self.run_id, provider=self.spec.provider, run_dir=str(self.run_dir),
                          labels={"dsctl-run": self.run_id, "dsctl-job": self.spec.name})
@@ -198,7 +221,8 @@ class JobRunner:
         files = {"spec.json": (self.run_dir / "spec.json").read_bytes(),
                  "handoff.json": json.dumps({"run": self.store.run_row(self.run_id), "workers": self.workers,
                                              "autoscale": self.policy.name if self.policy else None,
-                                             "attached": attached}).encode()}
+                                             "attached": attached,
+                                             "resume": self.resume.as_dict() if self.resume else None}).encode()}
         if (self.run_dir / "spec.yaml").exists():
             files["spec.yaml"] = (self.run_dir / "spec.yaml").read_bytes()
         return files
@@ -276,12 +300,17 @@ class JobRunner:
         if self.mode == "service":
             self._phase("provisioning")
             self.provisioner.up(self.spec, dep, self.workers, self._event)
+        profiling = caching.needs_profile(self.spec, self.mode)  # autocache: profile first, then train
         # Trainers start while the servers import TensorFlow; their clients wait for the dispatcher.
-        self._start_trainers(dep)
+        if not profiling:
+            self._start_trainers(dep)
         if self.mode == "service":
             self.provisioner.wait_ready(dep, self._event)
             dep.status = "up"
             dep.save()
+        if profiling:
+            self.trainer_spec_json = caching.profile_and_decide(self, dep)
+            self._start_trainers(dep)
         self._phase("training")
         self._train(dep)
 
@@ -291,7 +320,10 @@ class JobRunner:
         try:
             self._tear_down(dep, status, keep_up)
         finally:
-            self._record_end(status, error, started, ended)
+            try:
+                self._board_warning(self.board.close())
+            finally:
+                self._record_end(status, error, started, ended)
 
     def _tear_down(self, dep: Deployment, status: str, keep_up: bool) -> None:
         try:
@@ -321,6 +353,9 @@ class JobRunner:
         summary.update({f"{role}_stopped_s": seconds for role, seconds in self._stopped_s.items() if seconds})
         if self.policy is not None:
             summary.update(self._scaling_summary())
+        if self.autocache_summary is not None:
+            summary["autocache"] = self.autocache_summary
+        summary.update(self._training_summary())
         store.update_run(self.run_id, status=status, ended_at=ended, error=error, summary=summary)
         record = replace(store.get(self.run_id), status=status, ended_at=ended, error=error, summary=summary)
         summary["cost"] = cost_summary(record)
@@ -343,10 +378,12 @@ class JobRunner:
 
     def _start_trainers(self, dep: Deployment) -> None:
         launch = TrainerLaunch(
-            mode=self.mode, spec_json=self.run_dir / "spec.json", metrics_dir=self.run_dir / "metrics",
+            mode=self.mode, spec_json=self.trainer_spec_json or self.run_dir / "spec.json", metrics_dir=self.run_dir / "metrics",
             base_dir=self.loaded.base_dir, cache_dir=dsctl_home() / "cache", count=self.spec.trainer.count,
             record_ids=self._countable() and not self.repeat, duration_s=self.duration_s, repeat=self.repeat,
             record_steps=self.record_steps, cpus=self.spec.trainer.cpus,
+            **trainer_accelerators(self.spec),
+            checkpoint_dir=self.checkpoint_dir, restore_from=self.resume.restore_from if self.resume else None,
         )
         self.provisioner.start_trainers(dep, launch, self._event)
 
@@ -388,6 +425,7 @@ class JobRunner:
                 last_sample = now
                 samples = self.provisioner.sample(dep)
                 self.store.add_utilization(self.run_id, time.time(), samples)
+                self._board_warning(self.board.samples(samples))
                 workers = [x.cpu_cores for x in samples if x.role == "worker"]
                 # A local worker is granted one core; its utilization is the share of it in use.
                 self._worker_util = min(sum(workers) / len(workers), 1.0) if workers else None
@@ -407,12 +445,17 @@ class JobRunner:
         if event == "window":
             self.store.add_window(self.run_id, rec, self.workers)
             batches[index] += rec.get("batches", 0)
+            self._board_warning(self.board.window(index, rec, self.workers, self._record_for_cost()))
             if not rec.get("warmup"):
                 rates[index] = rec.get("batches_per_s") or 0.0
                 if self.policy is not None and scale:
                     obs = self._windows.add(index, rec, workers=self.workers, worker_cpu_util=self._worker_util)
                     if obs is not None:
                         self._autoscale(obs)
+        elif event == "start":
+            if rec.get("restored_step") is not None:
+                self._restored[index] = int(rec["restored_step"])
+            self._board_warning(self.board.started(index, rec.get("restored_step")))
         elif event == "first_batch":
             if self.first_batch_wall is None or rec["wall"] < self.first_batch_wall:
                 self.first_batch_wall = rec["wall"]
@@ -425,6 +468,8 @@ class JobRunner:
             self._windows.trainer_ended(index)
         elif event == "error":
             errors[index] = rec
+        elif event == "autocache" and index == 0:  # what the hints did (put, get, fallback), once per job
+            self._event(rec.get("kind", "autocache"), rec.get("message", ""))
 
     def _autoscale(self, obs: Observation) -> None:
         """Feed the trainers' joined windows to the policy; apply an add or remove, and record why."""
@@ -435,6 +480,35 @@ class JobRunner:
         self.provisioner.scale_workers(self.deployment, decision.target, self._event)
         self.workers = decision.target
         self.progress.workers_wanted = self.progress.workers_ready = decision.target
+
+    # -- training: checkpoints restored, TensorBoard ----------------------------------------
+    def _training_summary(self) -> dict:
+        """Where a resumed run started, where its checkpoints and event files are."""
+        out: dict = {}
+        if self.resume is not None and self._restored:
+            out["restored_step"] = min(self._restored.values())
+        elif self.resume is not None and self.resume.step is not None:
+            out["restored_step"] = self.resume.step  # its trainers never said (they failed before starting)
+        saved = [r.get("checkpoint_step") for r in self._results.values()]
+        if saved and None not in saved:
+            out["checkpoint_step"] = min(saved)  # every trainer can resume from here
+        if self.checkpoint_dir:
+            out["checkpoint_dir"] = self.checkpoint_dir
+        out["tensorboard"] = {"dir": str(self.board.dir), "copy": self.board.copy_to, "error": self.board.warning}
+        return out
+
+    def _record_for_cost(self):
+        """The run's record as created, for the cost-so-far scalar (read once)."""
+        if self._cost_record is None:
+            self._cost_record = self.store.get(self.run_id)
+        return self._cost_record
+
+    def _board_warning(self, warning: str | None) -> None:
+        if warning:
+            try:
+                self._event("warning", warning)
+            except Exception:  # noqa: BLE001 - at teardown the live view may be gone
+                pass
 
     def _scaling_summary(self) -> dict:
         """Time-weighted worker count of an autoscaled run; the record's worker count becomes its rounding,
@@ -458,9 +532,11 @@ class JobRunner:
 
     # -- elements lost ----------------------------------------------------------------
     def _countable(self) -> bool:
-        """A finite synthetic dataset through the service has a known number of copies of each element."""
+        """A finite synthetic dataset through the service has a known number of copies of each element (counted by
+        the harness's own loop: a keras model's batches go to `fit`, which keeps no ids)."""
         p = self.spec.pipeline
-        return self.mode == "service" and p.builtin == "synthetic" and p.params.get("epochs") is not None
+        return (self.mode == "service" and p.builtin == "synthetic" and p.params.get("epochs") is not None
+                and self.spec.trainer.model.kind != "keras")
 
     def _copies_expected(self) -> int:
         """How often each id should arrive: every worker makes a whole epoch unless sharding is dynamic;

@@ -49,13 +49,15 @@ CREATE TABLE IF NOT EXISTS runs (
     ended_at REAL,
     run_dir TEXT,
     error TEXT,
-    summary_json TEXT
+    summary_json TEXT,
+    resumed_from TEXT,                         -- the run whose checkpoints this one restored (dsctl up --resume)
+    checkpoint_dir TEXT                        -- where this run's trainers write checkpoints (trainer-<i> below it)
 );
 CREATE TABLE IF NOT EXISTS windows (
     run_id TEXT NOT NULL, trainer INTEGER NOT NULL, t_start REAL, t_end REAL,
     batches INTEGER, examples INTEGER, batches_per_s REAL, mean_batch_time_s REAL,
     input_wait_s REAL, step_s REAL, tokens INTEGER, padded_tokens INTEGER, warmup INTEGER, workers INTEGER,
-    queue_fill REAL
+    queue_fill REAL, loss REAL, metrics TEXT     -- metrics: the model's own, as JSON {name: value}
 );
 CREATE TABLE IF NOT EXISTS trainer_results (
     run_id TEXT NOT NULL, trainer INTEGER NOT NULL, result_json TEXT NOT NULL,
@@ -86,9 +88,10 @@ REPLAYABLE = ("UPDATE runs SET ", "INSERT INTO windows ", "INSERT OR REPLACE INT
               "INSERT INTO utilization ", "INSERT INTO events ")
 
 WINDOW_FIELDS = ("trainer", "t_start", "t_end", "batches", "examples", "batches_per_s", "mean_batch_time_s",
-                 "input_wait_s", "step_s", "tokens", "padded_tokens", "warmup", "queue_fill")
+                 "input_wait_s", "step_s", "tokens", "padded_tokens", "warmup", "queue_fill", "loss", "metrics")
 # Columns added after a release, with their types: a runs.db written by an older dsctl gains them on open.
-ADDED_COLUMNS = {"windows": {"queue_fill": "REAL"}}
+ADDED_COLUMNS = {"windows": {"queue_fill": "REAL", "loss": "REAL", "metrics": "TEXT"},
+                 "runs": {"resumed_from": "TEXT", "checkpoint_dir": "TEXT"}}
 
 
 PRIVATE_UMASK = 0o077  # records, specs, state, logs and metrics: the user's alone (0600 files, 0700 dirs)
@@ -159,6 +162,8 @@ class RunRecord:
     run_dir: str | None
     error: str | None
     summary: dict = field(default_factory=dict)
+    resumed_from: str | None = None  # the run whose checkpoints this one restored
+    checkpoint_dir: str | None = None  # this run's checkpoints (one trainer-<i> folder per trainer below it)
 
     def as_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k not in ("spec_yaml", "spec_json")}
@@ -300,6 +305,8 @@ class RunStore:
 
     def add_window(self, run_id: str, window: dict, workers: int | None) -> None:
         values = [window.get(f) for f in WINDOW_FIELDS]
+        metrics = window.get("metrics")
+        values[WINDOW_FIELDS.index("metrics")] = json.dumps(metrics) if metrics else None
         self._write(
             f"INSERT INTO windows (run_id, {', '.join(WINDOW_FIELDS)}, workers) VALUES ({', '.join('?' * (len(WINDOW_FIELDS) + 2))})",
             [(run_id, *values, workers)],
@@ -442,9 +449,17 @@ class RunStore:
         return [r[0] for r in self._rows("SELECT id FROM runs ORDER BY created_at DESC")]
 
     def windows(self, run_id: str) -> list[dict]:
+        """The run's windows by end time; `metrics` decoded (a dict, or None)."""
         stored = [dict(r) for r in self._rows("SELECT * FROM windows WHERE run_id = ? ORDER BY t_end", (run_id,))]
         pending = self._pending("windows", run_id)
-        return sorted(stored + pending, key=lambda w: w["t_end"]) if pending else stored
+        out = sorted(stored + pending, key=lambda w: w["t_end"]) if pending else stored
+        for w in out:
+            w["metrics"] = json.loads(w["metrics"]) if w.get("metrics") else None
+        return out
+
+    def resumed_by(self, run_id: str) -> list[str]:
+        """The runs that restored this run's checkpoints (`dsctl up --resume RUN`), oldest first."""
+        return [r[0] for r in self._rows("SELECT id FROM runs WHERE resumed_from = ? ORDER BY created_at", (run_id,))]
 
     def trainer_results(self, run_id: str) -> dict[int, dict]:
         rows = self._rows("SELECT trainer, result_json FROM trainer_results WHERE run_id = ?", (run_id,))

@@ -51,9 +51,23 @@ def summarize_run(trainer_results: dict[int, dict], windows: list[dict], utiliza
     rebuilt from their windows."""
     results, rebuilt = complete_results(trainer_results, windows)
     out = summarize(results, utilization, started_at, ended_at, first_batch_wall, measured_from_wall)
+    out.update(loss_summary(windows))
     if rebuilt:
         out["summary_source"] = "windows"
     return out
+
+
+def loss_summary(windows: list[dict]) -> dict:
+    """The model's loss in its first and last window that reported one (mean over trainers), so a reader sees
+    whether it fell; {} for models that report no loss."""
+    by_trainer: dict[int, list[float]] = {}
+    for w in windows:
+        if w.get("loss") is not None:
+            by_trainer.setdefault(w["trainer"], []).append(w["loss"])
+    if not by_trainer:
+        return {}
+    return {"loss_first": mean(v[0] for v in by_trainer.values()),
+            "loss_last": mean(v[-1] for v in by_trainer.values())}
 
 
 def complete_results(trainer_results: dict[int, dict], windows: list[dict]) -> tuple[dict[int, dict], bool]:

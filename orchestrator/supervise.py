@@ -23,6 +23,7 @@ from dsctl.provisioners import Deployment
 from dsctl.specs import load_spec, load_spec_text
 
 from . import cloudrecord
+from .resume import Resume
 from .run import JobRunner
 from .store import RunStore
 
@@ -111,7 +112,7 @@ def supervise(run_dir: Path) -> int:
     dep = Deployment.load(run_dir)
     dep.run_dir = str(run_dir)  # the state was written on the user's machine, where the run dir is elsewhere
     runner = JobRunner(_loaded(run_dir), run_id=row["id"], store=store, workers=handoff["workers"],
-                       autoscale=handoff.get("autoscale"))
+                       autoscale=handoff.get("autoscale"), resume=Resume.from_dict(handoff.get("resume")))
     objects = runner.provisioner.run_objects(dep)
     try:
         runner.provisioner.check_supervisor(dep, runner.spec)

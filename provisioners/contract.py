@@ -75,6 +75,17 @@ class TrainerLaunch:
     window_s: float | None = None  # metrics window override (sweeps align measurements to short windows)
     record_steps: bool = False  # per-batch timings and token counts, for modelling synchronous training
     cpus: list[int] | None = None  # pin trainer processes to these cores (local provider)
+    accelerator: str = "none"  # none | gpu | tpu: what the trainer machine has, for the keras model's strategy
+    accelerators: int = 0  # how many (GPUs, TPU devices) per trainer machine
+    # keras models: the run's checkpoint folder, and the one of the run it resumes (a local path or gs://);
+    # each trainer is given its own folder below them (trainer_checkpoint_dir).
+    checkpoint_dir: str | None = None  # save checkpoints below here
+    restore_from: str | None = None  # restore each trainer's latest checkpoint from below here first
+
+    @staticmethod
+    def trainer_checkpoint_dir(base: str, index: int) -> str:
+        """Trainer `index`'s own folder below a run's checkpoint folder: trainers never share checkpoints."""
+        return f"{base.rstrip('/')}/trainer-{index}"
 
     def harness_args(self, index: int, *, spec: str, metrics: str, cache_dir: str, base_dir: str,
                      dispatcher: str | None) -> list[str]:
@@ -91,6 +102,12 @@ class TrainerLaunch:
             args.append("--repeat")
         if self.window_s:
             args += ["--window-s", str(self.window_s)]
+        if self.accelerator != "none":
+            args += ["--accelerator", self.accelerator, "--accelerators", str(self.accelerators)]
+        if self.checkpoint_dir:
+            args += ["--checkpoint-dir", self.trainer_checkpoint_dir(self.checkpoint_dir, index)]
+        if self.restore_from:
+            args += ["--restore-from", self.trainer_checkpoint_dir(self.restore_from, index)]
         return args
 
 

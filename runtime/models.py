@@ -20,7 +20,7 @@ StepFn = Callable[[Any, dict], None]
 
 
 class ModelError(Exception):
-    """The model entrypoint could not be loaded; the message is for the user."""
+    """The model (its entrypoint, its strategy's hardware, its checkpoints) is at fault; the message is for the user."""
 
 
 def synthetic_step_seconds(model: ModelSpec, stats: dict, elapsed_s: float = 0.0) -> float:
@@ -32,6 +32,21 @@ def synthetic_step_seconds(model: ModelSpec, stats: dict, elapsed_s: float = 0.0
         step_ms = phase.step_time_ms if phase.step_time_ms is not None else step_ms
         token_us = phase.padded_token_time_us if phase.padded_token_time_us is not None else token_us
     return step_ms / 1e3 + stats.get("padded_tokens", 0) * token_us / 1e6
+
+
+def load_function(entrypoint: str, base_dir: Path | None = None) -> Callable:
+    """The user's 'module:function' (trainer.model.entrypoint), imported with base_dir first on sys.path."""
+    module_name, func_name = entrypoint.split(":")
+    if base_dir is not None and str(base_dir) not in sys.path:
+        sys.path.insert(0, str(base_dir))
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the user's to fix
+        raise ModelError(f"trainer.model.entrypoint: cannot import module '{module_name}' ({type(exc).__name__}: {exc}).") from None
+    fn = getattr(module, func_name, None)
+    if not callable(fn):
+        raise ModelError(f"trainer.model.entrypoint: module '{module_name}' has no function '{func_name}'.")
+    return fn
 
 
 def make_step(model: ModelSpec, base_dir: Path | None = None) -> StepFn:
@@ -46,16 +61,7 @@ def make_step(model: ModelSpec, base_dir: Path | None = None) -> StepFn:
                 time.sleep(seconds)
         return step
 
-    module_name, func_name = model.entrypoint.split(":")
-    if base_dir is not None and str(base_dir) not in sys.path:
-        sys.path.insert(0, str(base_dir))
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any import failure is the user's to fix
-        raise ModelError(f"trainer.model.entrypoint: cannot import module '{module_name}' ({type(exc).__name__}: {exc}).") from None
-    fn = getattr(module, func_name, None)
-    if not callable(fn):
-        raise ModelError(f"trainer.model.entrypoint: module '{module_name}' has no function '{func_name}'.")
+    fn = load_function(model.entrypoint, base_dir)
 
     def user_step(batch: Any, stats: dict) -> None:
         fn(batch)

@@ -10,6 +10,10 @@ Modes, all in this one harness so they are measured the same way:
 
 Per window it writes batches, batches/s, mean batch time and the input stall
 (time blocked in next()), plus tokens and padded tokens for text batches.
+A keras model (trainer.model.kind: keras) trains with model.fit instead of this loop
+(keras_runner.py), under the strategy --accelerator/--accelerators call for, saving to
+--checkpoint-dir and restoring from --restore-from; its windows have the same fields
+plus the loss and the model's metrics.
 Exit codes: 0 done, 2 the user's pipeline or model is at fault, 1 other failures.
 """
 
@@ -27,6 +31,7 @@ from pathlib import Path
 
 from dsctl.specs.schema import JobSpec
 
+from . import autocache
 from .metrics import MetricsWriter, Window
 from .models import ModelError, make_step
 from .queuefill import QueueFillSampler, read_model_fill
@@ -200,6 +205,7 @@ class Harness:
             batches_per_s=(measured_batches / measured_s) if measured_s > 0 else None,
             input_wait_s=sum(w.input_wait_s for w in measured), step_s=sum(w.step_s for w in measured),
             tokens=sum(w.tokens for w in measured), padded_tokens=sum(w.padded_tokens for w in measured),
+            step=batches, checkpoint_step=None,
         )
         if self.record_ids:
             Path(self.record_ids).write_text(json.dumps(self.ids))
@@ -223,6 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", action="store_true", help="repeat a finite pipeline (steady-state measurements)")
     ap.add_argument("--window-s", type=float, default=None, help="override trainer.window_s")
     ap.add_argument("--record-steps", default=None, help="write per-batch wait, step time and token counts here (JSON)")
+    ap.add_argument("--accelerator", choices=("none", "gpu", "tpu"), default="none",
+                    help="what the trainer machine has (keras models: picks the distribution strategy)")
+    ap.add_argument("--accelerators", type=int, default=0, help="how many of them")
+    ap.add_argument("--checkpoint-dir", default=None, help="keras models: save checkpoints here (local or gs://)")
+    ap.add_argument("--restore-from", default=None, help="keras models: restore the latest checkpoint here first")
     args = ap.parse_args(argv)
     if args.mode == "service" and not args.dispatcher:
         ap.error("--dispatcher is required in service mode")
@@ -233,7 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     if steps is None and duration is None:
         steps, duration = spec.trainer.steps, spec.trainer.duration_s
     writer = MetricsWriter(args.metrics, args.index)
-    writer.emit("start", pid=os.getpid(), mode=args.mode)
+    keras_model = spec.trainer.model.kind == "keras"
+    if not keras_model:  # a keras run says it started once its model is built and restored (restored_step)
+        writer.emit("start", pid=os.getpid(), mode=args.mode, restored_step=0)
     harness = Harness(spec, writer, steps, duration, args.record_ids, args.window_s, args.record_steps,
                       queue_fill=args.mode == "service")
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -242,10 +255,27 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cache_dir = args.cache_dir if args.cache_dir.startswith("gs://") else Path(args.cache_dir)
-        ds = build_input(spec, args.mode, args.index, args.dispatcher, cache_dir, Path(args.base_dir),
-                         repeat=args.repeat)
-        step_fn = make_step(spec.trainer.model, Path(args.base_dir))
-        harness.run(ds, step_fn)
+        plan = autocache.plan_for(spec, args.mode, cache_dir)  # None unless the spec has `autocache:`
+        if plan is not None and plan.mode == "profile":  # dsctl's profiling phase, not training
+            from .autocache_profile import profile
+
+            profile(spec, args.mode, args.dispatcher, cache_dir, Path(args.base_dir), plan, writer)
+            return 0
+        with autocache.active(plan):
+            ds = build_input(spec, args.mode, args.index, args.dispatcher, cache_dir, Path(args.base_dir),
+                             repeat=args.repeat)
+        autocache.report(plan, writer.emit)
+        if keras_model:
+            from .keras_runner import train
+
+            train(spec, ds, writer, base_dir=Path(args.base_dir), steps=steps, duration_s=duration,
+                  window_s=args.window_s, stop=harness.stop, accelerator=args.accelerator,
+                  accelerators=args.accelerators, checkpoint_dir=args.checkpoint_dir, restore_from=args.restore_from,
+                  mode=args.mode)
+        else:
+            step_fn = make_step(spec.trainer.model, Path(args.base_dir))
+            harness.run(ds, step_fn)
+        autocache.after_run(plan, writer.emit, args.index)
     except (PipelineError, ModelError) as exc:
         writer.emit("error", kind="user", message=str(exc))
         print(f"dsctl trainer: {exc}", file=sys.stderr)

@@ -52,7 +52,7 @@ def check_entrypoints(loaded: "LoadedSpec") -> None:
     does not return a dataset, or takes longer than the limit."""
     spec = loaded.spec
     pipeline = spec.pipeline.entrypoint
-    model = spec.trainer.model.entrypoint if spec.trainer.model.kind == "python" else None
+    model = spec.trainer.model.entrypoint if spec.trainer.model.kind in ("python", "keras") else None
     if not pipeline and not model:
         return
     request = json.dumps({

@@ -19,7 +19,7 @@ SEED = {"ge": -(2**63), "le": 2**63 - 1}  # TensorFlow seeds are int64
 
 
 class SyntheticParams(Strict):
-    """Elements {id, x}; CPU cost and CPU-free latency per element are tunable."""
+    """Elements {id, x} (and a label with label_classes); CPU cost and CPU-free latency per element are tunable."""
 
     elements: int = Field(4096, ge=1, le=BIG, description="elements per epoch")
     shards: int = Field(16, ge=1, le=BIG, description="units the dispatcher hands out under distributed_epoch")
@@ -28,20 +28,27 @@ class SyntheticParams(Strict):
     batch_size: int = Field(32, ge=1, le=10**6)
     cpu_work: int = Field(0, ge=0, le=10**4, description="CPU work per element, in 64x64 matmuls")
     latency_ms: float = Field(0.0, ge=0, le=60_000, description="per-element delay that uses no CPU (remote storage)")
+    label_classes: Optional[int] = Field(
+        None, ge=2, le=10**6, description="add a label: the index of the largest of x's first label_classes values")
 
     @model_validator(mode="after")
     def _shards_fit(self) -> "SyntheticParams":
         if self.shards > self.elements:
             raise ValueError(f"shards ({self.shards}) cannot exceed elements ({self.elements})")
+        if self.label_classes is not None and self.label_classes > self.feature_size:
+            raise ValueError(f"label_classes ({self.label_classes}) cannot exceed feature_size ({self.feature_size}): "
+                             "the label is the index of the largest of x's first label_classes values")
         return self
 
 
 class ImagesParams(Strict):
-    """ResNet-style: JPEG TFRecords, decode, random crop, flip, batch; float32 images in [0, 1] for the model."""
+    """ResNet-style: JPEG TFRecords, decode, random crop, flip, batch; float32 images normalised per channel for the
+    model; labels the model can learn (each class has its own colour and stripes)."""
 
     num_files: int = Field(8, ge=1, le=10**5)
     images_per_file: int = Field(64, ge=1, le=10**6)
     image_size: int = Field(80, ge=8, le=4096, description="stored JPEG side, pixels")
+    num_classes: int = Field(10, ge=2, le=100_000, description="label classes; each has its own colour and stripes")
     crop_size: int = Field(64, ge=4, le=4096, description="random crop side, pixels")
     batch_size: int = Field(32, ge=1, le=10**6)
     epochs: Optional[int] = Field(1, ge=1, le=BIG, description="null repeats forever")
@@ -68,6 +75,7 @@ class TextParams(Strict):
     max_length: int = Field(512, ge=1, le=10**6)
     length_distribution: Literal["lognormal", "uniform"] = "lognormal"
     vocab_size: int = Field(32000, ge=2, le=2**31 - 1)
+    num_classes: int = Field(4, ge=2, le=100_000, description="label classes; each has its own marker tokens")
     batch_size: int = Field(16, ge=1, le=10**6)
     epochs: Optional[int] = Field(1, ge=1, le=BIG, description="null repeats forever")
     shuffle_buffer: int = Field(256, ge=0, le=BIG)
@@ -78,6 +86,9 @@ class TextParams(Strict):
     def _lengths(self) -> "TextParams":
         if self.min_length > self.max_length:
             raise ValueError(f"min_length ({self.min_length}) cannot exceed max_length ({self.max_length})")
+        if self.num_classes > self.vocab_size - 1:
+            raise ValueError(f"num_classes ({self.num_classes}) cannot exceed vocab_size - 1 ({self.vocab_size - 1}): "
+                             "each class needs a marker token of its own")
         return self
 
 

@@ -43,7 +43,8 @@ def check_rules(spec: JobSpec, src: YamlSource) -> None:
     if trainer.model.kind == "python" and not trainer.model.entrypoint:
         raise src.error(("trainer", "model", "kind"), "model kind 'python' needs 'entrypoint: package.module:function', the step function called with each batch.")
     if trainer.model.kind == "synthetic" and trainer.model.entrypoint:
-        raise src.error(("trainer", "model", "entrypoint"), "an entrypoint is only used with 'kind: python'; remove it or set kind: python.")
+        raise src.error(("trainer", "model", "entrypoint"), "an entrypoint is only used with 'kind: python' or 'kind: keras'; remove it or set the kind.")
+    _check_keras(spec, src)
 
     coord = svc.coordinated_reads
     if coord is not None:
@@ -87,6 +88,44 @@ def check_rules(spec: JobSpec, src: YamlSource) -> None:
 
     if spec.provider == "gcp":
         _check_gcp(spec, src)
+        _check_gcp_autocache(spec, src)
+
+
+def _check_gcp_autocache(spec: JobSpec, src: YamlSource) -> None:
+    """Workers on other VMs write and read the cache, and dsctl's profiling phase runs locally only so far."""
+    ac = spec.autocache
+    if ac is None or ac.mode == "compute":
+        return
+    if not (ac.cache_dir or "").startswith("gs://"):
+        raise src.error(("autocache", "cache_dir"),
+                        "with provider: gcp each worker VM writes and reads the cache, so it must be a Cloud Storage "
+                        "folder they all reach, e.g. gs://my-bucket/autocache.")
+    if ac.mode == "auto":
+        raise src.error(("autocache", "mode"),
+                        "auto profiles the job before training, which dsctl does with provider: local only so "
+                        "far; with provider: gcp name the hint to cache at (e.g. mode: source) or use mode: compute.")
+
+
+def _check_keras(spec: JobSpec, src: YamlSource) -> None:
+    """A keras model needs its builder and labels to learn from; params and checkpoints belong to keras models only."""
+    model, trainer, pipe = spec.trainer.model, spec.trainer, spec.pipeline
+    if model.kind != "keras":
+        if model.params:
+            raise src.error(("trainer", "model", "params"), "params are the keyword arguments of a Keras model function; "
+                            "they are only used with 'kind: keras'. Remove them or set kind: keras.")
+        if trainer.checkpoint is not None:
+            raise src.error(("trainer", "checkpoint"), "checkpoints save a Keras model's training state; they are only "
+                            "used with 'trainer.model.kind: keras'. Remove the checkpoint section or train a keras model.")
+        return
+    if not model.entrypoint:
+        raise src.error(("trainer", "model", "kind"), "model kind 'keras' needs 'entrypoint: package.module:function', "
+                        "a function that returns a compiled Keras model (called with trainer.model.params).")
+    if model.step_time_ms or model.padded_token_time_us or model.phases:
+        raise src.error(("trainer", "model"), "step_time_ms, padded_token_time_us and phases describe the synthetic "
+                        "model; a keras model's step is the model's own. Remove them.")
+    if pipe.builtin == "synthetic" and pipe.params.get("label_classes") is None:
+        raise src.error(("pipeline", "params"), "the synthetic pipeline yields no label unless 'label_classes' is set "
+                        "(e.g. label_classes: 10), and model.fit needs one; set it, or use the images or text builtin.")
 
 
 def _check_gcp(spec: JobSpec, src: YamlSource) -> None:
@@ -109,6 +148,23 @@ def _check_gcp(spec: JobSpec, src: YamlSource) -> None:
     if machine == "local":
         raise src.error(("trainer", "machine"), "with provider: gcp the trainer is a VM: name a TPU VM type (tpu-v2-8), "
                         "a GPU machine type (a2-highgpu-1g) or a CPU machine type (n2-standard-8).")
+    _check_gcp_folders(spec, src)
+
+
+def _check_gcp_folders(spec: JobSpec, src: YamlSource) -> None:
+    """Checkpoints and event copies must outlive the run's VMs, which are deleted when it ends: Cloud Storage."""
+    ck, board = spec.trainer.checkpoint, spec.trainer.tensorboard_dir
+    if ck is not None and not ck.dir.startswith("gs://"):
+        raise src.error(("trainer", "checkpoint", "dir"),
+                        f"with provider: gcp checkpoints are written by the trainer VMs, which are deleted when the "
+                        f"run ends, so a local folder ({ck.dir!r}) would be lost with them and the run could not be "
+                        "resumed; give a Cloud Storage folder the VMs' service account can write, e.g. "
+                        "gs://my-bucket/checkpoints.")
+    if board is not None and not board.startswith("gs://"):
+        raise src.error(("trainer", "tensorboard_dir"),
+                        f"with provider: gcp the run's TensorBoard event files are written on its dispatcher VM, which "
+                        f"is deleted when the run ends, so a local folder ({board!r}) would be lost with it; give a "
+                        "Cloud Storage folder, e.g. gs://my-bucket/tensorboard.")
 
 
 def _check_pinning(spec: JobSpec, src: YamlSource) -> None:

@@ -17,6 +17,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .autocache import AutocacheSpec
+
 PROCESSING_MODES = (
     "parallel_epochs",  # = ShardingPolicy.OFF: every worker produces the whole dataset
     "distributed_epoch",  # = ShardingPolicy.DYNAMIC: each element once, split by the dispatcher
@@ -84,12 +86,15 @@ class ModelPhase(Strict):
 
 
 class ModelSpec(Strict):
-    """What one training step costs. `synthetic` sleeps like an accelerator busy on the step."""
+    """What one training step is. `synthetic` sleeps like an accelerator busy on the step; `python` calls the
+    user's step function; `keras` trains the user's compiled Keras model with `fit`."""
 
-    kind: Literal["synthetic", "python"] = "synthetic"
+    kind: Literal["synthetic", "python", "keras"] = "synthetic"
     step_time_ms: float = Field(0.0, ge=0, le=MAX_STEP_MS, description="fixed time per step")
     padded_token_time_us: float = Field(0.0, ge=0, le=1e6, description="extra time per padded token in the batch")
-    entrypoint: Optional[str] = Field(None, description="'module:function' called with each batch (kind: python)")
+    entrypoint: Optional[str] = Field(
+        None, description="'module:function' called with each batch (kind: python), or returning a compiled Keras model (kind: keras)")
+    params: dict = Field(default_factory=dict, description="keyword arguments of the Keras model function (kind: keras)")
     phases: list[ModelPhase] = Field(default_factory=list, max_length=1000, description="later step costs (synthetic model)")
 
     @field_validator("entrypoint")
@@ -104,6 +109,28 @@ class ModelSpec(Strict):
     def _phases_in_order(cls, v: list[ModelPhase]) -> list[ModelPhase]:
         if any(b.after_s <= a.after_s for a, b in zip(v, v[1:])):
             raise ValueError("phases must be listed in increasing after_s")
+        return v
+
+
+GCS_PATH_RE = re.compile(r"^gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/[^\x00-\x1f]*)?$")
+
+
+class CheckpointSpec(Strict):
+    """Where and how often a keras trainer saves its model, optimizer and step (tf.train.CheckpointManager)."""
+
+    dir: str = Field(min_length=1, max_length=1024, description="a local folder or gs://bucket/path")
+    every_steps: int = Field(ge=1, le=MAX_STEPS, description="save every this many steps, and at the end")
+
+    @field_validator("dir")
+    @classmethod
+    def _dir_form(cls, v: str) -> str:
+        if "://" in v and not v.startswith("gs://"):
+            raise ValueError(f"a checkpoint dir is a local path or a Cloud Storage URL (gs://bucket/path), got {v!r}")
+        if v.startswith("gs://") and not GCS_PATH_RE.match(v):
+            raise ValueError(f"a Cloud Storage checkpoint dir looks like gs://my-bucket/path (a bucket name of 3-222 "
+                             f"lower-case letters, digits, dots, dashes or underscores), got {v!r}")
+        if any(ord(c) < 32 for c in v):
+            raise ValueError(f"a checkpoint dir cannot contain control characters, got {v!r}")
         return v
 
 
@@ -128,6 +155,22 @@ class TrainerSpec(Strict):
     cpus: Optional[list[int]] = Field(None, min_length=1, description="local provider: pin trainers to these cores")
     provisioning: Literal["standard", "spot"] = Field(
         "standard", description="how trainer VMs are bought (and priced): on-demand or Spot")
+    checkpoint: Optional[CheckpointSpec] = Field(None, description="keras models: save and restore training state")
+    tensorboard_dir: Optional[str] = Field(
+        None, min_length=1, max_length=1024,
+        description="also copy the run's TensorBoard event files to <this>/<run id>/: a local folder or gs://bucket/path")
+
+    @field_validator("tensorboard_dir")
+    @classmethod
+    def _tensorboard_dir_form(cls, v: Optional[str]) -> Optional[str]:
+        if v is None:
+            return v
+        if ("://" in v and not v.startswith("gs://")) or (v.startswith("gs://") and not GCS_PATH_RE.match(v)):
+            raise ValueError(f"a TensorBoard folder is a local path or a Cloud Storage URL like gs://my-bucket/path, "
+                             f"got {v!r}")
+        if any(ord(c) < 32 for c in v):
+            raise ValueError(f"a TensorBoard folder cannot contain control characters, got {v!r}")
+        return v
 
 
 class PipelineSpec(Strict):
@@ -241,6 +284,7 @@ class JobSpec(Strict):
     trainer: TrainerSpec
     pipeline: PipelineSpec
     autoscale: Optional[AutoscaleSpec] = None
+    autocache: Optional[AutocacheSpec] = Field(None, description="cache the pipeline at an autocache hint when faster")
     pricing: str = Field("gcp-us-central1-2025", description="a shipped price catalog name or a path to a prices YAML")
     cost_basis: Literal["utilization", "vm-hours"] = "utilization"
     gcp: Optional[GcpSpec] = Field(None, description="Google Cloud settings, used with provider: gcp")

@@ -148,6 +148,54 @@ def test_images_uint8_transfer_finished_on_the_trainer_equals_the_float32_path(c
         assert u["image"].nbytes * 4 == w["image"].nbytes
 
 
+def test_finish_normalises_each_channel_resnet_style(cache):
+    """finish(): uint8 pixel p becomes (p / 255 - mean) / std per channel, ImageNet's mean and std."""
+    sent = batches(build_dataset("images", IMAGES, cache_dir=cache))
+    got = batches(images_pipeline.finish(build_dataset("images", IMAGES, cache_dir=cache), validate_params("images", IMAGES)))
+    mean, std = np.array(images_pipeline.MEAN, np.float32), np.array(images_pipeline.STD, np.float32)
+    for s, g in zip(sent, got):
+        np.testing.assert_allclose(g["image"], (s["image"].astype(np.float32) / 255 - mean) / std, rtol=0, atol=1e-5)
+        np.testing.assert_array_equal(g["label"], s["label"])
+
+
+def test_images_labels_decide_the_colour(cache):
+    """Each class has its own colour: images of one class are closer to their class's mean colour than to any
+    other class's, so a model can learn the label (random crops and flips keep colour)."""
+    params = {**IMAGES, "num_classes": 3, "num_files": 2, "images_per_file": 48, "transfer_dtype": "float32"}
+    bs = batches(build_dataset("images", params, cache_dir=cache))
+    colours = np.concatenate([b["image"].mean(axis=(1, 2)) for b in bs])
+    labels = np.concatenate([b["label"] for b in bs])
+    assert set(labels.tolist()) == {0, 1, 2} and labels.max() < 3
+    centres = np.stack([colours[labels == c].mean(axis=0) for c in range(3)])
+    nearest = np.argmin(((colours[:, None, :] - centres[None]) ** 2).sum(-1), axis=1)
+    assert (nearest == labels).mean() > 0.9
+
+
+def test_text_labels_come_with_their_class_marker_tokens(cache):
+    params = {**TEXT, "vocab_size": 1000, "num_classes": 4}
+    bs = batches(build_dataset("text", params, cache_dir=cache))
+    own = other = real = 0
+    for b in bs:
+        assert b["label"].dtype == np.int64 and b["label"].shape == b["lengths"].shape
+        for tokens, length, label in zip(b["tokens"], b["lengths"], b["label"]):
+            seq = tokens[:length]
+            markers = [set(text.marker_tokens(c, 4, 1000).tolist()) for c in range(4)]
+            own += sum(t in markers[label] for t in seq)
+            other += sum(t in markers[c] for c in range(4) if c != label for t in seq)
+            real += length
+    # a quarter of the tokens are their class's markers; other classes' markers only appear by chance (24 of 1000 ids)
+    assert 0.2 < own / real < 0.3 and other / real < 0.03
+
+
+def test_synthetic_label_is_the_argmax_of_the_first_features(cache):
+    bs = batches(build_dataset("synthetic", {"elements": 64, "feature_size": 8, "label_classes": 3}, cache_dir=cache))
+    for b in bs:
+        np.testing.assert_array_equal(b["label"], np.argmax(b["x"][:, :3], axis=1))
+    assert "label" not in batches(build_dataset("synthetic", {"elements": 16}, cache_dir=cache))[0]
+    with pytest.raises(PipelineError, match="label_classes"):
+        build_dataset("synthetic", {"feature_size": 4, "label_classes": 5}, cache_dir=cache)
+
+
 def images_spec(cache: Path):
     from dsctl.specs import load_spec_text
 
@@ -474,13 +522,16 @@ def test_coordinated_reads_give_each_round_one_padded_length(cache, service):
 
 @pytest.mark.timeout(120)
 def test_service_sends_uint8_and_the_trainer_gets_float32(cache, service):
-    """Through `distribute`: the model gets float32 made from uint8 pixels (every value a pixel times 1/255)."""
+    """Through `distribute`: the model gets float32 made from uint8 pixels (every value a pixel times 1/255,
+    normalised per channel)."""
     from dsctl.runtime.trainer import build_input
 
     ds = build_input(images_spec(cache), "service", 0, service.split("://")[1], cache, cache)
     bs = batches(ds)
     assert sum(len(b["label"]) for b in bs) == 2 * 3 * 16  # parallel_epochs: one epoch per worker
+    mean, std = np.float32(images_pipeline.MEAN), np.float32(images_pipeline.STD)
     for b in bs:
         assert b["image"].dtype == np.float32 and b["image"].shape[1:] == (24, 24, 3)
-        pixels = np.round(b["image"] * 255).astype(np.uint8)
-        np.testing.assert_array_equal(b["image"], pixels.astype(np.float32) * np.float32(1 / 255))
+        pixels = np.round((b["image"] * std + mean) * 255).astype(np.uint8)
+        np.testing.assert_allclose(b["image"], (pixels.astype(np.float32) * np.float32(1 / 255) - mean) / std,
+                                   rtol=0, atol=1e-5)

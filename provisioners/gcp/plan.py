@@ -162,7 +162,7 @@ def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | No
             "above the network's own rules such as the default network's default-allow-internal)")
     bucket = g.bucket or (f"{result.project}-dsctl" if result.project else "<project>-dsctl")
     staged = "the dsctl wheel, the spec" if g.bootstrap else "the spec"
-    if spec.pipeline.entrypoint or spec.trainer.model.kind == "python":
+    if spec.pipeline.entrypoint or spec.trainer.model.kind in ("python", "keras"):
         staged += " and the spec's folder (your code)"
     result.creates.append(f"staging objects under gs://{bucket}/dsctl/runs/{run_id}/ ({staged}; deleted with the run)")
     if g.bootstrap:

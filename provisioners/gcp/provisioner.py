@@ -519,7 +519,7 @@ class GcpProvisioner:
         self._ensure_watcher()
         launch.metrics_dir.mkdir(parents=True, exist_ok=True)
         staging = Staging(self._clients, dep.run_id)
-        uses_code = bool(spec.pipeline.entrypoint or spec.trainer.model.kind == "python")
+        uses_code = bool(spec.pipeline.entrypoint or spec.trainer.model.kind in ("python", "keras"))
         objects = self._stage_trainer_files(dep, spec, launch.spec_json, launch.base_dir)
         storage_host = self._settings.storage_host
 
@@ -561,7 +561,7 @@ class GcpProvisioner:
         """The spec (and the spec's folder, for user code) in the run's staging prefix, for the trainer VMs to fetch.
         A run handed over to a supervisor (hand_off) was staged from the user's machine, where the code is."""
         gcp = self._gcp_node(dep)
-        uses_code = bool(spec.pipeline.entrypoint or spec.trainer.model.kind == "python")
+        uses_code = bool(spec.pipeline.entrypoint or spec.trainer.model.kind in ("python", "keras"))
         if gcp.extra.get("trainer_files"):
             return list(gcp.extra["trainer_files"])
         staging = Staging(self._clients, dep.run_id)

@@ -29,10 +29,11 @@ from typing import Callable
 from .errors import PipelineError
 
 MANIFEST = "manifest.json"
-FORMAT_VERSIONS = {"images": 1, "text": 1}
+FORMAT_VERSIONS = {"images": 2, "text": 2}  # 2: labels the model can learn
 _GENERATION_FIELDS = {
-    "images": ("num_files", "images_per_file", "image_size", "seed"),
-    "text": ("num_files", "sequences_per_file", "min_length", "max_length", "length_distribution", "vocab_size", "seed"),
+    "images": ("num_files", "images_per_file", "image_size", "num_classes", "seed"),
+    "text": ("num_files", "sequences_per_file", "min_length", "max_length", "length_distribution", "vocab_size",
+             "num_classes", "seed"),
 }
 
 

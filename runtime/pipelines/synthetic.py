@@ -1,4 +1,5 @@
-"""`synthetic`: elements {"id": int64, "x": float32[feature_size]} with tunable cost.
+"""`synthetic`: elements {"id": int64, "x": float32[feature_size]} with tunable cost; with `label_classes`
+also {"label": int64}, the index of the largest of x's first label_classes values (a linear model learns it).
 
 Why it is built this way:
 - The source is `range(shards)`, each shard flat-mapped into its id range. Under
@@ -21,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.data.experimental.ops import testing as tf_data_testing
 
+from dsctl.runtime.autocache import autocache
 from dsctl.specs.pipelines import SyntheticParams
 
 MATMUL_SIDE = 64
@@ -34,7 +36,7 @@ def _shard_range(elements: int, shards: int):
     return ids
 
 
-def _make_element(feature_size: int, cpu_work: int):
+def _make_element(feature_size: int, cpu_work: int, label_classes: int | None = None):
     # A fixed, well-conditioned matrix; tanh keeps the chained product bounded.
     w = tf.constant(
         (np.random.default_rng(0).normal(size=(MATMUL_SIDE, MATMUL_SIDE)) / np.sqrt(MATMUL_SIDE)).astype(np.float32)
@@ -54,7 +56,9 @@ def _make_element(feature_size: int, cpu_work: int):
             # Make x depend on the result so the work cannot be pruned; the term
             # is < 1e-26 and leaves x unchanged at float32 precision.
             x = x + 1e-30 * tf.reduce_sum(m)
-        return {"id": i, "x": x}
+        if label_classes is None:
+            return {"id": i, "x": x}
+        return {"id": i, "x": x, "label": tf.argmax(x[:label_classes], output_type=tf.int64)}
 
     return element
 
@@ -64,6 +68,8 @@ def build(p: SyntheticParams) -> tf.data.Dataset:
     ds = ds.flat_map(_shard_range(p.elements, p.shards))
     if p.latency_ms > 0:
         ds = ds.apply(tf_data_testing.sleep(int(round(p.latency_ms * 1000))))
-    ds = ds.map(_make_element(p.feature_size, p.cpu_work), num_parallel_calls=tf.data.AUTOTUNE)
+    ds = autocache(ds, "source")  # after reading (the ids, slowed by latency_ms)
+    ds = ds.map(_make_element(p.feature_size, p.cpu_work, p.label_classes), num_parallel_calls=tf.data.AUTOTUNE)
+    ds = autocache(ds, "full")  # every transformation is deterministic: the whole element
     ds = ds.repeat() if p.epochs is None else ds.repeat(p.epochs)
     return ds.batch(p.batch_size).prefetch(tf.data.AUTOTUNE)

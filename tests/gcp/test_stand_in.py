@@ -457,6 +457,7 @@ def test_stop_and_start_refuse_missing_and_deleting_vms_and_bad_request_ids(api)
     with pytest.raises(gx.NotFound):
         api.instances.stop_unary(project=P, zone=Z, instance="nope")
     api.insert(vm("gone"))
+    api.cloud.timing.stopping_s = 60.0  # still deleting when start comes, however slow this machine is
     api.instances.delete_unary(project=P, zone=Z, instance="gone")
     with pytest.raises(gx.BadRequest, match="not ready"):
         api.instances.start_unary(project=P, zone=Z, instance="gone")

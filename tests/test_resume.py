@@ -1,0 +1,244 @@
+"""`dsctl up JOB.yaml --resume RUN`: each refusal (exit 2, one paragraph), the plan it prints, chains of resumes,
+where each trainer's checkpoints are, and the Google Cloud rule for checkpoint folders. Records are real SQLite,
+checkpoint folders real files in TensorFlow's CheckpointManager layout; nothing here starts a job."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dsctl.orchestrator.checkpoints import latest, run_checkpoint_dir, trainer_dirs
+from dsctl.orchestrator.resume import plan_resume
+from dsctl.orchestrator.store import RunStore
+from dsctl.provisioners import TrainerLaunch
+from dsctl.specs import SpecError, load_spec, load_spec_text, spec_hash
+
+from helpers import dsctl, write_spec
+
+# A keras job whose model module imports nothing heavy: `dsctl up` checks the entrypoint imports in a child
+# process, and these tests are refused (or stop at --dry-run) before any model is built.
+MODEL = "def build_model(**params):\n    raise RuntimeError('these tests never build the model')\n"
+JOB = """
+name: fit
+trainer:
+  machine: n2-standard-8
+  count: {count}
+  model: {{kind: keras, entrypoint: "tinymodel:build_model", params: {{width: 16}}}}
+  steps: {steps}
+  {checkpoint}
+pipeline:
+  builtin: synthetic
+  params: {{epochs: null, label_classes: {classes}}}
+"""
+CHECKPOINT = "checkpoint: {dir: ck, every_steps: 100}"
+
+
+def job(dir: Path, *, count: int = 1, steps: int = 300, classes: int = 4, checkpoint: str = CHECKPOINT,
+        name: str = "job.yaml") -> Path:
+    (dir / "tinymodel.py").write_text(MODEL)
+    return write_spec(dir, JOB.format(count=count, steps=steps, classes=classes, checkpoint=checkpoint), name)
+
+
+def record(store: RunStore, run_id: str, spec_path: Path, *, status: str = "interrupted", created_at: float = 1.0,
+           resumed_from: str | None = None) -> str:
+    """A run of `spec_path` as `dsctl up` records it; returns its checkpoint folder."""
+    loaded = load_spec(spec_path, check_entrypoints=False)
+    ck = run_checkpoint_dir(loaded.spec, loaded.base_dir, run_id)
+    store.create_run(id=run_id, name="fit", provider="local", mode="service", status=status,
+                     spec_path=str(spec_path), spec_json=loaded.spec.model_dump_json(), spec_hash=spec_hash(loaded.spec),
+                     workers=1, trainers=loaded.spec.trainer.count, created_at=created_at, resumed_from=resumed_from,
+                     checkpoint_dir=ck)
+    return ck
+
+
+def save(ck: str, trainer: int, step: int) -> None:
+    """The `checkpoint` index file CheckpointManager(...).save(checkpoint_number=step) leaves, and the files it names."""
+    d = Path(TrainerLaunch.trainer_checkpoint_dir(ck, trainer))
+    d.mkdir(parents=True, exist_ok=True)
+    for suffix in (".index", ".data-00000-of-00001"):
+        (d / f"ckpt-{step}{suffix}").write_bytes(b"\0")
+    (d / "checkpoint").write_text(f'model_checkpoint_path: "ckpt-{step}"\nall_model_checkpoint_paths: "ckpt-{step}"\n'
+                                  "all_model_checkpoint_timestamps: 1795597061.5\n"
+                                  "last_preserved_timestamp: 1795597000.25\n")
+
+
+def refused(spec: Path, run: str) -> str:
+    """`dsctl up --resume`: exit 2 and one paragraph on stderr, no traceback; returns it."""
+    proc = dsctl("up", spec, "--resume", run, "--dry-run", timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    err = proc.stderr.strip()
+    assert err.startswith("error:") and "\n" not in err and "Traceback" not in err, err
+    assert "resuming run" not in proc.stdout
+    return err
+
+
+# -- refusals ----------------------------------------------------------------------------------------------------
+
+def test_refuses_a_run_that_does_not_exist(home, tmp_path):
+    err = refused(job(tmp_path), "no-such-run")
+    assert "no run 'no-such-run' is recorded" in err and "dsctl runs" in err
+
+
+def test_refuses_a_run_that_is_still_running(home, tmp_path):
+    spec = job(tmp_path)
+    ck = record(RunStore(), "fit-live", spec, status="running")
+    save(ck, 0, 100)
+    err = refused(spec, "fit-live")
+    assert "run fit-live is still running" in err and "dsctl down fit-live" in err
+
+
+def test_refuses_a_run_whose_spec_had_no_checkpoints(home, tmp_path):
+    old = job(tmp_path, checkpoint="", name="old.yaml")
+    record(RunStore(), "fit-nock", old)
+    err = refused(job(tmp_path), "fit-nock")
+    assert "run fit-nock wrote no checkpoints: its spec has no trainer.checkpoint section" in err
+
+
+def test_refuses_a_run_that_wrote_no_checkpoint(home, tmp_path):
+    spec = job(tmp_path)
+    ck = record(RunStore(), "fit-early", spec)
+    err = refused(spec, "fit-early")
+    assert f"run fit-early wrote no checkpoint for every trainer in {ck}/trainer-<i>" in err
+    assert "every 100 steps" in err
+
+
+def test_refuses_another_pipeline_naming_the_field_and_its_line(home, tmp_path):
+    record(RunStore(), "fit-a", job(tmp_path, name="old.yaml"))
+    spec = job(tmp_path, classes=5)
+    err = refused(spec, "fit-a")
+    line = next(i for i, text in enumerate(spec.read_text().splitlines(), 1) if "label_classes" in text)
+    assert f"{spec}:{line}: pipeline.params.label_classes:" in err
+    assert "label_classes is 5 here but was 4 there" in err
+
+
+def test_refuses_another_trainer_count(home, tmp_path):
+    record(RunStore(), "fit-b", job(tmp_path, name="old.yaml"))
+    err = refused(job(tmp_path, count=2), "fit-b")
+    assert "trainer.count is 2 here but was 1 there" in err
+
+
+def test_refuses_when_the_checkpoint_already_reached_the_steps(home, tmp_path):
+    spec = job(tmp_path)
+    save(record(RunStore(), "fit-done", spec, status="succeeded"), 0, 300)
+    err = refused(spec, "fit-done")
+    assert "its checkpoints are at step 300, and this spec trains 300 steps" in err and "trainer.steps" in err
+
+
+# -- what it restores --------------------------------------------------------------------------------------------
+
+def test_the_plan_says_it_resumes_and_from_which_step(home, tmp_path):
+    spec = job(tmp_path)
+    ck = record(RunStore(), "fit-cut", spec)
+    save(ck, 0, 200)
+    proc = dsctl("up", spec, "--resume", "fit-cut", "--dry-run", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (f"resuming run fit-cut from step 200 (checkpoints in {ck}/trainer-<i>): trains the remaining 100 of 300 "
+            "steps.") in proc.stdout
+    assert "Nothing was started" in proc.stdout
+    assert RunStore().ids() == ["fit-cut"]  # a dry run records nothing
+
+
+def test_each_trainer_restores_its_own_folder(home, tmp_path):
+    """Trainer i is told to restore from and save to trainer-i folders, the ones a resume looks in."""
+    launch = TrainerLaunch(mode="service", spec_json=tmp_path / "s.json", metrics_dir=tmp_path, base_dir=tmp_path,
+                           cache_dir=tmp_path, count=3, checkpoint_dir="/ck/new", restore_from="/ck/old")
+    for i in range(3):
+        args = launch.harness_args(i, spec="s", metrics="m", cache_dir="c", base_dir="b", dispatcher="d:1")
+        assert args[args.index("--restore-from") + 1] == trainer_dirs("/ck/old", 3)[i] == f"/ck/old/trainer-{i}"
+        assert args[args.index("--checkpoint-dir") + 1] == f"/ck/new/trainer-{i}"
+
+
+def test_a_run_needs_a_checkpoint_for_every_trainer_and_uses_the_lowest_step(home, tmp_path):
+    spec = job(tmp_path, count=2)
+    loaded = load_spec(spec, check_entrypoints=False)
+    store = RunStore()
+    ck = record(store, "fit-two", spec)
+    save(ck, 1, 200)
+    with pytest.raises(SpecError, match="wrote no checkpoint for every trainer"):
+        plan_resume(store, "fit-two", loaded)
+    save(ck, 0, 100)
+    resume = plan_resume(store, "fit-two", loaded)
+    assert (resume.restore_from, resume.steps, resume.step) == (ck, (100, 200), 100)
+
+
+def test_a_resumed_run_without_checkpoints_of_its_own_resumes_from_its_chain(home, tmp_path):
+    spec = job(tmp_path)
+    loaded = load_spec(spec, check_entrypoints=False)
+    store = RunStore()
+    first = record(store, "fit-1", spec, created_at=1.0)
+    second = record(store, "fit-2", spec, created_at=2.0, resumed_from="fit-1")
+    third = record(store, "fit-3", spec, created_at=3.0, resumed_from="fit-2")
+    save(first, 0, 100)
+    resume = plan_resume(store, "fit-3", loaded)  # fit-3 and fit-2 stopped before saving: fit-1's checkpoint
+    assert (resume.run_id, resume.holder, resume.restore_from, resume.step) == ("fit-3", "fit-1", first, 100)
+    save(second, 0, 200)
+    resume = plan_resume(store, "fit-3", loaded)
+    assert (resume.holder, resume.restore_from, resume.step) == ("fit-2", second, 200)
+    save(third, 0, 250)
+    assert plan_resume(store, "fit-3", loaded).restore_from == third
+
+
+def test_the_latest_checkpoint_is_read_from_the_index_file(tmp_path):
+    assert latest(str(tmp_path / "missing")).found is False
+    save(str(tmp_path), 0, 1200)
+    found = latest(str(tmp_path / "trainer-0"))
+    assert (found.found, found.step) == (True, 1200)
+
+
+# -- where checkpoints go ----------------------------------------------------------------------------------------
+
+def spec_with(dir_line: str, provider: str = "local", extra: str = "") -> str:
+    gcp = "gcp: {project: my-project, zone: us-central1-b}\n" if provider == "gcp" else ""
+    return textwrap.dedent(f"""\
+        name: fit
+        provider: {provider}
+        trainer:
+          machine: n2-standard-8
+          model: {{kind: keras, entrypoint: "tinymodel:build_model"}}
+          steps: 300
+          checkpoint: {{dir: {dir_line}, every_steps: 100}}
+          {extra}
+        pipeline:
+          builtin: synthetic
+          params: {{label_classes: 4}}
+        """) + gcp
+
+
+def test_a_relative_checkpoint_folder_is_relative_to_the_spec_file(tmp_path):
+    spec = load_spec_text(spec_with("ck/here")).spec
+    assert run_checkpoint_dir(spec, tmp_path, "r-1") == str(tmp_path / "ck" / "here" / "r-1")
+    spec = load_spec_text(spec_with("/abs/ck")).spec
+    assert run_checkpoint_dir(spec, tmp_path, "r-1") == "/abs/ck/r-1"
+    spec = load_spec_text(spec_with("gs://bkt/ck/")).spec
+    assert run_checkpoint_dir(spec, tmp_path, "r-1") == "gs://bkt/ck/r-1"
+
+
+def line_of(text: str, key: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if line.strip().startswith(key))
+
+
+def test_on_google_cloud_checkpoints_must_go_to_cloud_storage():
+    text = spec_with("ck", provider="gcp")
+    with pytest.raises(SpecError) as exc:
+        load_spec_text(text, "job.yaml")
+    line = line_of(text, "checkpoint:")
+    assert str(exc.value).startswith(f"job.yaml:{line}: trainer.checkpoint.dir: with provider: gcp checkpoints")
+    assert "gs://my-bucket/checkpoints" in str(exc.value)
+    text = spec_with("gs://bkt/ck", provider="gcp", extra="tensorboard_dir: tb")
+    with pytest.raises(SpecError, match=rf"job.yaml:{line_of(text, 'tensorboard_dir')}: trainer.tensorboard_dir: "
+                                        "with provider: gcp"):
+        load_spec_text(text, "job.yaml")
+    loaded = load_spec_text(spec_with("gs://bkt/ck", provider="gcp", extra="tensorboard_dir: gs://bkt/tb"))
+    assert loaded.spec.trainer.checkpoint.dir == "gs://bkt/ck"
+
+
+def test_validate_reports_the_gcp_rule_as_one_paragraph(home, tmp_path):
+    (tmp_path / "tinymodel.py").write_text(MODEL)
+    spec = write_spec(tmp_path, spec_with("ck", provider="gcp"))
+    proc = dsctl("validate", spec)
+    assert proc.returncode == 2
+    err = proc.stderr.strip()
+    line = line_of(spec.read_text(), "checkpoint:")
+    assert err.startswith(f"error: {spec}:{line}: trainer.checkpoint.dir:") and "\n" not in err
