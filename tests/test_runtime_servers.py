@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -63,10 +64,14 @@ pipeline: {builtin: synthetic, params: {elements: 960, batch_size: 32, latency_m
 """).spec
     (tmp_path / "spec.json").write_text(spec.model_dump_json())
     metrics = tmp_path / "m.jsonl"
+    temp = tmp_path / "tmp"
+    temp.mkdir()
     proc = subprocess.run([sys.executable, "-m", "dsctl.runtime.trainer", "--spec", str(tmp_path / "spec.json"),
                            "--mode", "colocated", "--metrics", str(metrics), "--cache-dir", str(tmp_path / "cache"),
-                           "--record-ids", str(tmp_path / "ids.json")], capture_output=True, text=True, timeout=120)
+                           "--record-ids", str(tmp_path / "ids.json")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TMPDIR": str(temp)})
     assert proc.returncode == 0, proc.stderr
+    assert not list(temp.iterdir()), "the trainer leaves nothing in the temp dir (TensorFlow's autograph sources)"
     events = [json.loads(line) for line in metrics.read_text().splitlines()]
     kinds = [e["event"] for e in events]
     assert kinds[0] == "start" and kinds[1] == "first_batch" and kinds[-1] == "end"
