@@ -23,6 +23,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import keras
 
@@ -34,8 +35,15 @@ from .models import ModelError, load_function
 
 def train(spec: JobSpec, ds, writer: MetricsWriter, *, base_dir: Path, steps: int | None, duration_s: float | None,
           window_s: float | None, stop: threading.Event, accelerator: str = "none", accelerators: int = 0,
-          checkpoint_dir: str | None = None, restore_from: str | None = None, mode: str = "service") -> str:
-    """Build (and restore) the model, fit it, and write start/window/end events; the reason training ended."""
+          checkpoint_dir: str | None = None, restore_from: str | None = None, mode: str = "service",
+          then: Callable[[], None] | None = None) -> str:
+    """Build (and restore) the model, fit it, and write start/window/end events; the reason training ended.
+
+    The last checkpoint and the `end` event are written when the last batch is done, inside `fit`
+    (on_train_end): when `fit` returns it drops its iterator over the service dataset, which waits on
+    the requests still out (0 to 19 s measured here) and must count neither in the run's batches/s nor
+    before its checkpoint. `then` runs right after; the trainer passes one that exits the process, so
+    that wait never happens at all (as the harness's own loop does)."""
     from . import checkpoint, strategy
     from .keras_input import InputMeter, to_xy
 
@@ -53,16 +61,27 @@ def train(spec: JobSpec, ds, writer: MetricsWriter, *, base_dir: Path, steps: in
     meter = InputMeter()
     data = meter.wrap(ds, to_xy(spec.pipeline.builtin))
     callback = Meter(spec, writer, meter, window_s or spec.trainer.window_s, stop, duration_s, saver, restored)
+    wrapped_up: list[bool] = []
+
+    def wrap_up() -> None:
+        if wrapped_up:
+            return
+        wrapped_up.append(True)
+        step = restored + callback.done
+        if int(model.optimizer.iterations.numpy()) != step:
+            model.optimizer.iterations.assign(step)  # Keras's extra count at the end of data; a restore must see `step`
+        if saver is not None and step != restored:
+            saver.save(step)
+        callback.emit_end(step, remaining, saver)
+        if then is not None:
+            then()
+
+    callback.on_end = wrap_up
     if remaining == 0:
         callback.finish_without_training()
     else:
         model.fit(data, epochs=1, steps_per_epoch=remaining, callbacks=[callback], verbose=0, shuffle=False)
-    step = restored + callback.done
-    if int(model.optimizer.iterations.numpy()) != step:
-        model.optimizer.iterations.assign(step)  # Keras's extra count at the end of data; a restore must see `step`
-    if saver is not None and step != restored:
-        saver.save(step)
-    callback.emit_end(step, remaining, saver)
+    wrap_up()
     return callback.reason
 
 
@@ -108,6 +127,8 @@ class Meter(keras.callbacks.Callback):
         self.busy = 0.0  # seconds inside executions, this window
         self.at_window = (0, (0.0, 0, 0, 0, 0), None)  # batches, meter sums, metric sums at the window's start
         self.stopped_by: str | None = None
+        self.ended_at: float | None = None  # when the last batch was done
+        self.on_end: Callable[[], None] = lambda: None  # run then (train() sets it)
 
     # -- keras hooks -------------------------------------------------------------------------------
     def on_train_begin(self, logs=None):
@@ -136,6 +157,8 @@ class Meter(keras.callbacks.Callback):
         done = self.meter.read()[4]
         if done > self.done:
             self._finished(done, now)
+        self.ended_at = now
+        self.on_end()
 
     # -- bookkeeping ---------------------------------------------------------------------------------
     def _finished(self, done: int, now: float) -> None:
@@ -187,7 +210,7 @@ class Meter(keras.callbacks.Callback):
         self.reason = "steps"
 
     def emit_end(self, step: int, remaining: int | None, saver) -> None:
-        end = time.perf_counter()
+        end = self.ended_at if self.ended_at is not None else time.perf_counter()
         if self.window.batches or self.done > self.at_window[0]:
             self._close(end)
         if self.stopped_by:

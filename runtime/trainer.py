@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             train(spec, ds, writer, base_dir=Path(args.base_dir), steps=steps, duration_s=duration,
                   window_s=args.window_s, stop=harness.stop, accelerator=args.accelerator,
                   accelerators=args.accelerators, checkpoint_dir=args.checkpoint_dir, restore_from=args.restore_from,
-                  mode=args.mode)
+                  mode=args.mode, then=lambda: _finish_and_exit(plan, writer, args.index))
         else:
             step_fn = make_step(spec.trainer.model, Path(args.base_dir))
             harness.run(ds, step_fn)
@@ -288,6 +288,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         writer.close()
     return 0
+
+
+def _finish_and_exit(plan, writer: MetricsWriter, index: int) -> None:
+    """What main() does after training, then the exit: called by the keras runner as soon as `fit` is done,
+    before `fit` drops its service iterator (slow to destroy, see keras_runner.train)."""
+    autocache.after_run(plan, writer.emit, index)
+    writer.close()
+    _exit(0)
 
 
 def _exit(code: int) -> None:

@@ -21,7 +21,7 @@ from dsctl.costmodel import ThroughputModel
 from dsctl.costmodel.throughput import softmin, unsoftmin
 from dsctl.experiments import REGISTRY, cachew_autoscale, fig9, run_experiment, write_report
 from dsctl.experiments.common import SOURCES
-from dsctl.experiments.fig8 import PAPER_ROWS
+from dsctl.experiments.fig8 import KERAS_PART, PAPER_ROWS
 from dsctl.experiments.fig10 import worst_case_sharing
 from dsctl.specs.calibration import load_calibration
 
@@ -126,7 +126,22 @@ def test_fig8_scale_out_and_the_papers_cost_arithmetic(home, out):
     assert result["data"]["local_speedup"] == pytest.approx(bps["service"] / bps["colocated"])
     assert result["data"]["local_cost_saving"] > 1, "faster on the same trainer, for a cheap worker's share"
     assert local["colocated"]["trainer_cpu_cores"] <= 1.1, "the trainer is pinned to one core"
-    check_outputs(result, out)
+    # The real model: the compact ResNet trained by dsctl's keras trainer, the same steps in both modes.
+    keras = result["data"]["keras"]
+    for mode in ("colocated", "service"):
+        k = keras["modes"][mode]
+        assert k["steps"] == keras["steps"], f"{mode}: trained the spec's steps"
+        assert [s for s, _ in k["loss_curve"]][-1] == keras["steps"], "the windows cover every step"
+        # From about ln(10) = 2.3 untrained; 0.8x is what training does, not what noise does.
+        assert k["loss_last"] < 0.8 * k["loss_first"], f"{mode}: the loss falls ({k['loss_first']} -> {k['loss_last']})"
+        assert k["trainer_cpu_cores"] <= 1.1, "the keras trainer is pinned to one core too"
+        # The end event counts to the last batch (the trainer exits before fit drops its service iterator).
+        assert k["batches_per_s_to_last_batch"] == pytest.approx(k["batches_per_s"], rel=0.02) and k["batches_per_s"] > 0
+    assert keras["modes"]["service"]["batches_per_s"] > 0
+    rows = check_outputs(result, out)
+    real = {r["case"]: r for r in rows if r["part"] == KERAS_PART}
+    assert set(real) == {"colocated", "service"} and {r["source"] for r in real.values()} == {"measured here"}
+    assert "fig8-keras.png" in {p.split("/")[-1] for p in result["plots"]}
 
 
 @pytest.mark.slow
