@@ -12,16 +12,18 @@ import pytest
 from helpers import processes_under
 
 
-@pytest.fixture(autouse=True)
-def machine_share(request):
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
     """How a test shares this 2-core machine with the one pytest-xdist runs beside it (pyproject.toml: -n 2).
 
     `timed` tests (they measure throughput, knees or deadlines) run alone; the other `slow` tests (they start
     TensorFlow processes) run beside one another; tests marked `background` (mostly waiting on timers) and
     unit tests run beside anything. A file lock in the run's temp dir does it: exclusive for `timed`, shared for
-    `slow`, behind a turnstile so a waiting `timed` test is not starved by the shared ones."""
+    `slow`, behind a turnstile so a waiting `timed` test is not starved by the shared ones. It is held over the
+    test's whole protocol, fixtures included: a module's fixture (a root filesystem, a corpus of CLI runs) is
+    set up inside its first test's setup, before any function-scoped fixture could take the lock."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    marks = {m.name for m in request.node.iter_markers()}
+    marks = {m.name for m in item.iter_markers()}
     if run is None or "background" in marks or not marks & {"timed", "slow"}:
         yield
         return

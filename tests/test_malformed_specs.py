@@ -24,6 +24,10 @@ import pytest
 
 from helpers import REPO
 
+# The corpus runs `dsctl validate` ~55 times, two processes at a time (a minute of both cores): kept away
+# from the `timed` tests like any other test that starts processes (tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 GOOD = "name: a\ntrainer: {steps: 10}\npipeline: {builtin: synthetic}\n"
 HEAD = "name: a\ntrainer: {steps: 10}\n"  # GOOD without the pipeline
 MARKER = "dsctl-corpus-leftover"  # in the command line of a process a looping entrypoint starts
