@@ -41,7 +41,9 @@ def test_local_sweep_finds_the_knee_and_records_every_point(home, tmp_path):
     assert not any(p["predicted"] for p in s["points"])
     assert abs(s["recommendation"]["smallest"]["workers"] - 4) <= 1
     rates = [p["batches_per_s"] for p in s["points"]]
-    assert rates[1] > 1.5 * rates[0] and rates[3] > 1.2 * rates[2], "latency-bound workers add throughput until the knee"
+    # The 4th worker meets the trainer's ceiling (its step plus the harness's ~1.5 ms a batch: about 87 batches/s
+    # against 3 workers' ~72), so its gain is at most ~1.2x by construction; measured here 1.16-1.19x.
+    assert rates[1] > 1.5 * rates[0] and rates[3] > 1.1 * rates[2], "latency-bound workers add throughput until the knee"
     points = RunStore().list(kinds=("point",), parent_id=record["id"])
     assert sorted((p.mode, p.workers) for p in points) == [("colocated", 0), ("ideal", 0)] + [("service", n) for n in range(1, 7)]
     assert all(p.status == "succeeded" for p in points)
