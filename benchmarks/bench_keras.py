@@ -54,6 +54,7 @@ from statistics import median
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "specs" / "examples"
+SERVERS = str(Path(__file__).resolve().parent / "bench_data_path.py")  # its plain DispatchServer and WorkerServer processes
 TRAINER_CPU, SERVER_CPU = 0, 1
 PARAMS = {"num_files": 4, "images_per_file": 64, "image_size": 40, "crop_size": 32, "num_classes": 10,
           "batch_size": 32, "epochs": None}
@@ -82,13 +83,13 @@ def start_servers(work: Path) -> tuple[str, list[subprocess.Popen]]:
     """A dispatcher and a worker, processes of this file on core 1; returns the dispatcher's host:port."""
     log = open(work / "servers.log", "w")
     port_file = work / "port"
-    d = _python(__file__, "_dispatcher", str(port_file), cpu=SERVER_CPU, stdout=log, stderr=log)
+    d = _python(SERVERS, "_raw-dispatcher", str(port_file), cpu=SERVER_CPU, stdout=log, stderr=log)
     while not port_file.exists():
         if d.poll() is not None:
             raise SystemExit(f"the dispatcher exited:\n{(work / 'servers.log').read_text()[-2000:]}")
         time.sleep(0.05)
     address = f"localhost:{port_file.read_text()}"
-    w = _python(__file__, "_worker", address, cpu=SERVER_CPU, stdout=log, stderr=log)
+    w = _python(SERVERS, "_raw-worker", address, cpu=SERVER_CPU, stdout=log, stderr=log)
     return address, [d, w]
 
 
@@ -124,20 +125,6 @@ def run_raw(conf: dict) -> dict:
 # -- processes of this file --------------------------------------------------------------------------------------
 
 
-def _dispatcher(port_file: str) -> None:
-    import tensorflow as tf
-
-    server = tf.data.experimental.service.DispatchServer(tf.data.experimental.service.DispatcherConfig(port=0))
-    Path(port_file + ".tmp").write_text(server.target.rsplit(":", 1)[1])
-    os.replace(port_file + ".tmp", port_file)
-    server.join()
-
-
-def _worker(dispatcher: str) -> None:
-    import tensorflow as tf
-
-    tf.data.experimental.service.WorkerServer(
-        tf.data.experimental.service.WorkerConfig(dispatcher_address=dispatcher)).join()
 
 
 def _raw(conf: dict) -> None:
@@ -245,8 +232,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1].startswith("_"):
-        cmd, arg = sys.argv[1], sys.argv[2]
-        {"_dispatcher": _dispatcher, "_worker": _worker}.get(cmd, lambda a: _raw(json.loads(a)))(arg)
+    if len(sys.argv) > 2 and sys.argv[1] == "_raw":
+        _raw(json.loads(sys.argv[2]))
     else:
         main()
