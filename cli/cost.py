@@ -21,13 +21,18 @@ from dsctl.specs import load_spec
 from dsctl.specs.errors import SpecError
 from dsctl.specs.schema import MAX_DURATION_S, MAX_STEPS, MAX_WORKERS
 
+from .render import cache_text
+
 FORMATS = ("table", "json", "csv", "markdown")
 COST_FIELDS = ("workers", "dispatcher", "trainer_cpu", "trainer_memory", "accelerators", "service", "trainers", "total")
 FIELDS = (
     "label", "basis", "prices", "service_provisioning", "trainer_provisioning", "job_time_s", "batches", "n_workers",
     "worker_machine", "dispatcher_machine", "n_trainers", "trainer_machine", *COST_FIELDS, "per_1000_batches", "speedup",
-    "cost_saving", "notes",
+    "cost_saving", "cache_storage_kind", "cache_gb", "cache_per_month", "cache_during_job", "notes",
 )
+CACHE_NOTE = ("cache: the autocache cache a run wrote or read is billed by the month while it is kept, so it is shown "
+              "apart from the total (Equation 1 prices the job's machines); cache_during_job is its cost over the "
+              "job's own time.")
 
 cost_app = typer.Typer(help="Price training jobs with the tf.data service paper's cost model (Equation 1).",
                        no_args_is_help=True)
@@ -39,13 +44,15 @@ def _cost() -> None:
 
 
 def cost_row(label: str, usage: RunUsage, b: CostBreakdown, catalog: Catalog,
-             comparison: Comparison | None = None) -> dict:
+             comparison: Comparison | None = None, cache: dict | None = None) -> dict:
     """One configuration or run as a flat record of plain numbers (what json and csv print).
 
     service_provisioning / trainer_provisioning say which of the catalog's prices each part was
     charged at: 'standard' (on-demand) or 'spot'; the service's is None when there is no service.
+    `cache` is a run's autocache cache (orchestrator.pricing.cache_storage), priced apart from the total.
     """
     d = b.to_dict()
+    cache = cache or {}
     return {
         "label": label,
         "basis": b.basis,
@@ -63,7 +70,12 @@ def cost_row(label: str, usage: RunUsage, b: CostBreakdown, catalog: Catalog,
         "per_1000_batches": d["per_1000_batches"],
         "speedup": comparison.speedup if comparison else None,
         "cost_saving": comparison.cost_saving if comparison else None,
-        "notes": list(b.notes),
+        "cache_storage_kind": cache.get("kind"),
+        "cache_gb": cache.get("gb"),
+        "cache_per_month": cache.get("per_month"),
+        "cache_during_job": cache.get("during_job"),
+        "cache": cache or None,
+        "notes": list(b.notes) + ([CACHE_NOTE] if cache else []),
     }
 
 
@@ -99,6 +111,8 @@ def _display(row: dict) -> list[tuple[str, str]]:
     ]
     if any(row[k] is not None for k in ("speedup", "cost_saving")):
         pairs += [("speedup", f"{row['speedup']:.2f}x"), ("cost saving", f"{row['cost_saving']:.2f}x")]
+    if row.get("cache"):  # last: rows without a cache show "-" there
+        pairs.append(("cache", cache_text(row["cache"], row["prices"])))
     return pairs
 
 
@@ -118,7 +132,8 @@ def render(rows: list[dict], fmt: str, title: str = "") -> str | None:
         writer = csv.DictWriter(out, fieldnames=FIELDS, lineterminator="\n")
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: (" | ".join(v) if k == "notes" else ("" if v is None else v)) for k, v in row.items()})
+            writer.writerow({k: (" | ".join(v) if k == "notes" else ("" if v is None else v)) for k, v in row.items()
+                             if k in FIELDS})
         return out.getvalue().rstrip("\n")
     if fmt == "markdown":
         shown = [_display(r) for r in rows]
@@ -256,7 +271,7 @@ def report_cmd(
     fmt: str = typer.Option("table", "--format", help="table | json | csv | markdown."),
 ) -> None:
     """Price recorded runs with Equation 1: each part's cost, the total and the cost per 1,000 batches."""
-    from dsctl.orchestrator.pricing import price_record
+    from dsctl.orchestrator.pricing import cache_storage, price_record
     from dsctl.orchestrator.store import RunStore
 
     _choice(fmt, FORMATS, "--format")
@@ -273,7 +288,7 @@ def report_cmd(
     for record in records:
         usage, breakdown, used_catalog = price_record(record, catalog, basis)
         comparison = compare(base, breakdown) if base is not None else None
-        row = cost_row(record.id, usage, breakdown, used_catalog, comparison)
+        row = cost_row(record.id, usage, breakdown, used_catalog, comparison, cache_storage(record, used_catalog))
         rows.append(row)
     title = f"Cost report: {len(rows)} run(s)" + (f" against baseline {baseline}" if baseline else "")
     text = render(rows, fmt, title)

@@ -31,6 +31,18 @@ def money(value: float | None) -> str:
     return f"${value:,.2f}" if abs(value) >= 1 else f"${value:.4g}"
 
 
+def cache_text(cache: dict, catalog: str) -> str:
+    """One line on a run's autocache cache (orchestrator.pricing.cache_storage): its size, where, and what
+    keeping it costs, which is billed by the month and so shown apart from the run's total."""
+    how = "written by this run" if cache["state"] == "put" else "read by this run"
+    size = f"{cache['gb'] * 1e3:.3g} MB" if cache["gb"] < 1 else f"{cache['gb']:.3g} GB"
+    where = f"{size} on {cache['kind']} ({how}, {cache['path']})"
+    if cache.get("per_month") is None:
+        return f"{where}; not priced: {catalog} has no {cache['kind']} storage price"
+    return (f"{where}; {money(cache['per_month'])} per month while kept at ${cache['gb_month']:g}/GB-month "
+            f"({catalog}), not in the total")
+
+
 def pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
@@ -72,6 +84,8 @@ def summary_table(record, resumed_by: list[str] | None = None) -> Table:
                              + (f"; {cost['provisioning']})" if cost.get("provisioning") else ")")))
     elif "error" in cost:
         rows.append(("cost", f"not priced: {cost['error']}"))
+    if cost.get("cache_storage"):
+        rows.append(("cache", cache_text(cost["cache_storage"], cost.get("catalog", "the catalog"))))
     if record.error:
         rows.append(("error", record.error))
     for k, v in rows:

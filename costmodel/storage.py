@@ -44,6 +44,14 @@ def held_out_errors(model: ReadModel, points: list[tuple[float, float]]) -> list
     return [(model.read_s(b) - s) / s for b, s in points]
 
 
+HOURS_PER_MONTH = 730.0  # how Google Cloud turns GB-month prices into hours
+
+
 def storage_month_cost(nbytes: float, gb_month: float) -> float:
     """Dollars to keep `nbytes` for a month at `gb_month` $/GB-month."""
     return nbytes / GB * gb_month
+
+
+def storage_cost(nbytes: float, gb_month: float, seconds: float) -> float:
+    """Dollars to keep `nbytes` for `seconds`."""
+    return storage_month_cost(nbytes, gb_month) * seconds / (HOURS_PER_MONTH * 3600.0)

@@ -158,3 +158,16 @@ def _with_mode(runner, mode: str, name: str = "spec-trainers.json") -> Path:
     path = Path(runner.run_dir) / name
     path.write_text(out.model_dump_json(indent=1))
     return path
+
+
+def cache_used(rec: dict, known: dict | None, spec) -> dict | None:
+    """What the run's cache is, from trainer 0's autocache records: where, which hint, written (put) or read
+    (get), how many bytes and on what storage (what `dsctl cost report` prices). A put's bytes come with
+    its seal; a put never sealed keeps bytes None (nothing later jobs would read, so nothing to keep)."""
+    state, path = rec.get("state"), rec.get("path")
+    if state not in ("put", "get") or not path:
+        return known
+    sealed = rec.get("kind") == "autocache-sealed"
+    return {"hint": rec.get("hint"), "path": path, "state": state, "sealed": state == "get" or sealed,
+            "bytes": rec.get("bytes"), "storage_kind": spec.autocache.storage_kind()}
+

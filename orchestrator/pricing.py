@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dsctl.costmodel import Catalog, CostBreakdown, RunUsage, describe_provisioning, load_catalog, price
+from dsctl.costmodel.storage import GB, storage_cost, storage_month_cost
 from dsctl.specs import JobSpec, SpecError
 
 from .store import RunRecord
@@ -56,6 +57,21 @@ def price_record(record: RunRecord, catalog: Catalog | None = None, basis: str |
     return usage, breakdown, catalog
 
 
+def cache_storage(record: RunRecord, catalog: Catalog) -> dict | None:
+    """The autocache cache a run wrote (and sealed) or read, priced by the month it is kept and for the
+    job's own time; None without one. Storage is billed while the cache exists, whoever reads it, so it
+    is shown beside Equation 1's total, not in it. No price for its kind in the catalog: `per_month` None."""
+    cache = (record.summary.get("autocache") or {}).get("cache") or {}
+    if not cache.get("sealed") or cache.get("bytes") is None:
+        return None
+    kind, nbytes = cache["storage_kind"], float(cache["bytes"])
+    gb_month = catalog.data.storage.get(kind)
+    job_s = record.summary.get("duration_s") or 0.0
+    return {"kind": kind, "gb": nbytes / GB, "state": cache["state"], "path": cache.get("path"), "gb_month": gb_month,
+            "per_month": storage_month_cost(nbytes, gb_month) if gb_month is not None else None,
+            "during_job": storage_cost(nbytes, gb_month, job_s) if gb_month is not None else None}
+
+
 def cost_summary(record: RunRecord) -> dict | None:
     """The cost line shown at the end of `dsctl up`; None (with the reason) if it cannot be priced."""
     try:
@@ -63,7 +79,8 @@ def cost_summary(record: RunRecord) -> dict | None:
     except SpecError as exc:
         return {"error": str(exc)}
     note = "priced as the spec's machine types" if record.provider == "local" else "list prices"
-    return {"total": b.total, "service": b.service, "trainers": b.trainers, "per_1000_batches": b.per_1000_batches,
+    cache = cache_storage(record, catalog)
+    return {"cache_storage": cache,"total": b.total, "service": b.service, "trainers": b.trainers, "per_1000_batches": b.per_1000_batches,
             "basis": b.basis, "catalog": catalog.name, "note": note,
             "service_provisioning": b.service_provisioning, "trainer_provisioning": b.trainer_provisioning,
             "provisioning": describe_provisioning(b.service_provisioning, b.trainer_provisioning)}

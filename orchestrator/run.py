@@ -109,6 +109,7 @@ class JobRunner:
         self.summary: dict = {}
         self.trainer_spec_json: Path | None = None  # the spec the trainers get, when autocache decided a mode
         self.autocache_summary: dict | None = None
+        self.cache: dict | None = None  # the cache this run wrote or read (caching.cache_used)
 
     # -- events -----------------------------------------------------------------
     def _event(self, kind: str, message: str) -> None:
@@ -353,8 +354,9 @@ class JobRunner:
         summary.update({f"{role}_stopped_s": seconds for role, seconds in self._stopped_s.items() if seconds})
         if self.policy is not None:
             summary.update(self._scaling_summary())
-        if self.autocache_summary is not None:
-            summary["autocache"] = self.autocache_summary
+        if self.autocache_summary is not None or self.cache is not None:
+            summary["autocache"] = {**(self.autocache_summary or {"choice": self.spec.autocache.mode}),
+                                    "cache": self.cache}
         summary.update(self._training_summary())
         store.update_run(self.run_id, status=status, ended_at=ended, error=error, summary=summary)
         record = replace(store.get(self.run_id), status=status, ended_at=ended, error=error, summary=summary)
@@ -470,6 +472,7 @@ class JobRunner:
             errors[index] = rec
         elif event == "autocache" and index == 0:  # what the hints did (put, get, fallback), once per job
             self._event(rec.get("kind", "autocache"), rec.get("message", ""))
+            self.cache = caching.cache_used(rec, self.cache, self.spec)
 
     def _autoscale(self, obs: Observation) -> None:
         """Feed the trainers' joined windows to the policy; apply an add or remove, and record why."""

@@ -92,7 +92,8 @@ def after_run(plan: Plan | None, emit, index: int) -> None:
     """Trainer 0 seals a cache its job wrote (the other trainers' jobs wrote the same one)."""
     if plan is None or not plan.state or plan.state.get("state") != "put" or index != 0:
         return
-    kind, message = seal(plan.state)
+    kind, message, nbytes = seal(plan.state)
+    plan.state["bytes"] = nbytes
     emit("autocache", kind=kind, message=message, **plan.state)
 
 
@@ -193,7 +194,7 @@ def _cache_at(plan: Plan, ds, name: str):
         plan.events.append(("autocache-fallback", f"hint {name!r}: compute, not cached: {reason}"))
         return ds
     state = "get" if status == "complete" else "put"
-    plan.state = {**info, "state": state, "reason": reason}
+    plan.state = {**info, "state": state, "reason": reason, "bytes": sealed_bytes(path) if state == "get" else None}
     what = ("reading the cache a job wrote before" if state == "get"
             else "the first epoch writes the cache while serving it; later epochs read it")
     plan.events.append((f"autocache-{state}", f"hint {name!r} ({path}): {what}"))
@@ -276,6 +277,14 @@ def inspect(path: str, key: str, stale_s: float = STALE_S) -> tuple[str, str]:
     return "complete", f"sealed cache of {meta.get('elements', '?')} elements, {meta.get('bytes', 0)} bytes"
 
 
+def sealed_bytes(path: str) -> int | None:
+    """The bytes a sealed cache holds, as its marker says (what its storage is billed for)."""
+    try:
+        return int(json.loads(_read_bytes(f"{path}/{MARKER}"))["bytes"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def _newest_mtime(path: str) -> float | None:
     newest = None
     for dirpath, _dirs, names in os.walk(path):
@@ -309,9 +318,9 @@ def finalized_run(path: str) -> tuple[str, object] | None:
     return None
 
 
-def seal(state: dict, wait_s: float = 10.0) -> tuple[str, str]:
+def seal(state: dict, wait_s: float = 10.0) -> tuple[str, str, int | None]:
     """After a put: write the completion marker once TensorFlow has finalized the snapshot.
-    Returns (event kind, message). Files of the finalized run only: a concurrent writer's
+    Returns (event kind, message, bytes sealed or None). Files of the finalized run only: a concurrent writer's
     unfinished run is never listed, so never read."""
     path, key = state["path"], state["key"]
     deadline = time.monotonic() + wait_s
@@ -321,7 +330,7 @@ def seal(state: dict, wait_s: float = 10.0) -> tuple[str, str]:
         found = finalized_run(path)
     if found is None:
         return ("autocache-unsealed", f"hint {state['hint']!r}: the put epoch did not finish (no finalized snapshot in "
-                                      f"{path}); the cache is not sealed and later jobs will not read it")
+                                      f"{path}); the cache is not sealed and later jobs will not read it", None)
     sub, meta = found
     files = {}
     for rel in _files(f"{path}/{sub}"):
@@ -342,4 +351,5 @@ def seal(state: dict, wait_s: float = 10.0) -> tuple[str, str]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, f"{path}/{MARKER}")
-    return "autocache-sealed", f"hint {state['hint']!r}: cache sealed ({len(files)} files, {total} bytes) in {path}"
+    return ("autocache-sealed", f"hint {state['hint']!r}: cache sealed ({len(files)} files, {total} bytes) in {path}",
+            total)

@@ -20,7 +20,8 @@ import numpy as np
 from . import autocache
 from .autocache_storage import calibrate
 
-TRANSFER_BATCH = 64
+TRANSFER_BATCH = 64  # elements per transfer batch at most: the per-element RPC then costs nothing measurable
+PROBE_TRANSFER = 8  # elements per transfer batch in the probe, so that a slow pipeline's probe is short too
 PROBE_BATCHES = 3  # timed batches in the first, rate-estimating job of each point
 MIN_BATCHES = 6  # timed batches at least in the measuring job
 
@@ -76,19 +77,29 @@ def _timed(ds, mode: str, dispatcher: str | None, keep: list, batches: int) -> t
 def measure_point(ds, *, batched: bool, mode: str, dispatcher: str | None, elements: int, budget_s: float,
                   keep: list, transfer_batch: int = TRANSFER_BATCH) -> dict:
     """Seconds and bytes per element where `ds` ends (a hint's elements are batched for transport, and
-    repeated so that a short epoch does not end the measurement)."""
+    repeated so that a short epoch does not end the measurement).
 
-    def cut(timed_batches: int):  # one more batch than timed: the first only starts the clock
+    A hint's transfer batch is as large as the budget allows, up to `transfer_batch`: a pipeline at
+    10 ms per element would otherwise need 7 x 64 elements (4.5 s) at least, whatever `profile_s`
+    says; at a millisecond or more per element, 8 elements per RPC hide the RPC's cost as well."""
+
+    def cut(timed_batches: int, per_batch: int):  # one more batch than timed: the first only starts the clock
         if batched:
             return ds.take(timed_batches + 1)
-        return ds.repeat().take((timed_batches + 1) * transfer_batch).batch(transfer_batch)
+        return ds.repeat().take((timed_batches + 1) * per_batch).batch(per_batch)
 
-    rows, _, secs = _timed(cut(PROBE_BATCHES), mode, dispatcher, keep, PROBE_BATCHES + 1)
+    probe = min(PROBE_TRANSFER, transfer_batch)
+    rows, _, secs = _timed(cut(PROBE_BATCHES, probe), mode, dispatcher, keep, PROBE_BATCHES + 1)
     per = secs / rows if rows else 0.0
-    rows_per_batch = max(1.0, rows / PROBE_BATCHES)
+    if batched:
+        per_batch, rows_per_batch = 0, max(1.0, rows / PROBE_BATCHES)
+    else:
+        fits = budget_s / (per * (MIN_BATCHES + 1)) if per > 0 else transfer_batch
+        per_batch = int(min(transfer_batch, max(probe, fits)))
+        rows_per_batch = per_batch
     want = elements if per <= 0 else min(elements, budget_s / per)
     timed = max(MIN_BATCHES, int(want // rows_per_batch))
-    rows, nbytes, secs = _timed(cut(timed), mode, dispatcher, keep, timed + 1)
+    rows, nbytes, secs = _timed(cut(timed, per_batch), mode, dispatcher, keep, timed + 1)
     if rows <= 0 or secs <= 0:
         return {"elements": rows, "s_per_element": None, "bytes_per_element": None}
     return {"elements": rows, "s_per_element": secs / rows, "bytes_per_element": nbytes / rows}

@@ -92,7 +92,7 @@ def check_rules(spec: JobSpec, src: YamlSource) -> None:
 
 
 def _check_gcp_autocache(spec: JobSpec, src: YamlSource) -> None:
-    """Workers on other VMs write and read the cache, and dsctl's profiling phase runs locally only so far."""
+    """Workers on other VMs write and read the cache, so it must be somewhere they all reach."""
     ac = spec.autocache
     if ac is None or ac.mode == "compute":
         return
@@ -100,10 +100,6 @@ def _check_gcp_autocache(spec: JobSpec, src: YamlSource) -> None:
         raise src.error(("autocache", "cache_dir"),
                         "with provider: gcp each worker VM writes and reads the cache, so it must be a Cloud Storage "
                         "folder they all reach, e.g. gs://my-bucket/autocache.")
-    if ac.mode == "auto":
-        raise src.error(("autocache", "mode"),
-                        "auto profiles the job before training, which dsctl does with provider: local only so "
-                        "far; with provider: gcp name the hint to cache at (e.g. mode: source) or use mode: compute.")
 
 
 def _check_keras(spec: JobSpec, src: YamlSource) -> None:

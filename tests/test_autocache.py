@@ -293,3 +293,42 @@ def test_experiment_picks_the_measured_best_and_the_next_job_reads_the_cache(hom
     assert second["first_state"] == "get" and "cache hit" in second["reason"]
     assert "autocache-put" not in kinds2 and "autocache-profile" not in kinds2
     assert result["rows"] and set(result["axes"]) == {"cachew-autocache-modes.png", "cachew-autocache-timeline.png"}
+
+
+# -- on Google Cloud: the cache must be where every worker VM reaches it -----------------------------------------
+def test_on_google_cloud_the_cache_must_be_in_cloud_storage_and_auto_is_allowed():
+    from dsctl.specs import SpecError, load_spec_text
+
+    def spec(autocache: str) -> str:
+        return textwrap.dedent(f"""\
+            name: cached
+            provider: gcp
+            service: {{workers: 2, processing_mode: parallel_epochs}}
+            trainer: {{machine: n2-standard-8, steps: 100}}
+            pipeline: {{builtin: synthetic, params: {{epochs: null}}}}
+            autocache: {autocache}
+            gcp: {{project: my-project, zone: us-central1-b}}
+            """)
+
+    for local in ("{mode: auto}", "{mode: source, cache_dir: /var/cache/dsctl}"):
+        with pytest.raises(SpecError) as exc:
+            load_spec_text(spec(local), "job.yaml")
+        assert str(exc.value).startswith("job.yaml:6: autocache.cache_dir: with provider: gcp each worker VM")
+        assert "gs://my-bucket/autocache" in str(exc.value)
+    for ok in ("{mode: auto, cache_dir: 'gs://bkt/ac'}", "{mode: full, cache_dir: 'gs://bkt/ac'}", "{mode: compute}"):
+        assert load_spec_text(spec(ok), "job.yaml").spec.autocache is not None
+
+
+def test_profiling_a_slow_hint_keeps_to_its_budget_and_a_fast_one_uses_full_transfer_batches():
+    """At 10 ms per element a hint is measured in transfer batches of 8 (6 timed: 48 elements, about 0.5 s),
+    not 64 (384 elements, 3.8 s, whatever profile_s said); a fast hint still gets batches of 64."""
+    from tensorflow.python.data.experimental.ops import testing as tf_data_testing
+
+    from dsctl.runtime.autocache_profile import MIN_BATCHES, measure_point
+
+    slow = tf.data.Dataset.range(1000).apply(tf_data_testing.sleep(10_000))
+    m = measure_point(slow, batched=False, mode="colocated", dispatcher=None, elements=256, budget_s=0.5, keep=[])
+    assert m["elements"] == 8 * MIN_BATCHES and m["s_per_element"] >= 0.0095
+    fast = tf.data.Dataset.range(1000)
+    m = measure_point(fast, batched=False, mode="colocated", dispatcher=None, elements=256, budget_s=0.5, keep=[])
+    assert m["elements"] == 64 * MIN_BATCHES and m["bytes_per_element"] == 8

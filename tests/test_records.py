@@ -124,3 +124,57 @@ def test_cost_report_json_and_csv_agree_and_baseline_gives_speedup(home):
     for key in ("total", "workers", "dispatcher", "accelerators", "per_1000_batches", "speedup", "cost_saving"):
         assert float(row[key]) == as_json[0][key]
     assert dsctl("cost", "report", "--since", "yesterday").returncode == 2
+
+
+CACHED = load_spec_text("""
+name: rec
+service: {workers: 1, processing_mode: parallel_epochs}
+trainer: {steps: 100}
+pipeline: {builtin: synthetic, params: {epochs: null}}
+autocache: {mode: full, cache_dir: "gs://bkt/ac"}
+pricing: gcp-us-central1-2025
+""").spec
+
+
+def test_cost_report_prices_a_runs_cache_by_the_month_apart_from_the_total(home):
+    """50 GB sealed on Cloud Storage at the catalog's $0.020/GB-month: $1.00 a month, $0.01 over the job's
+    7.3 h (a month is 730 h); the total is the same as the same run's without a cache."""
+    store = RunStore()
+    base = {"duration_s": 7.3 * 3600, "batches": 1000, "worker_cpu_cores": 1.0, "worker_mem_gb": 1.0}
+    cache = {"hint": "full", "path": "gs://bkt/ac/full-0123", "state": "put", "bytes": 50e9, "storage_kind": "gcs"}
+    runs = {"cached": {**base, "autocache": {"choice": "full", "cache": {**cache, "sealed": True}}},
+            "unsealed": {**base, "autocache": {"choice": "full", "cache": {**cache, "sealed": False, "bytes": None}}},
+            "plain": base}
+    for run_id, summary in runs.items():
+        store.create_run(id=run_id, name="rec", provider="local", mode="service", status="running",
+                         spec_json=CACHED.model_dump_json(), spec_hash=spec_hash(CACHED), workers=1, trainers=1,
+                         created_at=1000.0)
+        store.update_run(run_id, status="succeeded", ended_at=1000.0 + base["duration_s"], summary=summary)
+
+    rows = {r["label"]: r for r in json.loads(dsctl("cost", "report", *runs, "--format", "json", check=True).stdout)}
+    assert rows["cached"]["cache_storage_kind"] == "gcs" and rows["cached"]["cache_gb"] == pytest.approx(50.0)
+    assert rows["cached"]["cache_per_month"] == pytest.approx(1.00)
+    assert rows["cached"]["cache_during_job"] == pytest.approx(0.01)
+    assert rows["cached"]["total"] == pytest.approx(rows["plain"]["total"])  # Equation 1's total is the machines
+    assert any("billed by the month" in n for n in rows["cached"]["notes"])
+    for other in ("unsealed", "plain"):  # an unsealed put is nothing to keep; no cache, no cache columns
+        assert rows[other]["cache_gb"] is None and rows[other]["cache_per_month"] is None
+
+    import csv
+
+    by_label = {r["label"]: r for r in csv.DictReader(dsctl("cost", "report", *runs, "--format", "csv",
+                                                            check=True).stdout.splitlines())}
+    assert float(by_label["cached"]["cache_per_month"]) == pytest.approx(1.00) and by_label["plain"]["cache_gb"] == ""
+    table = " ".join(dsctl("cost", "report", "cached", check=True).stdout.split())
+    assert "50 GB on gcs (written by this run, gs://bkt/ac/full-0123); $1.00 per month while kept" in table
+    # A catalog without storage prices says so instead of guessing.
+    import yaml
+
+    from dsctl.costmodel import load_catalog
+
+    data = yaml.safe_load(open(load_catalog("gcp-us-central1-2025").path).read())
+    del data["storage"]
+    no_storage = home.parent / "no-storage.yaml"
+    no_storage.write_text(yaml.safe_dump({**data, "name": "no-storage"}))
+    table = " ".join(dsctl("cost", "report", "cached", "--prices", no_storage, check=True).stdout.split())
+    assert "not priced: no-storage has no gcs storage price" in table

@@ -33,7 +33,11 @@ KNEE_SPEC = """
 def test_local_sweep_finds_the_knee_and_records_every_point(home, tmp_path):
     spec = write_spec(tmp_path, KNEE_SPEC)
     out = tmp_path / "plots"
-    proc = dsctl("sweep", spec, "--workers", "1..6:1", "--window", "3s", "--out", out, "--json", check=True)
+    # Cachew's 3% rule (the default --tolerance) suits machines of their own; here the tests that run beside this
+    # one (unit and background tests) move plateau points by up to ~6%, so the test asks for the smallest count
+    # within 10%: 3 workers (~80% of the ceiling) stay out, 4 to 6 are in.
+    proc = dsctl("sweep", spec, "--workers", "1..6:1", "--window", "3s", "--tolerance", "0.1", "--out", out,
+                 "--json", check=True)
     record = json.loads(proc.stdout)
     s = record["summary"]
     assert record["status"] == "succeeded" and record["kind"] == "sweep"
