@@ -65,8 +65,11 @@ def run(out_dir: Path, quick: bool = False, log: Log | None = None) -> Experimen
     res = ExperimentResult(NAME, TITLE, quick, out_dir)
     duration = 40 if quick else 90
     sweep_spec = write_spec(out_dir, "cachew-sweep", JOB.format(name="cachew-sweep", duration=60, autoscale=""))
+    # Cachew's 3% rule needs points steadier than 3%: quick 3 s windows on a shared 2-core machine move plateau
+    # points by up to ~6%, so the quick sweep recommends the smallest count within 10% of the best.
+    tolerance = 0.10 if quick else 0.03
     runner = SweepRunner(sweep_spec, SweepOptions(counts=list(range(1, 7)), window=Window(seconds=3.0 if quick else 8.0),
-                                                  warmup_s=1.5))
+                                                  warmup_s=1.5, tolerance=tolerance))
     if log:
         log(f"{NAME}: sweep {runner.sweep_id} over 1..6 workers")
     sweep = runner.run()
@@ -80,7 +83,7 @@ def run(out_dir: Path, quick: bool = False, log: Log | None = None) -> Experimen
         policies[policy] = _policy_result(outcome.run_id, loaded.spec, curve)
 
     res.data = {"sweep_id": runner.sweep_id, "knee_by_construction": KNEE,
-                "sweep_recommendation": sweep["recommendation"]["smallest"]["workers"],
+                "sweep_recommendation": sweep["recommendation"]["smallest"]["workers"], "sweep_tolerance": tolerance,
                 "curve": [{k: curve[n].get(k) for k in ("workers", "batches_per_s", "cost_per_1000_batches")} for n in sorted(curve)],
                 "policies": policies}
     res.data["verdict"] = verdict(res.data)
@@ -173,7 +176,8 @@ def _conclusion(d: dict) -> str:
     """The section's findings, each sentence chosen by the verdict."""
     v, rec, c, h = d["verdict"], d["sweep_recommendation"], d["policies"]["cachew"], d["policies"]["cpu"]
     util = h.get("worker_cpu_util")
-    out = [f"The sweep recommends {rec} workers ({'within one of' if v['sweep_at_knee'] else 'more than one from'} "
+    out = [f"The sweep recommends {rec} workers (the fewest within {d.get('sweep_tolerance', 0.03):.0%} of its best; "
+           f"{'within one of' if v['sweep_at_knee'] else 'more than one from'} "
            f"the knee by construction, {KNEE}). Cachew's policy settles at {c['final_workers']}, "
            + ("within one worker of the sweep's choice." if v["cachew_at_sweep"] else
               "more than one worker from the sweep's choice: here it did not find the knee.")]
