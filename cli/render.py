@@ -193,6 +193,8 @@ def sweep_table(record) -> Table:
         lines = [f"recommended: {rec['smallest']['workers']} worker(s): {rec['smallest']['reason']}"]
         if rec.get("cheapest"):
             lines.append(f"cheapest: {rec['cheapest']['workers']} worker(s): {rec['cheapest']['reason']}")
+        if rec.get("warning"):
+            lines.append(f"warning: {rec['warning']}")
         t.caption += "\n" + "\n".join(lines)
     if s.get("plots"):
         t.caption += "\nplots: " + ", ".join(s["plots"])

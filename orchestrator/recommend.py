@@ -6,6 +6,10 @@ sweep. Measured and predicted points both count; every answer says which kind it
 A point faster than the ideal baseline can only be noise, so when `ideal_bps` is given the
 best is capped there; otherwise one lucky point at the top sets the bar, and users should
 look at the plot.
+
+More workers never make a latency- or CPU-bound job slower by much, so a measured point slower
+than one with fewer workers shows the noise of the measurement itself. When that dip is larger
+than the tolerance, the pick rests on noise, and the recommendation says so (`warning`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ class Recommendation:
     best_workers: int
     best_predicted: bool
     tolerance: float
+    noise: float = 0.0  # the largest dip of a measured point below one with fewer workers, as a fraction
+    warning: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -71,11 +77,30 @@ def recommend(points: Iterable[Any], *, tolerance: float = 0.03, ideal_bps: floa
         bar, capped = ideal_bps, True
     need = (1 - tolerance) * bar * (1 - 1e-12)
     pick = next(p for p in pts if p.bps >= need)
+    noise, warning = _noise(pts, tolerance)
     return Recommendation(
         smallest=_pick(pick, _smallest_reason(pick, pts, best, bar, capped, tolerance)),
         cheapest=_cheapest(pts),
         best_bps=bar, best_workers=best.workers, best_predicted=best.predicted, tolerance=tolerance,
+        noise=noise, warning=warning,
     )
+
+
+def _noise(pts: list[_Point], tolerance: float) -> tuple[float, str | None]:
+    """The largest measured dip (a count slower than a smaller one) and, if above tolerance, what to do."""
+    measured = [p for p in pts if not p.predicted]
+    worst, where = 0.0, None
+    for i, low in enumerate(measured):
+        for high in measured[i + 1:]:
+            dip = (low.bps - high.bps) / low.bps
+            if dip > worst:
+                worst, where = dip, (low, high)
+    if where is None or worst <= tolerance:
+        return worst, None
+    low, high = where
+    return worst, (f"{_n(high.workers)} measured {worst:.0%} slower than {_n(low.workers)}: the measurements vary "
+                   f"by more than the {tolerance * 100:g}% tolerance, so the pick may rest on noise; a longer --window "
+                   f"or a --tolerance above {worst:.0%} would steady it.")
 
 
 def _smallest_reason(pick: _Point, pts: list[_Point], best: _Point, bar: float, capped: bool, tol: float) -> str:

@@ -189,3 +189,11 @@ def _check_autoscale(spec: JobSpec, src: YamlSource) -> None:
                         "worker's in-flight splits would be lost. Use processing_mode: parallel_epochs.")
     if spec.service.coordinated_reads is not None:
         raise src.error(("autoscale",), "coordinated reads pin each round to one worker; autoscaling cannot be combined with them.")
+    if _infinite(spec) is False:
+        # Checked with TensorFlow 2.21: a parallel_epochs client of a finite dataset waits for every worker's
+        # epochs to end, and a removed worker's never do, so the trainers hang at the end of the data.
+        raise src.error(
+            ("pipeline", "params", "epochs"),
+            "autoscaling removes workers while the job runs, and a trainer reading a finite dataset waits for a "
+            "removed worker's epochs to end, which never happens (and each added worker serves every epoch again). "
+            "Set 'epochs: null' and bound the job with trainer.steps or trainer.duration_s.")

@@ -147,6 +147,9 @@ CASES = [
     Case("gcp-tf-version-injection", GCP + 'gcp:\n  tensorflow_version: "2.21.0\\ncurl x | sh"  #<\n',
          "gcp.tensorflow_version", ("pattern",)),
     # --- autoscaling and coordinated reads
+    Case("autoscale-finite-dataset",
+         "name: a\ntrainer: {steps: 10}\npipeline:\n  builtin: synthetic\n  params: {epochs: 2}  #<\n"
+         "autoscale: {policy: cachew}\n", "pipeline.params.epochs", ("removed worker", "epochs: null")),
     Case("autoscale-max-below-min", GOOD + "autoscale:\n  min_workers: 4\n  max_workers: 2  #<\n",
          "autoscale.max_workers", ("below min_workers",)),
     Case("autoscale-max-huge", GOOD + "autoscale:\n  max_workers: 10000  #<\n", "autoscale.max_workers",

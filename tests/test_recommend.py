@@ -139,3 +139,18 @@ def test_cheapest_ignores_points_priced_at_infinity():
     assert r.cheapest is None
     r = recommend(pts([(1, 0.5, float("inf"), False), (2, 0.6, 3.0, False)]))
     assert r.cheapest.workers == 2 and r.cheapest.reason.endswith("the only priced point.")
+
+
+def test_a_dip_larger_than_the_tolerance_is_reported_as_noise():
+    """5 workers measured 6% below 4: more workers do not slow such a job down, the measurement varies."""
+    dipped = pts([(1, 0.25, None, False), (2, 0.5, None, False), (3, 0.75, None, False),
+                  (4, 1.00, None, False), (5, 0.94, None, False), (6, 0.99, None, False)])
+    r = recommend(dipped)
+    assert r.noise == pytest.approx(0.06)
+    assert r.warning.startswith("5 workers measured 6% slower than 4 workers")
+    assert "--tolerance above 6%" in r.warning
+    assert recommend(dipped, tolerance=0.07).warning is None  # within the tolerance: nothing to say
+    assert recommend(KNEE_AT_4).warning is None and recommend(KNEE_AT_4).noise == 0.0
+    # Predicted points are a model's, not measurements: their dips say nothing about noise.
+    predicted_dip = pts([(4, 1.0, None, False), (8, 0.9, None, True)])
+    assert recommend(predicted_dip).warning is None

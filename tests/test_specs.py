@@ -982,6 +982,7 @@ def _spec_with(field: str, value) -> str:
     data = {k: dict(v) if isinstance(v, dict) else v for k, v in BASE.items()}
     if field.startswith("autoscale."):
         data["autoscale"] = {"min_workers": 1} if field.endswith("max_workers") else {"max_workers": 4096}
+        data["pipeline"] = {"builtin": "synthetic", "params": {"epochs": None}}  # autoscaling needs endless data
     if field == "trainer.steps" or field.startswith("trainer.model"):
         data["trainer"] = {"steps": 10, "model": {}} if field.startswith("trainer.model") else {}
     node = data

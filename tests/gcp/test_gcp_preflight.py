@@ -152,7 +152,7 @@ def test_the_supervisor_checks_its_own_permissions_before_it_touches_anything(cl
 
     extra = "\nautoscale: {policy: cachew, max_workers: 4}\n" if autoscale else ""
     path = gcp_spec(tmp_path / "job", home=home, trainer_machine="tpu-v2-8" if tpu else "n2-standard-8",
-                    mode="parallel_epochs")
+                    mode="parallel_epochs", epochs=None)
     path.write_text(path.read_text() + extra)
     spec = load_spec(path).spec
     wanted = supervisor_permissions(spec, public_ips=True)
