@@ -21,7 +21,7 @@ from dsctl.provisioners import TrainerLaunch
 from dsctl.specs import SpecError
 
 from .outcome import RunFailed
-from .policies.autocache import HintProfile, decide
+from .policies.autocache import decide, hints_from_points
 from .store import dsctl_home
 from .tail import JsonlTail
 
@@ -62,8 +62,7 @@ def decide_from_profile(spec, profile: dict, gb_month: float | None):
     end = points["end"]
     if not end.get("s_per_element"):
         raise RunFailed("autocache profiling read no elements at the pipeline's end; see the profile log")
-    hints = [HintProfile(name, points[name]["s_per_element"], points[name]["bytes_per_element"])
-             for name in profile["hints"] if points.get(name, {}).get("s_per_element")]
+    hints = hints_from_points(points, profile["hints"])
     model, checks = storage_model(profile["storage"])
     decision = decide(end["s_per_element"], hints, model, n_elements=elements_per_epoch(spec), gb_month=gb_month,
                       tolerance=spec.autocache.tolerance)

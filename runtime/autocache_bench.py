@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from . import autocache
-from .autocache_profile import measure_points
+from .autocache_profile import measure_points, replays
 from .autocache_storage import calibrate
 
 
@@ -83,9 +83,10 @@ def bench(params: dict, root: str, profile_s: float, storage_root: str) -> dict:
     prof = autocache.Plan(mode="profile", cache_root=root)
     with autocache.active(prof):
         end = pipeline(**{**params, "epochs": None})
+    after = replays(lambda: pipeline(**{**params, "epochs": None}), prof.points)
     # Hints' elements in batches of the pipeline's own size.
     points = measure_points(end, prof.points, mode="colocated", dispatcher=None, elements=n, budget_s=profile_s,
-                            transfer_batch=params["batch_size"])
+                            transfer_batch=params["batch_size"], after=after)
     return {"modes": modes, "profile": {"points": points, "hints": list(prof.points), "storage": calibrate(storage_root)}}
 
 

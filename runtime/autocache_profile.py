@@ -5,7 +5,10 @@ nothing (no metrics endpoint), so dsctl measures the same quantities from outsid
 workers that will serve the job: the pipeline cut at each point (its end, and each autocache
 hint) is sent to the service as a job of its own, and the trainer times the elements that
 arrive. Hints' elements travel in batches of 64, so the per-element RPC does not hide the
-work. A short first job estimates the rate, so each point takes at most about `profile_s`.
+work. For each hint the pipeline is also rebuilt with that hint replayed from memory (32 of its
+elements, repeated), and its end timed: the work after the hint alone, which Cachew gets by a
+subtraction that misses work overlapping a slow source. A short first job estimates the rate,
+so each point takes at most about `profile_s`.
 It then measures the cache's storage (runtime/autocache_storage.py) and emits one
 `autocache_profile` record, which the orchestrator's policy turns into a decision.
 """
@@ -50,10 +53,12 @@ def element_bytes(batch) -> tuple[int, int]:
     return rows, total
 
 
-def _timed(ds, mode: str, dispatcher: str | None, keep: list, batches: int) -> tuple[int, int, float]:
+def _timed(ds, mode: str, dispatcher: str | None, keep: list, batches: int,
+           skip_rows: int = 0) -> tuple[int, int, float]:
     """Read a finite dataset to its end; (elements after the first batch, their bytes, seconds from the
     first batch to the last: neither the job's start nor the wait for its end is counted). It stops at
-    `batches`, without waiting for the service to say the job has ended (about a second)."""
+    `batches`, without waiting for the service to say the job has ended (about a second). The first
+    `skip_rows` elements are not counted at all (a replay filling its memory at the source's pace)."""
     import tensorflow as tf
 
     if mode == "service":
@@ -61,10 +66,14 @@ def _timed(ds, mode: str, dispatcher: str | None, keep: list, batches: int) -> t
     it = iter(ds)
     keep.append(it)  # destroying a service iterator can wait for seconds; the process exits instead
     first = last = None
-    rows = nbytes = 0
-    for n, batch in enumerate(it, 1):
-        last = time.perf_counter()
+    rows = nbytes = skipped = n = 0
+    for batch in it:
         r, b = element_bytes(batch)
+        if skipped < skip_rows:
+            skipped += r
+            continue
+        n += 1
+        last = time.perf_counter()
         if first is None:
             first = last
         else:
@@ -75,7 +84,7 @@ def _timed(ds, mode: str, dispatcher: str | None, keep: list, batches: int) -> t
 
 
 def measure_point(ds, *, batched: bool, mode: str, dispatcher: str | None, elements: int, budget_s: float,
-                  keep: list, transfer_batch: int = TRANSFER_BATCH) -> dict:
+                  keep: list, transfer_batch: int = TRANSFER_BATCH, skip_rows: int = 0) -> dict:
     """Seconds and bytes per element where `ds` ends (a hint's elements are batched for transport, and
     repeated so that a short epoch does not end the measurement).
 
@@ -85,11 +94,11 @@ def measure_point(ds, *, batched: bool, mode: str, dispatcher: str | None, eleme
 
     def cut(timed_batches: int, per_batch: int):  # one more batch than timed: the first only starts the clock
         if batched:
-            return ds.take(timed_batches + 1)
+            return ds if skip_rows else ds.take(timed_batches + 1)  # a replay: endless, _timed stops it
         return ds.repeat().take((timed_batches + 1) * per_batch).batch(per_batch)
 
     probe = min(PROBE_TRANSFER, transfer_batch)
-    rows, _, secs = _timed(cut(PROBE_BATCHES, probe), mode, dispatcher, keep, PROBE_BATCHES + 1)
+    rows, _, secs = _timed(cut(PROBE_BATCHES, probe), mode, dispatcher, keep, PROBE_BATCHES + 1, skip_rows)
     per = secs / rows if rows else 0.0
     if batched:
         per_batch, rows_per_batch = 0, max(1.0, rows / PROBE_BATCHES)
@@ -99,31 +108,45 @@ def measure_point(ds, *, batched: bool, mode: str, dispatcher: str | None, eleme
         rows_per_batch = per_batch
     want = elements if per <= 0 else min(elements, budget_s / per)
     timed = max(MIN_BATCHES, int(want // rows_per_batch))
-    rows, nbytes, secs = _timed(cut(timed, per_batch), mode, dispatcher, keep, timed + 1)
+    rows, nbytes, secs = _timed(cut(timed, per_batch), mode, dispatcher, keep, timed + 1, skip_rows)
     if rows <= 0 or secs <= 0:
         return {"elements": rows, "s_per_element": None, "bytes_per_element": None}
     return {"elements": rows, "s_per_element": secs / rows, "bytes_per_element": nbytes / rows}
 
 
 def measure_points(end, hints: dict, *, mode: str, dispatcher: str | None, elements: int, budget_s: float,
-                   transfer_batch: int = TRANSFER_BATCH, rounds: int = 2) -> list[dict]:
-    """The end and every hint, measured in turn `rounds` times; each keeps its fastest round.
+                   transfer_batch: int = TRANSFER_BATCH, rounds: int = 2, after: dict | None = None) -> list[dict]:
+    """The end, every hint, and what comes after each hint (`after`: hint name -> the pipeline replayed
+    from memory at that hint, autocache.REPLAY), measured in turn `rounds` times; each keeps its fastest round.
 
     Cachew's projection subtracts the time at a hint from the time at the end, so both must be
     measured under the same conditions: on a shared machine a slow moment during one point
     only (another process's burst) would otherwise decide. Interleaved rounds and the fastest of
-    each point keep such bursts out."""
+    each point keep such bursts out. The after-hint points are what the policy uses instead of the
+    subtraction where it has them (policies/autocache.py says why)."""
     keep: list = []
-    targets = [("end", end, True), *((name, ds, False) for name, ds in hints.items())]
+    targets = [("end", end, True, 0), *((name, ds, False, 0) for name, ds in hints.items()),
+               *((f"after:{name}", ds, True, autocache.REPLAY_ELEMENTS) for name, ds in (after or {}).items())]
     best: dict[str, dict] = {}
     for _ in range(rounds):
-        for name, ds, batched in targets:
+        for name, ds, batched, skip in targets:
             m = measure_point(ds, batched=batched, mode=mode, dispatcher=dispatcher, elements=elements,
-                              budget_s=budget_s / rounds, keep=keep, transfer_batch=transfer_batch)
+                              budget_s=budget_s / rounds, keep=keep, transfer_batch=transfer_batch, skip_rows=skip)
             if m["s_per_element"] and (name not in best or m["s_per_element"] < best[name]["s_per_element"]):
                 best[name] = m
     return [{"point": name, **best.get(name, {"elements": 0, "s_per_element": None, "bytes_per_element": None})}
-            for name, _, _ in targets]
+            for name, _, _, _ in targets]
+
+
+def replays(build, hints) -> dict:
+    """For each hint, the pipeline rebuilt (`build(plan)` builds it under a plan) with that hint replayed
+    from memory: the end of it is the work after the hint alone, as a get epoch with a free read runs it."""
+    out = {}
+    for name in hints:
+        plan = autocache.Plan(mode=autocache.REPLAY + name)
+        with autocache.active(plan):
+            out[name] = build()
+    return out
 
 
 def cache_hits(plan: autocache.Plan) -> list[str]:
@@ -150,8 +173,9 @@ def profile(spec, mode: str, dispatcher: str | None, cache_dir, base_dir: Path, 
         record = {"points": [], "hits": hits, "hints": list(plan.points), "mode": mode}
         writer.emit("autocache_profile", **record)
         return record
+    after = replays(lambda: _raw_pipeline(spec, cache_dir, base_dir), plan.points)
     points = measure_points(end, plan.points, mode=mode, dispatcher=dispatcher, elements=ac.profile_elements,
-                            budget_s=ac.profile_s)
+                            budget_s=ac.profile_s, after=after)
     storage = calibrate(plan.cache_root)
     record = {"points": points, "storage": storage, "hints": list(plan.points), "mode": mode}
     writer.emit("autocache_profile", **record)

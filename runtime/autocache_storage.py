@@ -16,38 +16,53 @@ import os
 import secrets
 import time
 
-VERSION = 1
+VERSION = 2  # 2: the first batch (the snapshot's opening) is not timed
 FIT_SIZES = (256, 16_384, 1_048_576)  # bytes per element the model is fitted on
 CHECK_SIZES = (4_096, 262_144)  # held out: only checked
 BYTES_PER_SIZE = 3 << 20  # per size: enough for a steady rate, little enough to take about a second
 MODEL_FILE = ".dsctl-storage-model.json"
 
 
+TIMED_BATCHES = 4  # batches timed per read, after a first that is not: opening the snapshot is paid once per epoch
+
+
+def _per_batch(size: int) -> int:
+    """Elements per read batch: at most 64, and at most 1 MB (large batches cost copies of their own)."""
+    return max(1, min(64, (1 << 20) // size))
+
+
 def _elements(size: int) -> int:
-    return int(min(384, max(16, BYTES_PER_SIZE // size)))
+    """Enough for a first batch and TIMED_BATCHES timed ones, and about BYTES_PER_SIZE in all."""
+    return int(max((TIMED_BATCHES + 1) * _per_batch(size), min(384, max(16, BYTES_PER_SIZE // size))))
 
 
 def measure_size(root: str, size: int) -> float:
-    """Seconds per element to read `size`-byte elements from a snapshot under `root` (written first)."""
+    """Seconds per element to read `size`-byte elements from a snapshot under `root` (written first).
+
+    The clock starts at the first batch: opening the snapshot and starting its reader threads is paid
+    once per epoch, which a get epoch spreads over all its elements; counted here it would be spread
+    over a few dozen, and sizes measured with few elements would look slower per byte than they are."""
     import tensorflow as tf
 
     n = _elements(size)
+    per_batch = _per_batch(size)
     floats = max(1, size // 4)
     where = f"{root.rstrip('/')}/.calibration-{secrets.token_hex(4)}"
     try:
         ds = tf.data.Dataset.range(n).map(lambda i: tf.fill([floats], tf.cast(i, tf.float32)))
         cached = ds.snapshot(where, compression=None)
-        per_batch = max(1, min(64, (1 << 22) // size))  # batches of at most 4 MB: large ones cost their own copies
         for _ in cached.batch(per_batch):  # the put
             pass
         best = None
         # Local: the faster of two reads (the first may still pay for the page cache). Cloud Storage: the
         # first read, as a worker's get epoch reads it (a second could come from TensorFlow's block cache).
         for _ in range(1 if root.startswith("gs://") else 2):
-            start = time.perf_counter()
-            rows = 0
+            start, rows = None, 0
             for batch in cached.batch(per_batch):
-                rows += int(batch.shape[0])
+                if start is None:
+                    start = time.perf_counter()
+                else:
+                    rows += int(batch.shape[0])
             secs = (time.perf_counter() - start) / rows
             best = secs if best is None else min(best, secs)
         return best

@@ -239,6 +239,45 @@ def test_policy_clamps_noise_after_the_hint():
     assert full.storage_month_usd is None
 
 
+def test_policy_uses_the_work_after_the_hint_where_it_was_timed_alone():
+    """A slow source (10 ms) overlaps a 1.5 ms transform: end and hint differ by 0.1 ms, so the subtraction
+    sees almost no work after the hint; the replayed pipeline's end shows the 1.5 ms it really costs."""
+    from dsctl.orchestrator.policies.autocache import hints_from_points
+
+    points = {"end": {"s_per_element": 10.1e-3}, "source": {"s_per_element": 10e-3, "bytes_per_element": 8},
+              "after:source": {"s_per_element": 1.5e-3}}
+    [measured] = hints_from_points(points, ["source"])
+    assert measured.after_s_per_element == 1.5e-3
+    source = {o.choice: o for o in decide(10.1e-3, [measured], DISK, n_elements=100, gb_month=0.08).options}["source"]
+    assert source.post_s == pytest.approx(100 * 1.5e-3)
+    assert source.projected_s == pytest.approx(100 * (DISK.read_s(8) + 1.5e-3))
+    # Without the after-hint point: Cachew's subtraction.
+    [subtracted] = hints_from_points({k: v for k, v in points.items() if k != "after:source"}, ["source"])
+    source = {o.choice: o for o in decide(10.1e-3, [subtracted], DISK, n_elements=100, gb_month=0.08).options}["source"]
+    assert source.post_s == pytest.approx(100 * 0.1e-3)
+    # A hint the profile has no time for is left out.
+    assert hints_from_points({"end": {"s_per_element": 1e-3}}, ["source"]) == []
+
+
+def test_a_replayed_hint_feeds_the_rest_of_the_pipeline_from_memory(tmp_path):
+    """replay:source repeats the first 32 source elements through the rest of the pipeline, so its end is
+    timed without the 10 ms read before the hint (profiling measures it so: `after:source`)."""
+    from dsctl.runtime.autocache_profile import measure_points, replays
+
+    params = {**SYN, "latency_ms": 10, "epochs": None}
+    build = lambda: build_dataset("synthetic", params, cache_dir=tmp_path / "data")  # noqa: E731
+    after = replays(build, ["source"])["source"]
+    ids = [i for batch in after.take(8) for i in batch["id"].numpy().tolist()]
+    assert len(ids) == 64 and set(ids) == set(ids[:ac.REPLAY_ELEMENTS]) and len(set(ids)) == ac.REPLAY_ELEMENTS
+    plan = ac.Plan(mode="profile")
+    with ac.active(plan):
+        end = build()
+    points = {p["point"]: p for p in measure_points(end, plan.points, mode="colocated", dispatcher=None,
+                                                      elements=64, budget_s=0.5, after={"source": after})}
+    assert points["source"]["s_per_element"] >= 0.0095  # the read: a sleep of 10 ms per element
+    assert points["after:source"]["s_per_element"] < 0.2 * points["source"]["s_per_element"]
+
+
 def test_storage_model_fitted_on_some_sizes_checked_on_others():
     truth = ReadModel(fixed_s=80e-6, s_per_byte=4e-9)
     fit = [(b, truth.read_s(b) * f) for b, f in ((256, 1.02), (16384, 0.97), (1 << 20, 1.01))]

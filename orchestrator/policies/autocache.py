@@ -12,8 +12,13 @@ For N elements, as in the paper:
     ProjectedTotalCacheTime  = ProjectedCacheReadTime + PostAutocacheTime
 
 dsctl takes M = N (one element at the hint per element at the end, true of the builtins, whose
-hints are followed by maps only) and clamps PostAutocacheTime at zero (two noisy times of
-nearly the same work can differ by a negative amount). The fastest option is chosen; options
+hints are followed by maps only). Where the profile measured it, PostAutocacheTime is not the
+subtraction but the work after the hint timed alone: the pipeline's end with the hint replayed from
+memory (`after:<hint>` points, runtime/autocache_profile.py). The subtraction misses post-hint work
+that overlaps a slow source read (parallel maps run while the source waits): in dsctl's
+constructed source case it projected the source cache 25x too fast. Without that point, the
+subtraction is used, clamped at zero (two noisy times of nearly the same work can differ by a
+negative amount). The fastest option is chosen; options
 within `tolerance` of it count as equally fast, and among those the one whose cache costs least
 to store wins (compute stores nothing), as Cachew prefers compute when source caching is no
 faster (§6.3). Pure: no clocks, no I/O.
@@ -31,6 +36,18 @@ class HintProfile:
     name: str
     s_per_element: float
     bytes_per_element: float
+    after_s_per_element: float | None = None  # the work after the hint, timed alone (None: not measured)
+
+
+def hints_from_points(points: dict, names) -> list[HintProfile]:
+    """The hints a profile measured (`points`: name -> measured point, as autocache_profile records them)."""
+    out = []
+    for name in names:
+        at = points.get(name) or {}
+        if at.get("s_per_element"):
+            after = (points.get(f"after:{name}") or {}).get("s_per_element")
+            out.append(HintProfile(name, at["s_per_element"], at["bytes_per_element"], after))
+    return out
 
 
 @dataclass(frozen=True)
@@ -63,7 +80,7 @@ def project(end_s_per_element: float, hints: list[HintProfile], storage: ReadMod
     options = [Option("compute", total)]
     for h in hints:
         pre = n_elements * h.s_per_element
-        post = max(total - pre, 0.0)
+        post = n_elements * h.after_s_per_element if h.after_s_per_element is not None else max(total - pre, 0.0)
         read = n_elements * storage.read_s(h.bytes_per_element)
         nbytes = n_elements * h.bytes_per_element
         cost = storage_month_cost(nbytes, gb_month) if gb_month is not None else None
