@@ -73,3 +73,14 @@ def _parse(text: str | None) -> Latest:
 def trainer_dirs(base: str, count: int) -> list[str]:
     """Each trainer's folder below a run's checkpoint folder, named as the trainers are told (contract.py)."""
     return [TrainerLaunch.trainer_checkpoint_dir(base, i) for i in range(count)]
+
+
+def saved_step(base: str | None, count: int) -> int | None:
+    """The step every trainer of a run can resume from (the lowest of their latest checkpoints), read from
+    the folders; None when any trainer has none or cannot be read. For runs whose trainers never said
+    (killed, or the orchestrator was)."""
+    if not base:
+        return None
+    steps = [latest(d).step for d in trainer_dirs(base, count)]
+    return None if not steps or None in steps else min(steps)
+

@@ -22,7 +22,7 @@ from dsctl.specs import LoadedSpec, SpecError, spec_hash
 from .accelerators import trainer_accelerators
 from . import caching
 from .autoscaling import TrainerWindows, leave_queue_room
-from .checkpoints import run_checkpoint_dir
+from .checkpoints import run_checkpoint_dir, saved_step
 from .outcome import Outcome, RunFailed
 from .policies import Observation
 from .preflight import check_autoscale
@@ -493,8 +493,10 @@ class JobRunner:
         elif self.resume is not None and self.resume.step is not None:
             out["restored_step"] = self.resume.step  # its trainers never said (they failed before starting)
         saved = [r.get("checkpoint_step") for r in self._results.values()]
-        if saved and None not in saved:
+        if len(saved) == self.spec.trainer.count and None not in saved:
             out["checkpoint_step"] = min(saved)  # every trainer can resume from here
+        elif self.checkpoint_dir and (step := saved_step(self.checkpoint_dir, self.spec.trainer.count)) is not None:
+            out["checkpoint_step"] = step  # a trainer never said (killed): what its folder holds
         if self.checkpoint_dir:
             out["checkpoint_dir"] = self.checkpoint_dir
         out["tensorboard"] = {"dir": str(self.board.dir), "copy": self.board.copy_to, "error": self.board.warning}

@@ -96,3 +96,5 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_trains_only_the_rest(home,
     assert f"{run_id} at step {saved.step}" in shown and "resumed from" in shown
     shown = dsctl("runs", "show", run_id, check=True).stdout
     assert "resumed by" in shown and resumed["id"] in shown
+    # The killed run's trainer never said which step it saved: the record read its checkpoint folder.
+    assert f"last saved at step {saved.step}" in " ".join(shown.split())
