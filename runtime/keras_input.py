@@ -33,6 +33,26 @@ def to_xy(builtin: str | None):
     return lambda e: (e[feature], e["label"])
 
 
+def static_batches(ds: tf.data.Dataset, strategy_kind: str, batch_size: int | None) -> tf.data.Dataset:
+    """On a TPU every batch must have the same, static size (XLA compiles one shape): batches are cut
+    again to `batch_size` with the remainder dropped (at most batch_size - 1 elements, at the end of a
+    finite dataset; a worker's partial last batches are merged with the others first). Elsewhere `ds`
+    is returned as it is. A pipeline of unknown batch size on a TPU is the user's to fix (ModelError)."""
+    if strategy_kind != "tpu":
+        return ds
+    first = tf.nest.flatten(ds.element_spec)[0]
+    if first.shape.rank and first.shape[0] is not None:
+        return ds
+    if not batch_size:
+        from .models import ModelError
+
+        raise ModelError(
+            "a TPU trains on batches of one static size, but this pipeline's batch size is not known to TensorFlow "
+            f"(its first component's shape is {first.shape}). End the pipeline with .batch(B, drop_remainder=True), "
+            "or give pipeline.params.batch_size so dsctl can cut the batches to that size.")
+    return ds.rebatch(batch_size, drop_remainder=True)
+
+
 class InputMeter:
     """Sums of [input wait seconds, examples, tokens, padded tokens, batches] over the batches the model has taken."""
 

@@ -45,9 +45,10 @@ def train(spec: JobSpec, ds, writer: MetricsWriter, *, base_dir: Path, steps: in
     before its checkpoint. `then` runs right after; the trainer passes one that exits the process, so
     that wait never happens at all (as the harness's own loop does)."""
     from . import checkpoint, strategy
-    from .keras_input import InputMeter, to_xy
+    from .keras_input import InputMeter, static_batches, to_xy
 
-    strat = strategy.make(strategy.choose(accelerator, accelerators))
+    choice = strategy.choose(accelerator, accelerators)
+    strat = strategy.make(choice)
     build = load_function(spec.trainer.model.entrypoint, base_dir)
     with strat.scope():
         model = _build(build, spec.trainer.model.params)
@@ -59,6 +60,7 @@ def train(spec: JobSpec, ds, writer: MetricsWriter, *, base_dir: Path, steps: in
 
     remaining = None if steps is None else max(steps - restored, 0)
     meter = InputMeter()
+    ds = static_batches(ds, choice.kind, (spec.pipeline.params or {}).get("batch_size"))
     data = meter.wrap(ds, to_xy(spec.pipeline.builtin))
     callback = Meter(spec, writer, meter, window_s or spec.trainer.window_s, stop, duration_s, saver, restored)
     wrapped_up: list[bool] = []

@@ -88,3 +88,24 @@ def test_cpu_machines_get_the_default_strategy():
     tf = pytest.importorskip("tensorflow")
     made = strategy.make(strategy.choose(*accelerator_of("n2-standard-8")))
     assert made is tf.distribute.get_strategy() and made.num_replicas_in_sync == 1
+
+
+def test_on_a_tpu_batches_are_cut_to_one_static_size():
+    """XLA compiles one shape: a finite pipeline's partial batches (one per worker's epoch under the service)
+    are merged and cut to the batch size, the remainder dropped; other strategies get the dataset as it is."""
+    tf = pytest.importorskip("tensorflow")
+    from dsctl.runtime.keras_input import static_batches
+
+    ds = tf.data.Dataset.range(100).map(lambda i: {"x": i, "label": i % 2}).batch(32)  # 32, 32, 32, 4
+    assert ds.element_spec["x"].shape[0] is None
+    assert static_batches(ds, "default", 32) is ds and static_batches(ds, "mirrored", 32) is ds
+    cut = static_batches(ds, "tpu", 32)
+    assert cut.element_spec["x"].shape[0] == 32
+    assert [len(b["x"]) for b in cut] == [32, 32, 32]
+    two_workers = ds.concatenate(ds)  # each with its partial last batch: 200 elements make 6 full batches
+    got = [b["x"].numpy().tolist() for b in static_batches(two_workers, "tpu", 32)]
+    assert [len(b) for b in got] == [32] * 6 and sum(got, [])[96:104] == [96, 97, 98, 99, 0, 1, 2, 3]
+    static = tf.data.Dataset.range(100).batch(32, drop_remainder=True)
+    assert static_batches(static, "tpu", None) is static  # already one static size
+    with pytest.raises(ModelError, match=r"drop_remainder=True"):
+        static_batches(ds, "tpu", None)
