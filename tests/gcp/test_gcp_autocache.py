@@ -43,7 +43,7 @@ def test_auto_profiles_on_the_vms_and_the_next_job_reads_the_cache_from_cloud_st
     spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, name="cached", workers=1,
                     trainer_machine="n2-standard-8", mode="parallel_epochs", pipeline=PIPELINE)
     with spec.open("a") as f:
-        f.write(f"autocache: {{mode: auto, profile_s: 1.0, cache_dir: 'gs://{BUCKET}/{PREFIX}'}}\n")
+        f.write(f"autocache: {{mode: auto, profile_s: 0.5, cache_dir: 'gs://{BUCKET}/{PREFIX}'}}\n")
 
     with GcsProxy(emulator_endpoint=gcs_emulator, workdir=tmp_path / "proxy") as proxy:
         sshd.set_env(proxy.env)  # every process on a "VM" reaches Cloud Storage through the proxy
