@@ -84,13 +84,16 @@ def _timed(ds, mode: str, dispatcher: str | None, keep: list, batches: int,
 
 
 def measure_point(ds, *, batched: bool, mode: str, dispatcher: str | None, elements: int, budget_s: float,
-                  keep: list, transfer_batch: int = TRANSFER_BATCH, skip_rows: int = 0) -> dict:
+                  keep: list, transfer_batch: int = TRANSFER_BATCH, skip_rows: int = 0,
+                  estimate: tuple[float, float] | None = None) -> dict:
     """Seconds and bytes per element where `ds` ends (a hint's elements are batched for transport, and
     repeated so that a short epoch does not end the measurement).
 
     A hint's transfer batch is as large as the budget allows, up to `transfer_batch`: a pipeline at
     10 ms per element would otherwise need 7 x 64 elements (4.5 s) at least, whatever `profile_s`
-    says; at a millisecond or more per element, 8 elements per RPC hide the RPC's cost as well."""
+    says; at a millisecond or more per element, 8 elements per RPC hide the RPC's cost as well.
+    `estimate` (seconds per element, elements per batch: an earlier round's `rate`) replaces the probe,
+    a service job of its own."""
 
     def cut(timed_batches: int, per_batch: int):  # one more batch than timed: the first only starts the clock
         if batched:
@@ -98,10 +101,13 @@ def measure_point(ds, *, batched: bool, mode: str, dispatcher: str | None, eleme
         return ds.repeat().take((timed_batches + 1) * per_batch).batch(per_batch)
 
     probe = min(PROBE_TRANSFER, transfer_batch)
-    rows, _, secs = _timed(cut(PROBE_BATCHES, probe), mode, dispatcher, keep, PROBE_BATCHES + 1, skip_rows)
-    per = secs / rows if rows else 0.0
+    if estimate is not None:
+        per, batch_rows = estimate
+    else:
+        rows, _, secs = _timed(cut(PROBE_BATCHES, probe), mode, dispatcher, keep, PROBE_BATCHES + 1, skip_rows)
+        per, batch_rows = (secs / rows if rows else 0.0), rows / PROBE_BATCHES
     if batched:
-        per_batch, rows_per_batch = 0, max(1.0, rows / PROBE_BATCHES)
+        per_batch, rows_per_batch = 0, max(1.0, batch_rows)
     else:
         fits = budget_s / (per * (MIN_BATCHES + 1)) if per > 0 else transfer_batch
         per_batch = int(min(transfer_batch, max(probe, fits)))
@@ -111,7 +117,8 @@ def measure_point(ds, *, batched: bool, mode: str, dispatcher: str | None, eleme
     rows, nbytes, secs = _timed(cut(timed, per_batch), mode, dispatcher, keep, timed + 1, skip_rows)
     if rows <= 0 or secs <= 0:
         return {"elements": rows, "s_per_element": None, "bytes_per_element": None}
-    return {"elements": rows, "s_per_element": secs / rows, "bytes_per_element": nbytes / rows}
+    return {"elements": rows, "s_per_element": secs / rows, "bytes_per_element": nbytes / rows,
+            "rate": (secs / rows, rows / timed)}
 
 
 def measure_points(end, hints: dict, *, mode: str, dispatcher: str | None, elements: int, budget_s: float,
@@ -125,13 +132,18 @@ def measure_points(end, hints: dict, *, mode: str, dispatcher: str | None, eleme
     each point keep such bursts out. The after-hint points are what the policy uses instead of the
     subtraction where it has them (policies/autocache.py says why)."""
     keep: list = []
+    rates: dict[str, tuple[float, float]] = {}  # from the first round: later rounds need no probe job
     targets = [("end", end, True, 0), *((name, ds, False, 0) for name, ds in hints.items()),
                *((f"after:{name}", ds, True, autocache.REPLAY_ELEMENTS) for name, ds in (after or {}).items())]
     best: dict[str, dict] = {}
     for _ in range(rounds):
         for name, ds, batched, skip in targets:
             m = measure_point(ds, batched=batched, mode=mode, dispatcher=dispatcher, elements=elements,
-                              budget_s=budget_s / rounds, keep=keep, transfer_batch=transfer_batch, skip_rows=skip)
+                              budget_s=budget_s / rounds, keep=keep, transfer_batch=transfer_batch, skip_rows=skip,
+                              estimate=rates.get(name))
+            rate = m.pop("rate", None)
+            if rate is not None:
+                rates.setdefault(name, rate)
             if m["s_per_element"] and (name not in best or m["s_per_element"] < best[name]["s_per_element"]):
                 best[name] = m
     return [{"point": name, **best.get(name, {"elements": 0, "s_per_element": None, "bytes_per_element": None})}
