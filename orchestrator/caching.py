@@ -169,4 +169,3 @@ def cache_used(rec: dict, known: dict | None, spec) -> dict | None:
     sealed = rec.get("kind") == "autocache-sealed"
     return {"hint": rec.get("hint"), "path": path, "state": state, "sealed": state == "get" or sealed,
             "bytes": rec.get("bytes"), "storage_kind": spec.autocache.storage_kind()}
-

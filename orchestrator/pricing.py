@@ -79,8 +79,8 @@ def cost_summary(record: RunRecord) -> dict | None:
     except SpecError as exc:
         return {"error": str(exc)}
     note = "priced as the spec's machine types" if record.provider == "local" else "list prices"
-    cache = cache_storage(record, catalog)
-    return {"cache_storage": cache,"total": b.total, "service": b.service, "trainers": b.trainers, "per_1000_batches": b.per_1000_batches,
+    return {"total": b.total, "service": b.service, "trainers": b.trainers, "per_1000_batches": b.per_1000_batches,
             "basis": b.basis, "catalog": catalog.name, "note": note,
             "service_provisioning": b.service_provisioning, "trainer_provisioning": b.trainer_provisioning,
-            "provisioning": describe_provisioning(b.service_provisioning, b.trainer_provisioning)}
+            "provisioning": describe_provisioning(b.service_provisioning, b.trainer_provisioning),
+            "cache_storage": cache_storage(record, catalog)}

@@ -187,7 +187,7 @@ def _cache_at(plan: Plan, ds, name: str):
         plan.state = {**info, "state": "fallback", "reason": reason}
         plan.events.append(("autocache-fallback", f"hint {name!r}: compute, not cached: {reason}"))
         return ds
-    status, reason = inspect(path, key, plan.stale_s)
+    status, reason, nbytes = inspect(path, key, plan.stale_s)
     if status == "stale":
         aside = f"{path}.abandoned-{time.strftime('%Y%m%d-%H%M%S')}"
         _rename(path, aside)
@@ -198,7 +198,7 @@ def _cache_at(plan: Plan, ds, name: str):
         plan.events.append(("autocache-fallback", f"hint {name!r}: compute, not cached: {reason}"))
         return ds
     state = "get" if status == "complete" else "put"
-    plan.state = {**info, "state": state, "reason": reason, "bytes": sealed_bytes(path) if state == "get" else None}
+    plan.state = {**info, "state": state, "reason": reason, "bytes": nbytes}
     what = ("reading the cache a job wrote before" if state == "get"
             else "the first epoch writes the cache while serving it; later epochs read it")
     plan.events.append((f"autocache-{state}", f"hint {name!r} ({path}): {what}"))
@@ -252,41 +252,37 @@ def _digest(path: str) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
-def inspect(path: str, key: str, stale_s: float = STALE_S) -> tuple[str, str]:
-    """(status, why): absent | complete | incomplete | stale | corrupt."""
+def inspect(path: str, key: str, stale_s: float = STALE_S) -> tuple[str, str, int | None]:
+    """(status, why, bytes): absent | complete | incomplete | stale | corrupt; bytes is what a complete
+    cache holds, as its marker says (what its storage is billed for), else None."""
     if not _exists(path):
-        return "absent", "no cache for this pipeline yet"
+        return "absent", "no cache for this pipeline yet", None
     marker = f"{path}/{MARKER}"
     if not _exists(marker):
         newest = _newest_mtime(path)
         age = time.time() - newest if newest else None
         if age is not None and age > stale_s and not path.startswith("gs://"):
-            return "stale", f"an unsealed cache nobody has written for {age:.0f} s (a job killed while writing it)"
+            return ("stale", f"an unsealed cache nobody has written for {age:.0f} s (a job killed while writing it)",
+                    None)
         return "incomplete", (f"the cache at {path} has no completion marker ({MARKER}): a job was killed while "
-                              "writing it, or another job is writing it now")
+                              "writing it, or another job is writing it now"), None
     try:
         meta = json.loads(_read_bytes(marker))
         files = meta["files"]
         if meta.get("key") != key:
-            return "corrupt", f"its marker is for pipeline {meta.get('key')!r}, not {key!r}"
+            return "corrupt", f"its marker is for pipeline {meta.get('key')!r}, not {key!r}", None
     except (ValueError, KeyError, TypeError) as exc:
-        return "corrupt", f"its completion marker {marker} is unreadable ({exc})"
+        return "corrupt", f"its completion marker {marker} is unreadable ({exc})", None
     for rel, (size, sha) in files.items():
         full = f"{path}/{rel}"
         if not _exists(full):
-            return "corrupt", f"{rel} is missing"
+            return "corrupt", f"{rel} is missing", None
         got_size, got_sha = _digest(full)
         if got_size != size or got_sha != sha:
-            return "corrupt", f"{rel} does not match its marker ({got_size} bytes, {size} expected, or another checksum)"
-    return "complete", f"sealed cache of {meta.get('elements', '?')} elements, {meta.get('bytes', 0)} bytes"
-
-
-def sealed_bytes(path: str) -> int | None:
-    """The bytes a sealed cache holds, as its marker says (what its storage is billed for)."""
-    try:
-        return int(json.loads(_read_bytes(f"{path}/{MARKER}"))["bytes"])
-    except (ValueError, KeyError, TypeError):
-        return None
+            return ("corrupt", f"{rel} does not match its marker ({got_size} bytes, {size} expected, or another "
+                    "checksum)", None)
+    nbytes = int(meta.get("bytes", 0))
+    return "complete", f"sealed cache of {meta.get('elements', '?')} elements, {nbytes} bytes", nbytes
 
 
 def _newest_mtime(path: str) -> float | None:

@@ -166,7 +166,7 @@ def cache_hits(plan: autocache.Plan) -> list[str]:
     hits = []
     for name, ds in plan.points.items():
         key = autocache.fingerprint(ds)
-        status, _ = autocache.inspect(autocache.cache_path(plan.cache_root, name, key), key, plan.stale_s)
+        status, _, _ = autocache.inspect(autocache.cache_path(plan.cache_root, name, key), key, plan.stale_s)
         if status == "complete":
             hits.append(name)
     return hits
