@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -55,8 +56,10 @@ def validate(spec: Path = typer.Argument(..., metavar="JOB.yaml", help="job spec
     loaded = load_spec(spec)  # entrypoints are imported and checked in a child process
     check_autoscale(loaded)
     s = loaded.spec
-    console.print(f"{spec}: ok — job '{s.name}', {s.service.workers} worker(s), {s.trainer.count} trainer(s), "
-                  f"pipeline {s.pipeline.builtin or s.pipeline.entrypoint}, provider {s.provider}")
+    trains = f"command `{shlex.join(s.trainer.command)}`" if s.trainer.command else f"model {s.trainer.model.kind}"
+    console.print(f"{spec}: ok — job '{s.name}', {s.service.workers} worker(s), {s.trainer.count} trainer(s) "
+                  f"({trains}), pipeline {s.pipeline.builtin or s.pipeline.entrypoint}, provider {s.provider}",
+                  markup=False, highlight=False)
 
 
 @app.command()
@@ -407,13 +410,18 @@ def logs(
     project: Optional[str] = typer.Option(None, "--project", help="read a cloud-supervised run's record from this project"),
     bucket: Optional[str] = typer.Option(None, "--bucket", help="... and bucket, if not <project>-dsctl"),
     interval: float = typer.Option(2.0, "--interval", min=0.2, max=600, help="seconds between looks with --follow"),
+    output: bool = typer.Option(True, "--output/--events-only", help="also print what the trainers printed (their "
+                                                                     "stdout and stderr: your command's output)"),
 ) -> None:
-    """A run's events (workers restarted, VMs stopped, outages, scaling) and its progress; --follow until it ends."""
+    """A run's events (workers restarted, VMs stopped, outages, scaling) and what its trainers printed; --follow until
+    it ends."""
     from dsctl.orchestrator.store import RunStore
+    from dsctl.orchestrator.tail import OutputTail, trainer_outputs
     from dsctl.specs import SpecError
 
     store = RunStore()
     shown: set[tuple] = set()
+    outputs: dict[Path, OutputTail] = {}
 
     def show() -> object:
         _synced(store, run, project, bucket)
@@ -427,6 +435,11 @@ def logs(
                 shown.add(key)
                 console.print(f"{time.strftime('%H:%M:%S', time.localtime(e['t']))} {e['kind']}: {e['message']}",
                               markup=False, highlight=False)
+        if output and record.run_dir:
+            for path in trainer_outputs(record.run_dir):
+                tail = outputs.setdefault(path, OutputTail(path))
+                for line in tail.read():
+                    console.print(f"{tail.label} | {line}", markup=False, highlight=False)
         return record
 
     record = show()

@@ -5,8 +5,11 @@ run never overwrites the checkpoints it restored from and any run of a chain can
 A relative local `dir` is relative to the spec file's folder, as entrypoints are; on Google Cloud it
 is a gs:// URL (specs/rules.py), since a VM's disk goes with the VM.
 
-The trainer saves with TensorFlow's CheckpointManager, numbering each checkpoint by its global
+A keras trainer saves with TensorFlow's CheckpointManager, numbering each checkpoint by its global
 step: the folder's `checkpoint` state file names the latest (`model_checkpoint_path: "ckpt-120"`).
+A user's command saves however it likes and says which step it saved in a note beside it
+(runtime/saved.py); for a command only that note counts, since a checkpoint's own number need not
+be its step.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsctl.provisioners import TrainerLaunch
+from dsctl.runtime import saved
 from dsctl.specs.schema import JobSpec
 
 STATE_FILE = "checkpoint"  # TensorFlow's CheckpointState, a text proto
@@ -43,22 +47,35 @@ class Latest:
     error: str | None = None
 
 
-def latest(trainer_dir: str) -> Latest:
-    if trainer_dir.startswith("gs://"):
+def latest(trainer_dir: str, note_only: bool = False) -> Latest:
+    """The latest checkpoint in one trainer's folder: the step its note names (a command's), else, unless
+    note_only, the one TensorFlow's state file names (a keras trainer's)."""
+    note = _read(f"{trainer_dir}/{saved.MARKER}")
+    if isinstance(note, Latest):
+        return note
+    step = saved.parse(note)
+    if step is not None or note_only:
+        return Latest(found=step is not None, step=step)
+    state = _read(f"{trainer_dir}/{STATE_FILE}")
+    return state if isinstance(state, Latest) else _parse(state)
+
+
+def _read(path: str) -> str | None | Latest:
+    """A small file's text (None when it is missing), or a Latest saying it cannot be read."""
+    if path.startswith("gs://"):
         try:
             from . import gcs
 
-            text = gcs.read(f"{trainer_dir}/{STATE_FILE}")
+            data = gcs.read(path)
         except Exception as exc:  # noqa: BLE001 - no client library, no credentials, no network: cannot tell
             return Latest(found=None, error=f"{type(exc).__name__}: {exc}".splitlines()[0])
-        return _parse(text.decode() if text is not None else None)
+        return data.decode() if data is not None else None
     try:
-        text = (Path(trainer_dir) / STATE_FILE).read_text()
+        return Path(path).read_text()
     except (FileNotFoundError, NotADirectoryError):
-        return Latest(found=False)
+        return None
     except OSError as exc:
         return Latest(found=None, error=exc.strerror)
-    return _parse(text)
 
 
 def _parse(text: str | None) -> Latest:
@@ -75,12 +92,11 @@ def trainer_dirs(base: str, count: int) -> list[str]:
     return [TrainerLaunch.trainer_checkpoint_dir(base, i) for i in range(count)]
 
 
-def saved_step(base: str | None, count: int) -> int | None:
+def saved_step(base: str | None, count: int, note_only: bool = False) -> int | None:
     """The step every trainer of a run can resume from (the lowest of their latest checkpoints), read from
     the folders; None when any trainer has none or cannot be read. For runs whose trainers never said
     (killed, or the orchestrator was)."""
     if not base:
         return None
-    steps = [latest(d).step for d in trainer_dirs(base, count)]
+    steps = [latest(d, note_only).step for d in trainer_dirs(base, count)]
     return None if not steps or None in steps else min(steps)
-

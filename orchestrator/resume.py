@@ -60,7 +60,8 @@ def plan_resume(store: RunStore, ref: str, loaded: LoadedSpec) -> Resume:
     _same_job(old, loaded, rid)
     if old.trainer.checkpoint is None:
         raise SpecError(f"--resume {rid}: run {rid} wrote no checkpoints: its spec has no trainer.checkpoint section. "
-                        "Only runs of a keras model with trainer.checkpoint: {dir: ..., every_steps: N} can be resumed.")
+                        "Only runs with trainer.checkpoint (a keras model: {dir: ..., every_steps: N}; a command: "
+                        "{dir: ...}, saving into dsctl.train.checkpoint_dir()) can be resumed.")
     resume = _latest_in_chain(store, record, loaded.spec.trainer.count)
     steps = loaded.spec.trainer.steps
     if steps is not None and resume.step is not None and resume.step >= steps:
@@ -122,14 +123,17 @@ def _latest_in_chain(store: RunStore, record: RunRecord, count: int) -> Resume:
     while current is not None and current.id not in looked:
         looked.append(current.id)
         base = _checkpoint_base(current)
-        found: list[Latest] = [latest(d) for d in trainer_dirs(base, count)] if base else []
+        note_only = bool(JobSpec.model_validate_json(current.spec_json).trainer.command)
+        found: list[Latest] = [latest(d, note_only) for d in trainer_dirs(base, count)] if base else []
         if found and all(f.found is not False for f in found):
             return Resume(run_id=record.id, restore_from=base, holder=current.id, steps=tuple(f.step for f in found))
         current = store.get(current.resumed_from) if current.resumed_from else None
     base = _checkpoint_base(record)
     where = f" in {base}/trainer-<i>" if base else ""
     chain = f" (nor did the run(s) it resumed: {', '.join(looked[1:])})" if len(looked) > 1 else ""
-    ck = JobSpec.model_validate_json(record.spec_json).trainer.checkpoint
+    trainer = JobSpec.model_validate_json(record.spec_json).trainer
+    when = (f"(every {trainer.checkpoint.every_steps} steps)" if trainer.command is None else
+            "(a command's save counts once it calls dsctl.train.checkpoint_saved(step))")
     raise SpecError(f"--resume {record.id}: run {record.id} wrote no checkpoint for every trainer{where}{chain}: its "
-                    f"trainers stopped before their first save (every {ck.every_steps} steps), or the folder was "
-                    "removed. Start the job afresh without --resume.")
+                    f"trainers stopped before their first save {when}, or the folder was removed. Start the job afresh "
+                    "without --resume.")

@@ -36,6 +36,8 @@ from .tbevents import RunBoard
 POLL_S = 0.2
 SAMPLE_S = 0.5
 STALL_TIMEOUT_S = 180.0  # a trainer with no new batch this long is stuck (e.g. a worker lost for good)
+# Spec fields the trainers' errors may start with ("trainer.command: ..."): the error then points at its line.
+LOCATABLE = ("trainer.command", "trainer.steps", "trainer.checkpoint", "trainer.model.entrypoint", "pipeline.entrypoint")
 
 
 @dataclass
@@ -386,6 +388,7 @@ class JobRunner:
             record_steps=self.record_steps, cpus=self.spec.trainer.cpus,
             **trainer_accelerators(self.spec),
             checkpoint_dir=self.checkpoint_dir, restore_from=self.resume.restore_from if self.resume else None,
+            command=bool(self.spec.trainer.command),
         )
         self.provisioner.start_trainers(dep, launch, self._event)
 
@@ -410,9 +413,11 @@ class JobRunner:
         self._check_exits(state.exit_codes, errors)
 
     def _follow(self, dep: Deployment, tails: dict, batches: dict, rates: dict, errors: dict):
-        """Read metrics, sample utilization and report progress until every trainer has exited."""
+        """Read metrics, sample utilization and report progress until every trainer has exited, or their time
+        limit (trainer.timeout_s) is up."""
         last_sample = 0.0
-        last_progress = time.monotonic()
+        last_progress = started = time.monotonic()
+        limit = self.spec.trainer.timeout_s
         while True:
             state = self.provisioner.poll(dep, self._event)
             self._stopped_s = state.stopped_s
@@ -438,6 +443,11 @@ class JobRunner:
                 break
             if now - last_progress > STALL_TIMEOUT_S:
                 raise RunFailed(f"no trainer made progress for {STALL_TIMEOUT_S:.0f} s; see the logs in {self.run_dir}.")
+            if limit is not None and now - started > limit:
+                raise RunFailed(f"trainer.timeout_s: {len(state.running)} trainer(s) were still running {limit:g} s after "
+                                f"they started, the spec's time limit, so the run was stopped (`dsctl logs "
+                                f"{self.run_id}` shows what they printed). Raise trainer.timeout_s if the job needs "
+                                "longer.")
             time.sleep(POLL_S)
         return state
 
@@ -495,7 +505,8 @@ class JobRunner:
         saved = [r.get("checkpoint_step") for r in self._results.values()]
         if len(saved) == self.spec.trainer.count and None not in saved:
             out["checkpoint_step"] = min(saved)  # every trainer can resume from here
-        elif self.checkpoint_dir and (step := saved_step(self.checkpoint_dir, self.spec.trainer.count)) is not None:
+        elif self.checkpoint_dir and (step := saved_step(self.checkpoint_dir, self.spec.trainer.count,
+                                                              note_only=bool(self.spec.trainer.command))) is not None:
             out["checkpoint_step"] = step  # a trainer never said (killed): what its folder holds
         if self.checkpoint_dir:
             out["checkpoint_dir"] = self.checkpoint_dir
@@ -532,6 +543,9 @@ class JobRunner:
             err = errors.get(index, {})
             message = err.get("message") or f"trainer {index} exited with code {code}; see {self.run_dir}/metrics/trainer-{index}.log"
             if err.get("kind") == "user" or code == 2:
+                field, _, rest = message.partition(": ")
+                if field in LOCATABLE:  # the runtime names the spec's field: point at its line
+                    raise self.loaded.error(tuple(field.split(".")), rest)
                 raise SpecError(message, where=self.loaded.source.path)
             raise RunFailed(f"trainer {index} failed: {message}")
 

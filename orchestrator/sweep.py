@@ -252,7 +252,7 @@ class SweepRunner:
             mode=mode, spec_json=self.run_dir / "spec.json", metrics_dir=self.run_dir / "metrics" / mode,
             base_dir=self.loaded.base_dir, cache_dir=dsctl_home() / "cache", count=self.spec.trainer.count,
             duration_s=FOREVER_S, repeat=True, window_s=TRAINER_WINDOW_S, cpus=self.spec.trainer.cpus,
-            **trainer_accelerators(self.spec),
+            **trainer_accelerators(self.spec), command=bool(self.spec.trainer.command),
         )
         return {i: JsonlTail(path) for i, path in handle.start_trainers(launch, self._event).items()}
 

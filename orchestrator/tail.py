@@ -1,12 +1,14 @@
-"""Follow the trainers' JSON-lines metrics files as they grow."""
+"""Follow files as they grow: the trainers' JSON-lines metrics, and their output (`dsctl logs`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from dsctl.runtime.logtail import is_noise
 
-class JsonlTail:
+
+class LineTail:
     """Returns only complete new lines on each read; a half-written last line waits for the next read."""
 
     def __init__(self, path: str | Path):
@@ -14,7 +16,7 @@ class JsonlTail:
         self._offset = 0
         self._partial = b""
 
-    def read(self) -> list[dict]:
+    def lines(self) -> list[bytes]:
         try:
             with open(self.path, "rb") as f:
                 f.seek(self._offset)
@@ -25,11 +27,34 @@ class JsonlTail:
         data = self._partial + chunk
         lines = data.split(b"\n")
         self._partial = lines.pop()
+        return lines
+
+
+class JsonlTail(LineTail):
+    def read(self) -> list[dict]:
         out = []
-        for line in lines:
+        for line in self.lines():
             if line.strip():
                 try:
                     out.append(json.loads(line))
                 except json.JSONDecodeError:
                     continue
         return out
+
+
+class OutputTail(LineTail):
+    """What a trainer printed, new lines only, without TensorFlow's start-up chatter; `label` names the trainer."""
+
+    def __init__(self, path: str | Path):
+        super().__init__(path)
+        self.label = f"{self.path.parent.name}/{self.path.stem}" if self.path.parent.name != "metrics" else self.path.stem
+
+    def read(self) -> list[str]:
+        decoded = (raw.decode(errors="replace") for raw in self.lines())
+        return [line for line in decoded if not is_noise(line)]
+
+
+def trainer_outputs(run_dir: str | Path) -> list[Path]:
+    """The files holding what a run's trainers printed (their logs), in trainer order; a sweep's per mode."""
+    metrics = Path(run_dir) / "metrics"
+    return sorted(metrics.glob("trainer-*.log")) + sorted(metrics.glob("*/trainer-*.log"))

@@ -81,6 +81,12 @@ class TrainerLaunch:
     # each trainer is given its own folder below them (trainer_checkpoint_dir).
     checkpoint_dir: str | None = None  # save checkpoints below here
     restore_from: str | None = None  # restore each trainer's latest checkpoint from below here first
+    command: bool = False  # the trainers run the spec's trainer.command (runtime/command.py), not dsctl's harness
+
+    @property
+    def module(self) -> str:
+        """What each trainer runs: `python -m <module> <harness_args>`."""
+        return "dsctl.runtime.command" if self.command else "dsctl.runtime.trainer"
 
     @staticmethod
     def trainer_checkpoint_dir(base: str, index: int) -> str:
@@ -89,7 +95,7 @@ class TrainerLaunch:
 
     def harness_args(self, index: int, *, spec: str, metrics: str, cache_dir: str, base_dir: str,
                      dispatcher: str | None) -> list[str]:
-        """`python -m dsctl.runtime.trainer` arguments, with paths as the trainer's machine sees them."""
+        """`python -m <module>` arguments (runtime/trainer_args.py), with paths as the trainer's machine sees them."""
         args = ["--spec", spec, "--mode", self.mode, "--index", str(index), "--metrics", metrics,
                 "--cache-dir", cache_dir, "--base-dir", base_dir]
         if self.mode == "service":

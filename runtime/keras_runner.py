@@ -29,7 +29,7 @@ import keras
 
 from dsctl.specs.schema import JobSpec
 
-from .metrics import MetricsWriter, Window
+from .metrics import MetricsWriter, Window, end_fields
 from .models import ModelError, load_function
 
 
@@ -74,7 +74,7 @@ def train(spec: JobSpec, ds, writer: MetricsWriter, *, base_dir: Path, steps: in
             model.optimizer.iterations.assign(step)  # Keras's extra count at the end of data; a restore must see `step`
         if saver is not None and step != restored:
             saver.save(step)
-        callback.emit_end(step, remaining, saver)
+        callback.emit_end(step, remaining, saver.last_step if saver is not None else None)
         if then is not None:
             then()
 
@@ -131,6 +131,7 @@ class Meter(keras.callbacks.Callback):
         self.stopped_by: str | None = None
         self.ended_at: float | None = None  # when the last batch was done
         self.on_end: Callable[[], None] = lambda: None  # run then (train() sets it)
+        self.scalars = None  # a program's own reported figures (runtime/keras_script.py), joined to each window
 
     # -- keras hooks -------------------------------------------------------------------------------
     def on_train_begin(self, logs=None):
@@ -197,6 +198,10 @@ class Meter(keras.callbacks.Callback):
         w.examples, w.tokens, w.padded_tokens = (sums[i] - sums0[i] for i in (1, 2, 3))
         w.step_s = max(self.busy - w.input_wait_s, 0.0)
         loss, others = _window_metrics(metrics0, metrics)
+        if self.scalars is not None:  # what a program reported itself (dsctl.train.report)
+            reported_loss, reported = self.scalars.take()
+            others.update(reported)
+            loss = loss if loss is not None else reported_loss
         self.writer.emit("window", **w.as_fields(now, self.t0), queue_fill=None, loss=loss, metrics=others)
         if not w.warmup:
             self.measured.append(w)
@@ -211,7 +216,7 @@ class Meter(keras.callbacks.Callback):
         """Nothing left to train (a restored run already at trainer.steps)."""
         self.reason = "steps"
 
-    def emit_end(self, step: int, remaining: int | None, saver) -> None:
+    def emit_end(self, step: int, remaining: int | None, checkpoint_step: int | None) -> None:
         end = self.ended_at if self.ended_at is not None else time.perf_counter()
         if self.window.batches or self.done > self.at_window[0]:
             self._close(end)
@@ -222,14 +227,8 @@ class Meter(keras.callbacks.Callback):
         elif remaining is None:
             self.reason = "end_of_data"
         measured_s = (end - self.measured_from) if self.measured_from is not None else 0.0
-        measured_batches = sum(w.batches for w in self.measured)
-        self.writer.emit(
-            "end", reason=self.reason, batches=self.done, measured_batches=measured_batches, measured_s=measured_s,
-            batches_per_s=(measured_batches / measured_s) if measured_s > 0 and measured_batches else None,
-            input_wait_s=sum(w.input_wait_s for w in self.measured), step_s=sum(w.step_s for w in self.measured),
-            tokens=sum(w.tokens for w in self.measured), padded_tokens=sum(w.padded_tokens for w in self.measured),
-            step=step, checkpoint_step=saver.last_step if saver is not None else None,
-        )
+        self.writer.emit("end", **end_fields(self.reason, self.done, self.measured, measured_s, step=step,
+                                             checkpoint_step=checkpoint_step))
 
 
 def _metric_state(model) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO
 
 
@@ -37,7 +37,6 @@ class Window:
     tokens: int = 0
     padded_tokens: int = 0
     warmup: bool = False
-    extra: dict = field(default_factory=dict)
 
     def add(self, wait_s: float, step_s: float, stats: dict) -> None:
         self.batches += 1
@@ -62,3 +61,29 @@ class Window:
             "padded_tokens": self.padded_tokens,
             "warmup": self.warmup,
         }
+
+
+def end_fields(reason: str, batches: int, measured: list[Window], measured_s: float, *, step: int,
+               checkpoint_step: int | None) -> dict:
+    """A trainer's end record (event "end"), the same for every kind of trainer: why it stopped, its batches,
+    the throughput of its measured (post-warm-up) windows, its global step and the last step it saved."""
+    measured_batches = sum(w.batches for w in measured)
+    return dict(
+        reason=reason, batches=batches, measured_batches=measured_batches, measured_s=measured_s,
+        batches_per_s=(measured_batches / measured_s) if measured_s > 0 and measured_batches else None,
+        input_wait_s=sum(w.input_wait_s for w in measured), step_s=sum(w.step_s for w in measured),
+        tokens=sum(w.tokens for w in measured), padded_tokens=sum(w.padded_tokens for w in measured),
+        step=step, checkpoint_step=checkpoint_step,
+    )
+
+
+class NullWriter:
+    """A writer for a program run outside dsctl (dsctl.train without a run): nothing is recorded."""
+
+    trainer = 0
+
+    def emit(self, event: str, **fields) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

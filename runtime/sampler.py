@@ -7,6 +7,7 @@ as CPU-seconds per wall second (cores busy) and resident bytes.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -43,12 +44,31 @@ class ProcessSampler:
             self._procs.pop(pid, None)
             return None
 
-    def sample(self, processes: list[tuple[str, int, int]]) -> list[Sample]:
-        """processes: (role, index, pid). Dead processes are skipped."""
+    def _tree_cpu_and_rss(self, pid: int) -> tuple[float, int] | None:
+        """The process and all its descendants: a user's command runs below dsctl's runner (runtime/command.py).
+        Each process's CPU includes that of the children it has reaped, so nothing is counted twice."""
+        root = self._cpu_and_rss(pid)
+        if root is None:
+            return None
+        cpu, rss = root
+        for child in descendants(pid):
+            try:
+                proc = psutil.Process(child)
+                with proc.oneshot():
+                    t = proc.cpu_times()
+                    cpu += t.user + t.system + t.children_user + t.children_system
+                    rss += proc.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return cpu, rss
+
+    def sample(self, processes: list[tuple[str, int, int]], trees: frozenset[int] = frozenset()) -> list[Sample]:
+        """processes: (role, index, pid); the pids in `trees` are measured with their descendants. Dead processes
+        are skipped."""
         now = time.monotonic()
         out = []
         for role, index, pid in processes:
-            got = self._cpu_and_rss(pid)
+            got = self._tree_cpu_and_rss(pid) if pid in trees else self._cpu_and_rss(pid)
             if got is None:
                 continue
             cpu, rss = got
@@ -59,3 +79,32 @@ class ProcessSampler:
                 continue  # the first sample only sets the baseline
             out.append(Sample(role, index, pid, max(cores, 0.0), rss, cpu))
         return out
+
+
+def descendants(pid: int) -> list[int]:
+    """The pids below `pid`, from /proc/PID/task/TID/children (the kernel's own list: no scan of every process);
+    psutil's scan where the kernel does not keep that list."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        kids: list[int] = []
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    kids += [int(k) for k in f.read().split()]
+            except FileNotFoundError:
+                if not os.path.exists(f"/proc/{parent}/task/{tid}"):
+                    continue  # the thread ended meanwhile
+                try:
+                    return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+                except psutil.Error:
+                    return found
+            except OSError:
+                continue
+        found += kids
+        todo += kids
+    return found

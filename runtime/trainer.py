@@ -19,9 +19,7 @@ Exit codes: 0 done, 2 the user's pipeline or model is at fault, 1 other failures
 
 from __future__ import annotations
 
-import argparse
 import atexit
-import json
 import os
 import signal
 import sys
@@ -33,9 +31,10 @@ from pathlib import Path
 from dsctl.specs.schema import JobSpec
 
 from . import autocache
-from .metrics import MetricsWriter, Window
+from . import trainer_args
+from .loop import MeasuredLoop
+from .metrics import MetricsWriter
 from .models import ModelError, make_step
-from .queuefill import QueueFillSampler, read_model_fill
 
 SHARDING = {
     "parallel_epochs": "OFF", "off": "OFF",
@@ -106,139 +105,28 @@ def _finisher(spec: JobSpec):
 
 
 class Harness:
-    """Runs the training loop and turns timings into metrics windows."""
+    """dsctl's own training loop: the measured loop (loop.py) calling the model's step per batch."""
 
     def __init__(self, spec: JobSpec, writer: MetricsWriter, steps: int | None, duration_s: float | None,
                  record_ids: str | None, window_s: float | None = None, record_steps: str | None = None,
                  queue_fill: bool = False):
-        self.spec = spec
-        self.queue_fill = queue_fill  # sample the service client's result queue (service mode)
-        self.record_steps = record_steps
-        self.steps_log: dict[str, list] = {k: [] for k in ("wait_s", "step_s", "tokens", "padded_tokens", "examples")}
-        self.window_s = window_s or spec.trainer.window_s
-        self.writer = writer
-        self.steps = steps
-        self.duration_s = duration_s
-        self.record_ids = record_ids
         self.stop = threading.Event()
-        self.ids: list[int] = []
+        self.loop = MeasuredLoop(writer, steps=steps, duration_s=duration_s, window_s=window_s or spec.trainer.window_s,
+                                 warmup_batches=spec.trainer.warmup_batches, queue_fill=queue_fill,
+                                 record_ids=record_ids, record_steps=record_steps, stop=self.stop)
 
     def run(self, ds, step_fn) -> str:
-        """The training loop. Per batch it only times, counts and calls the step: the
-        benchmark in benchmarks/ holds it to within a few percent of a bare loop."""
-        from dsctl.runtime.pipelines import batch_stats
-
-        trainer = self.spec.trainer
-        writer = self.writer
-        t0 = time.perf_counter()
-        warmup_left = trainer.warmup_batches
-        window = Window(started=t0, warmup=warmup_left > 0)
-        measured: list[Window] = []
-        measured_from = None if warmup_left else t0
-        if measured_from is not None:
-            writer.emit("measure_start", batches=0)
-        steps = self.steps if self.steps is not None else float("inf")
-        deadline = float("inf")
-        record_ids = self.record_ids is not None
-        log_steps = self.record_steps is not None
-        batches = 0
-        reason = "steps"
-        # Kept on self: destroying a tf.data service iterator waits on its outstanding
-        # requests for seconds; the process exits with os._exit instead (see main()).
-        self.iterator = iterator = iter(ds)
-        fill = QueueFillSampler(read_model_fill(iterator) if self.queue_fill else None)
-
-        def emit_window(window: Window, now: float) -> None:
-            writer.emit("window", **window.as_fields(now, t0), queue_fill=fill.take())
-
-        c = t0
-        while batches < steps:
-            if self.stop.is_set():
-                reason = "signal"
-                break
-            if c >= deadline:
-                reason = "duration"
-                break
-            fill.maybe_sample()
-            a = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                reason = "end_of_data"
-                break
-            b = time.perf_counter()
-            stats = batch_stats(batch)
-            step_fn(batch, stats)
-            c = time.perf_counter()
-            batches += 1
-            if batches == 1:
-                writer.emit("first_batch", since_start_s=c - t0)
-            if record_ids and isinstance(batch, dict) and "id" in batch:
-                self.ids.extend(batch["id"].numpy().ravel().tolist())
-            window.add(b - a, c - b, stats)
-            if log_steps:
-                log = self.steps_log
-                log["wait_s"].append(b - a)
-                log["step_s"].append(c - b)
-                for k in ("tokens", "padded_tokens", "examples"):
-                    log[k].append(int(stats.get(k, 0)))
-            if window.warmup:
-                if batches >= warmup_left:
-                    emit_window(window, c)
-                    writer.emit("measure_start", batches=batches)
-                    window = Window(started=c)
-                    measured_from = c
-            elif c - window.started >= self.window_s:
-                emit_window(window, c)
-                measured.append(window)
-                window = Window(started=c)
-            if measured_from is not None and self.duration_s is not None and deadline == float("inf"):
-                deadline = measured_from + self.duration_s
-        end = time.perf_counter()
-        if window.batches:
-            emit_window(window, end)
-            if not window.warmup:
-                measured.append(window)
-        measured_s = (end - measured_from) if measured_from is not None else 0.0
-        measured_batches = sum(w.batches for w in measured)
-        writer.emit(
-            "end", reason=reason, batches=batches, measured_batches=measured_batches, measured_s=measured_s,
-            batches_per_s=(measured_batches / measured_s) if measured_s > 0 else None,
-            input_wait_s=sum(w.input_wait_s for w in measured), step_s=sum(w.step_s for w in measured),
-            tokens=sum(w.tokens for w in measured), padded_tokens=sum(w.padded_tokens for w in measured),
-            step=batches, checkpoint_step=None,
-        )
-        if self.record_ids:
-            Path(self.record_ids).write_text(json.dumps(self.ids))
-        if self.record_steps:
-            Path(self.record_steps).write_text(json.dumps(self.steps_log))
-        return reason
+        """Per batch it only times, counts and calls the step: the benchmark in benchmarks/ holds it to within a
+        few percent of a bare loop."""
+        loop = self.loop
+        for batch in loop.run(ds):
+            step_fn(batch, loop.stats)
+        loop.finish()
+        return loop.reason
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="dsctl-trainer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--spec", required=True, help="the job spec as JSON (written by dsctl up)")
-    ap.add_argument("--mode", choices=("service", "colocated", "ideal"), default="service")
-    ap.add_argument("--dispatcher", default=None, help="host:port, required in service mode")
-    ap.add_argument("--index", type=int, default=0)
-    ap.add_argument("--metrics", required=True)
-    ap.add_argument("--cache-dir", default=str(Path.home() / ".dsctl" / "cache"))
-    ap.add_argument("--base-dir", default=".", help="where the user's entrypoint modules live")
-    ap.add_argument("--steps", type=int, default=None, help="override trainer.steps")
-    ap.add_argument("--duration-s", type=float, default=None, help="override trainer.duration_s")
-    ap.add_argument("--record-ids", default=None, help="write the ids of received synthetic elements here")
-    ap.add_argument("--repeat", action="store_true", help="repeat a finite pipeline (steady-state measurements)")
-    ap.add_argument("--window-s", type=float, default=None, help="override trainer.window_s")
-    ap.add_argument("--record-steps", default=None, help="write per-batch wait, step time and token counts here (JSON)")
-    ap.add_argument("--accelerator", choices=("none", "gpu", "tpu"), default="none",
-                    help="what the trainer machine has (keras models: picks the distribution strategy)")
-    ap.add_argument("--accelerators", type=int, default=0, help="how many of them")
-    ap.add_argument("--checkpoint-dir", default=None, help="keras models: save checkpoints here (local or gs://)")
-    ap.add_argument("--restore-from", default=None, help="keras models: restore the latest checkpoint here first")
-    args = ap.parse_args(argv)
-    if args.mode == "service" and not args.dispatcher:
-        ap.error("--dispatcher is required in service mode")
-
+    args = trainer_args.parse(argv, "dsctl-trainer", __doc__)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     spec = JobSpec.model_validate_json(Path(args.spec).read_text())
     steps, duration = args.steps, args.duration_s

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import entrypoints
+from .command import command_problem
 from .errors import SpecError
 from .pipelines import PARAMS_BY_BUILTIN
 from .rules import check_rules
@@ -89,8 +91,20 @@ def load_spec(path: str | Path, *, check_entrypoints: bool = True) -> LoadedSpec
     """
     loaded = from_source(read_yaml(path))
     if check_entrypoints:
+        _check_command(loaded)
         entrypoints.check_entrypoints(loaded)
     return loaded
+
+
+def _check_command(loaded: LoadedSpec) -> None:
+    """trainer.command names a program that exists and may be executed (not run: see command.py)."""
+    trainer = loaded.spec.trainer
+    if trainer.command is None:
+        return
+    why = command_problem(trainer.command, loaded.base_dir, {**os.environ, **trainer.env},
+                          on_this_machine=loaded.spec.provider == "local")
+    if why:
+        raise loaded.error(("trainer", "command"), why)
 
 
 def load_spec_text(text: str, source: str = "<spec>") -> LoadedSpec:

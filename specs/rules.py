@@ -40,6 +40,7 @@ def check_rules(spec: JobSpec, src: YamlSource) -> None:
             "('package.module:function' returning a tf.data.Dataset); "
             + ("both were given." if pipe.builtin else "neither was given."),
         )
+    _check_command(spec, src)
     if trainer.model.kind == "python" and not trainer.model.entrypoint:
         raise src.error(("trainer", "model", "kind"), "model kind 'python' needs 'entrypoint: package.module:function', the step function called with each batch.")
     if trainer.model.kind == "synthetic" and trainer.model.entrypoint:
@@ -102,16 +103,37 @@ def _check_gcp_autocache(spec: JobSpec, src: YamlSource) -> None:
                         "folder they all reach, e.g. gs://my-bucket/autocache.")
 
 
+def _check_command(spec: JobSpec, src: YamlSource) -> None:
+    """A command is the whole trainer: it brings its own model, so trainer.model is not given with it; trainer.env
+    is the command's environment and means nothing without one."""
+    trainer = spec.trainer
+    if trainer.command is None:
+        if trainer.framework != "tensorflow":
+            raise src.error(("trainer", "framework"), f"framework: {trainer.framework} describes your own program "
+                            "(trainer.command); dsctl's own trainers train with TensorFlow. Remove it, or give the "
+                            "command.")
+        if trainer.env:
+            raise src.error(("trainer", "env"), "env sets environment variables for trainer.command, and this spec has "
+                            "no command; remove env, or give the command that should see it.")
+        return
+    if "model" in trainer.model_fields_set:
+        raise src.error(("trainer", "model"), "a trainer runs either dsctl's model (trainer.model) or your own command "
+                        "(trainer.command), which trains its own model; remove one of them.")
+
+
 def _check_keras(spec: JobSpec, src: YamlSource) -> None:
-    """A keras model needs its builder and labels to learn from; params and checkpoints belong to keras models only."""
+    """A keras model needs its builder and labels to learn from; params belong to keras models only, checkpoints to
+    keras models and commands."""
     model, trainer, pipe = spec.trainer.model, spec.trainer, spec.pipeline
     if model.kind != "keras":
         if model.params:
             raise src.error(("trainer", "model", "params"), "params are the keyword arguments of a Keras model function; "
                             "they are only used with 'kind: keras'. Remove them or set kind: keras.")
-        if trainer.checkpoint is not None:
-            raise src.error(("trainer", "checkpoint"), "checkpoints save a Keras model's training state; they are only "
-                            "used with 'trainer.model.kind: keras'. Remove the checkpoint section or train a keras model.")
+        if trainer.checkpoint is not None and trainer.command is None:
+            raise src.error(("trainer", "checkpoint"), "checkpoints save a training state, which a synthetic or python "
+                            "model does not have: they are only used with 'trainer.model.kind: keras' or a "
+                            "trainer.command. Remove the checkpoint section, train a keras model, or run your own "
+                            "command.")
         return
     if not model.entrypoint:
         raise src.error(("trainer", "model", "kind"), "model kind 'keras' needs 'entrypoint: package.module:function', "
@@ -119,6 +141,10 @@ def _check_keras(spec: JobSpec, src: YamlSource) -> None:
     if model.step_time_ms or model.padded_token_time_us or model.phases:
         raise src.error(("trainer", "model"), "step_time_ms, padded_token_time_us and phases describe the synthetic "
                         "model; a keras model's step is the model's own. Remove them.")
+    if trainer.checkpoint is not None and trainer.checkpoint.every_steps is None:
+        raise src.error(("trainer", "checkpoint", "every_steps"), "this field is required for a keras model, which dsctl "
+                        "saves every N steps (e.g. checkpoint: {dir: checkpoints, every_steps: 100}); a command saves "
+                        "when it chooses, without it.")
     if pipe.builtin == "synthetic" and pipe.params.get("label_classes") is None:
         raise src.error(("pipeline", "params"), "the synthetic pipeline yields no label unless 'label_classes' is set "
                         "(e.g. label_classes: 10), and model.fit needs one; set it, or use the images or text builtin.")

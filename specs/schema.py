@@ -13,6 +13,7 @@ above real jobs: the paper's largest sweep has 640 workers.
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -116,10 +117,13 @@ GCS_PATH_RE = re.compile(r"^gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/[^\x00-\x1f
 
 
 class CheckpointSpec(Strict):
-    """Where and how often a keras trainer saves its model, optimizer and step (tf.train.CheckpointManager)."""
+    """Where (and, for a keras model, how often) a trainer saves its training state: a keras model's with
+    tf.train.CheckpointManager, a command's with whatever it uses, in `dsctl.train.checkpoint_dir()`."""
 
     dir: str = Field(min_length=1, max_length=1024, description="a local folder or gs://bucket/path")
-    every_steps: int = Field(ge=1, le=MAX_STEPS, description="save every this many steps, and at the end")
+    every_steps: Optional[int] = Field(
+        None, ge=1, le=MAX_STEPS, description="keras models: save every this many steps, and at the end (a command saves "
+                                              "when it chooses)")
 
     @field_validator("dir")
     @classmethod
@@ -143,11 +147,41 @@ class AutoscaleSpec(Strict):
     settings: dict = Field(default_factory=dict, description="policy constants, e.g. threshold, pause_batches")
 
 
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_COMMAND_ARGS = 1024
+MAX_ARG_CHARS = 16_384
+
+
+def _command_word(value: object, position: int) -> str:
+    """One word of trainer.command as text: numbers as written by YAML (3, 0.1); anything else is refused."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        shown = {True: "true", False: "false", None: "null"}.get(value, type(value).__name__) \
+            if isinstance(value, (bool, type(None))) else type(value).__name__
+        raise ValueError(f"word {position} of the command is {shown}, not text; put it in quotes")
+    word = str(value)
+    if "\x00" in word:
+        raise ValueError(f"word {position} of the command contains a NUL character")
+    if len(word) > MAX_ARG_CHARS:
+        raise ValueError(f"word {position} of the command is longer than {MAX_ARG_CHARS} characters")
+    return word
+
+
 class TrainerSpec(Strict):
     machine: str = "n2-standard-8"
     count: int = Field(1, ge=1, le=MAX_TRAINERS, description="trainer hosts (tf.data service clients)")
     accelerators_per_trainer: Optional[int] = Field(None, ge=0, le=MAX_ACCELERATORS, description="default: the machine type's")
     model: ModelSpec = Field(default_factory=ModelSpec)
+    command: Optional[list[str]] = Field(
+        None, description="your own training program, run instead of trainer.model: an argument list, or a string split "
+                          "as a shell would (never run by one), run from the spec's folder with your environment plus "
+                          "trainer.env; it reads the run's data with dsctl.train")
+    env: dict[str, str] = Field(default_factory=dict, description="environment variables added for trainer.command")
+    framework: Literal["tensorflow", "jax"] = Field(
+        "tensorflow", description="what trainer.command trains with; on a TPU VM it decides the TPU software (TensorFlow's "
+                                  "TPU runtime, or JAX's with jax's TPU wheels)")
+    timeout_s: Optional[float] = Field(
+        None, gt=0, le=MAX_DURATION_S, description="the trainers' time limit: a run whose trainers still run after this "
+                                                   "long (a hung script) fails and is torn down")
     steps: Optional[int] = Field(None, ge=1, le=MAX_STEPS)
     duration_s: Optional[float] = Field(None, gt=0, le=MAX_DURATION_S)
     warmup_batches: int = Field(5, ge=0, le=MAX_STEPS, description="batches excluded from throughput")
@@ -155,10 +189,51 @@ class TrainerSpec(Strict):
     cpus: Optional[list[int]] = Field(None, min_length=1, description="local provider: pin trainers to these cores")
     provisioning: Literal["standard", "spot"] = Field(
         "standard", description="how trainer VMs are bought (and priced): on-demand or Spot")
-    checkpoint: Optional[CheckpointSpec] = Field(None, description="keras models: save and restore training state")
+    checkpoint: Optional[CheckpointSpec] = Field(None, description="keras models and commands: save and restore training state")
     tensorboard_dir: Optional[str] = Field(
         None, min_length=1, max_length=1024,
         description="also copy the run's TensorBoard event files to <this>/<run id>/: a local folder or gs://bucket/path")
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _command_words(cls, v: object) -> object:
+        """A string is split as a POSIX shell splits words (quotes, backslashes), and never run by a shell."""
+        if v is None:
+            return v
+        if isinstance(v, str):
+            try:
+                words = shlex.split(v)
+            except ValueError as exc:
+                raise ValueError(f"the command {v!r} cannot be split into words: {exc} (check its quotes)") from None
+        elif isinstance(v, list):
+            words = [_command_word(w, i) for i, w in enumerate(v)]
+        else:
+            raise ValueError("a command is a list of words, e.g. [python, train.py, --lr, '0.1'], or one string, "
+                             "e.g. 'python train.py --lr 0.1'")
+        if not words or not words[0]:
+            raise ValueError("the command is empty; give the program to run, e.g. 'python train.py'")
+        if len(words) > MAX_COMMAND_ARGS:
+            raise ValueError(f"the command has {len(words)} words; at most {MAX_COMMAND_ARGS}")
+        return [_command_word(w, i) for i, w in enumerate(words)]
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_form(cls, v: object) -> object:
+        if not isinstance(v, dict):
+            return v  # pydantic says what a mapping is
+        out = {}
+        for key, value in v.items():
+            if not isinstance(key, str) or not ENV_NAME_RE.match(key):
+                raise ValueError(f"{key!r} is not an environment variable name (letters, digits and '_', not starting "
+                                 "with a digit)")
+            if key.startswith("DSCTL_"):
+                raise ValueError(f"{key}: variables starting with DSCTL_ are set by dsctl itself")
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                raise ValueError(f"{key}: a value is text (or a number); put it in quotes")
+            if "\x00" in str(value):
+                raise ValueError(f"{key}: a value cannot contain a NUL character")
+            out[key] = str(value)
+        return out
 
     @field_validator("tensorboard_dir")
     @classmethod

@@ -25,6 +25,9 @@ EXAMPLES = (
     "gcp-smoke",
     "keras-resnet-local",
     "keras-text-local",
+    "script-tf-loop",
+    "script-keras",
+    "script-jax",
 )
 
 

@@ -29,6 +29,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from dsctl.runtime.logtail import useful_lines
 from dsctl.runtime.sampler import Sample
 from dsctl.specs.schema import JobSpec
 
@@ -85,6 +86,11 @@ class Relay:
             items, self.pending = self.pending, []
         for kind, message in items:
             self.sink(kind, message)
+
+
+def _uses_code(spec: JobSpec) -> bool:
+    """The trainers need the spec's folder: user code (an entrypoint, a model, the user's own command)."""
+    return bool(spec.pipeline.entrypoint or spec.trainer.model.kind in ("python", "keras") or spec.trainer.command)
 
 
 def relay(events: EventSink) -> Relay:
@@ -519,7 +525,7 @@ class GcpProvisioner:
         self._ensure_watcher()
         launch.metrics_dir.mkdir(parents=True, exist_ok=True)
         staging = Staging(self._clients, dep.run_id)
-        uses_code = bool(spec.pipeline.entrypoint or spec.trainer.model.kind in ("python", "keras"))
+        uses_code = _uses_code(spec)
         objects = self._stage_trainer_files(dep, spec, launch.spec_json, launch.base_dir)
         storage_host = self._settings.storage_host
 
@@ -552,7 +558,9 @@ class GcpProvisioner:
                     node.extra["ids"] = str(launch.metrics_dir / f"trainer-{node.index}.ids.json")
                 args += ["--record-ids", layout.ids]
                 on_exit.append((layout.ids, node.extra["ids"]))
-            self._launch(dep, node, "dsctl.runtime.trainer", args, metrics_local=metrics_local, on_exit=on_exit)
+            if launch.command:
+                args.append("--vm-python")  # the command's `python` is the VM's, which has TensorFlow and dsctl
+            self._launch(dep, node, launch.module, args, metrics_local=metrics_local, on_exit=on_exit)
 
         parallel(start, dep.by_role("trainer")[: launch.count], cancel=self._cancel)
         events("training", f"{launch.count} trainer(s) started ({launch.mode}) on Google Cloud")
@@ -561,7 +569,7 @@ class GcpProvisioner:
         """The spec (and the spec's folder, for user code) in the run's staging prefix, for the trainer VMs to fetch.
         A run handed over to a supervisor (hand_off) was staged from the user's machine, where the code is."""
         gcp = self._gcp_node(dep)
-        uses_code = bool(spec.pipeline.entrypoint or spec.trainer.model.kind in ("python", "keras"))
+        uses_code = _uses_code(spec)
         if gcp.extra.get("trainer_files"):
             return list(gcp.extra["trainer_files"])
         staging = Staging(self._clients, dep.run_id)
@@ -590,8 +598,7 @@ class GcpProvisioner:
         try:
             res = self._ssh.run(node.extra["host"], remote.tail(remote.Layout(node.extra["dir"]).log),
                                 doing="reading a log")
-            keep = [l for l in res.stdout.splitlines() if "oneDNN" not in l and "cpu_feature_guard" not in l]
-            return "\n".join(keep[-12:])
+            return "\n".join(useful_lines(res.stdout)[-12:])
         except RemoteError as exc:
             return f"(log not readable: {exc})"
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import psutil
 
+from dsctl.runtime.logtail import tail as log_tail
 from dsctl.runtime.readiness import pick_service_port, read_json
 from dsctl.runtime.serve import EXIT_PORT_IN_USE
 from dsctl.runtime.sampler import ProcessSampler, Sample
@@ -70,21 +71,10 @@ class PortTaken(ProcessFailed):
 
 def _holder(node: Node) -> str:
     """Who holds the node's port, from the refusal the server wrote last in its log."""
-    for line in reversed(_log_tail(node.log, 5).splitlines()):
+    for line in reversed(log_tail(node.log, 5).splitlines()):
         if "already in use by" in line:
             return line.split("already in use by", 1)[1].split(";", 1)[0].strip()
     return "another process"
-
-
-def _log_tail(path: str | None, lines: int = 12) -> str:
-    if not path:
-        return ""
-    try:
-        text = Path(path).read_text(errors="replace").strip().splitlines()
-    except FileNotFoundError:
-        return ""
-    keep = [l for l in text if "oneDNN" not in l and "cpu_feature_guard" not in l and "absl::InitializeLog" not in l]
-    return "\n".join(keep[-lines:])
 
 
 def local_capacity(trainers: int) -> int:
@@ -135,7 +125,7 @@ class LocalProvisioner:
                     if not self._launcher_alive(dep):
                         raise ProcessFailed(f"the launcher exited before starting the {node.role}; "
                                             f"see {Path(dep.run_dir) / 'logs' / 'launcher.log'}:\n"
-                                            f"{_log_tail(str(Path(dep.run_dir) / 'logs' / 'launcher.log'))}")
+                                            f"{log_tail(str(Path(dep.run_dir) / 'logs' / 'launcher.log'))}")
                     continue
                 ready = read_json(node.extra["ready_file"])
                 if ready and ready.get("pid") == node.pid:
@@ -156,7 +146,7 @@ class LocalProvisioner:
                         raise PortTaken(node, _holder(node))
                     raise ProcessFailed(
                         f"the {node.role} {node.index} exited (code {code}) before it was ready. "
-                        f"Its log ({node.log}) ends with:\n{_log_tail(node.log)}"
+                        f"Its log ({node.log}) ends with:\n{log_tail(node.log)}"
                     )
             if pending and time.monotonic() > deadline:
                 names = ", ".join(f"{n.role} {n.index}" for n in pending)
@@ -277,7 +267,7 @@ class LocalProvisioner:
             while (isolation := self._launcher.isolation()) is None:
                 if not self._launcher_alive(dep):
                     raise ProcessFailed(f"the launcher exited while setting up the run's network; see {log}:\n"
-                                        f"{_log_tail(str(log))}")
+                                        f"{log_tail(str(log))}")
                 if time.monotonic() > deadline:
                     raise ProcessFailed(f"the launcher did not set up the run's network within "
                                         f"{ISOLATION_ANSWER_TIMEOUT_S:.0f} s; see {log}.")
@@ -339,7 +329,8 @@ class LocalProvisioner:
         for old in dep.by_role("trainer"):
             dep.nodes.remove(old)
         for index in range(launch.count):
-            node = Node(role="trainer", index=index, extra={"metrics": str(launch.metrics_dir / f"trainer-{index}.jsonl")})
+            node = Node(role="trainer", index=index, extra={"metrics": str(launch.metrics_dir / f"trainer-{index}.jsonl"),
+                                                          "command": launch.command})
             args = launch.harness_args(index, spec=str(launch.spec_json), metrics=node.extra["metrics"],
                                        cache_dir=str(launch.cache_dir), base_dir=str(launch.base_dir),
                                        dispatcher=dep.dispatcher_address)
@@ -350,7 +341,7 @@ class LocalProvisioner:
                 node.extra["ids"] = str(launch.metrics_dir / f"trainer-{index}.ids.json")
                 args += ["--record-ids", node.extra["ids"]]
             dep.nodes.append(node)
-            self._launch(dep, node, "dsctl.runtime.trainer", args, launch.metrics_dir / f"trainer-{index}.log", launch.cpus)
+            self._launch(dep, node, launch.module, args, launch.metrics_dir / f"trainer-{index}.log", launch.cpus)
         events("training", f"{launch.count} trainer(s) started ({launch.mode})")
 
     def _exit_code(self, node: Node) -> int | None:
@@ -398,12 +389,12 @@ class LocalProvisioner:
                 raise ProcessFailed(
                     f"the dispatcher exited (code {code}) and the job is not fault-tolerant, so its trainers cannot "
                     f"go on; set service.fault_tolerant: true to have dsctl restart it from its journal. "
-                    f"Its log ({node.log}) ends with:\n{_log_tail(node.log)}")
+                    f"Its log ({node.log}) ends with:\n{log_tail(node.log)}")
             count = self._restarts.get(("dispatcher", 0), 0) + 1
             self._restarts[("dispatcher", 0)] = count
             if count > MAX_RESTARTS_PER_WORKER:
                 raise ProcessFailed(f"the dispatcher died {count} times; giving up. Its log ({node.log}) ends with:\n"
-                                    f"{_log_tail(node.log)}")
+                                    f"{log_tail(node.log)}")
             events("dispatcher-restarted", f"the dispatcher exited (code {code}); restarting it at {node.address} "
                                            "from its journal")
             self._restart_dispatcher(dep, node, events)
@@ -445,7 +436,7 @@ class LocalProvisioner:
             self._restarts[("worker", node.index)] = count
             if count > MAX_RESTARTS_PER_WORKER:
                 raise ProcessFailed(
-                    f"worker {node.index} died {count} times; giving up. Its log ({node.log}) ends with:\n{_log_tail(node.log)}"
+                    f"worker {node.index} died {count} times; giving up. Its log ({node.log}) ends with:\n{log_tail(node.log)}"
                 )
             events("worker-restarted", f"worker {node.index} exited (code {code}); restarting it at {node.address}")
             self._restart_worker(dep, node, events)
@@ -503,7 +494,10 @@ class LocalProvisioner:
         stop_groups(dep.by_role("trainer"), grace_s=5.0)
 
     def sample(self, dep: Deployment) -> list[Sample]:
-        return self._sampler.sample([(n.role, n.index, n.pid) for n in dep.nodes if n.pid and n.role != "launcher"])
+        nodes = [n for n in dep.nodes if n.pid and n.role != "launcher"]
+        # A user's command runs below its runner: its CPU and memory are the trainer's.
+        trees = frozenset(n.pid for n in nodes if n.extra.get("command"))
+        return self._sampler.sample([(n.role, n.index, n.pid) for n in nodes], trees)
 
     def down(self, dep: Deployment, events: EventSink) -> None:
         # Trainers first (they hang if their workers vanish), then workers, then the dispatcher.
