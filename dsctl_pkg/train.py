@@ -37,6 +37,7 @@ the run's own spec is used whatever `spec` says, so the argument may stay.
   checkpoint_dir(); `--resume` continues from the last step said.
 - resume_step(): the global step this run continues from (0 unless resumed).
 - steps(): the job's length, trainer.steps (None for a job bounded by trainer.duration_s).
+- index(): which of the job's trainers this is, 0 to trainer.count - 1 (0 outside a run).
 
 Errors in the program's use of this module raise TrainError, whose message says what to change.
 """
@@ -47,6 +48,7 @@ from dsctl.runtime.client import (
     checkpoint_dir,
     checkpoint_saved,
     dataset,
+    index,
     keras_callback,
     report,
     resume_step,
@@ -54,5 +56,5 @@ from dsctl.runtime.client import (
     strategy,
 )
 
-__all__ = ["TrainError", "batches", "checkpoint_dir", "checkpoint_saved", "dataset", "keras_callback", "report",
-           "resume_step", "steps", "strategy"]
+__all__ = ["TrainError", "batches", "checkpoint_dir", "checkpoint_saved", "dataset", "index", "keras_callback",
+           "report", "resume_step", "steps", "strategy"]

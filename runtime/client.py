@@ -244,6 +244,11 @@ def resume_step() -> int:
     return run.args.resume_step if run is not None and run.args is not None else 0
 
 
+def index() -> int:
+    args = trainer_args.from_environment()
+    return args.index if args is not None else 0
+
+
 def steps() -> int | None:
     run = _current(needed_by="steps()")
     return run.spec.trainer.steps

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import psutil
 
-from dsctl.specs.command import find_program
+from dsctl.specs.command import activated, find_program
 from dsctl.specs.schema import JobSpec
 
 from . import logtail, saved, trainer_args
@@ -76,7 +76,9 @@ def environment(spec: JobSpec, args: trainer_args.TrainerArgs) -> dict[str, str]
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")  # its output reaches the trainer's log (and `dsctl logs`) as it is written
     if args.vm_python:
-        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "/usr/bin:/bin")
+        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", os.defpath)
+    else:
+        env = activated(env)
     env.update(spec.trainer.env)
     env[trainer_args.ENV_VAR] = args.to_env()
     return env

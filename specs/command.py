@@ -12,9 +12,21 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 PYTHON_RE = re.compile(r"^python(\d+(\.\d+)?)?$")
+
+
+def activated(env: dict[str, str]) -> dict[str, str]:
+    """The environment a command sees. When dsctl itself runs from a virtualenv that no shell activated
+    (`.venv/bin/dsctl up job.yaml`), the command sees that virtualenv as activated, as `source
+    .venv/bin/activate` would have made it: its bin folder first on PATH and VIRTUAL_ENV set, so `python`
+    is the interpreter that has dsctl. An activated virtualenv (VIRTUAL_ENV set) is left as it is."""
+    if env.get("VIRTUAL_ENV") or sys.prefix == sys.base_prefix:
+        return env
+    bin_dir = os.path.dirname(sys.executable)
+    return {**env, "VIRTUAL_ENV": sys.prefix, "PATH": bin_dir + os.pathsep + env.get("PATH", os.defpath)}
 
 
 def find_program(argv0: str, base_dir: Path, path_env: str | None) -> tuple[str | None, str | None]:
@@ -46,7 +58,7 @@ def command_problem(argv: list[str], base_dir: Path, env: dict[str, str], on_thi
     VMs): only files in the spec's folder are checked."""
     program = argv[0]
     if on_this_machine:
-        _, why = find_program(program, base_dir, env.get("PATH", os.environ.get("PATH")))
+        _, why = find_program(program, base_dir, activated(env).get("PATH"))
     elif "/" in program and not os.path.isabs(program):
         _, why = find_program(program, base_dir, None)  # in the spec's folder, which the VMs get a copy of
     else:

@@ -847,6 +847,107 @@ BAD_SPECS = [
         """,
         5, "trainer.checkpoint.every_steps", ["required"],
     ),
+    (
+        "command-empty",
+        """
+        name: bad
+        trainer:
+          steps: 10
+          command: "  "
+        pipeline: {builtin: synthetic}
+        """,
+        4, "trainer.command", ["the command is empty"],
+    ),
+    (
+        "command-unbalanced-quote",
+        """
+        name: bad
+        trainer:
+          steps: 10
+          command: "python train.py --name 'my run"
+        pipeline: {builtin: synthetic}
+        """,
+        4, "trainer.command", ["cannot be split into words", "No closing quotation"],
+    ),
+    (
+        "command-word-not-text",
+        """
+        name: bad
+        trainer:
+          steps: 10
+          command: [python, train.py, --verbose, true]
+        pipeline: {builtin: synthetic}
+        """,
+        4, "trainer.command", ["word 3 of the command is true", "quotes"],
+    ),
+    (
+        "command-with-model",
+        """
+        name: bad
+        trainer:
+          steps: 10
+          command: [python, train.py]
+          model: {kind: synthetic, step_time_ms: 5}
+        pipeline: {builtin: synthetic}
+        """,
+        5, "trainer.model", ["either dsctl's model (trainer.model) or your own command"],
+    ),
+    (
+        "env-without-command",
+        """
+        name: bad
+        trainer:
+          steps: 10
+          env: {A: "1"}
+        pipeline: {builtin: synthetic}
+        """,
+        4, "trainer.env", ["no command"],
+    ),
+    (
+        "env-reserved-name",
+        """
+        name: bad
+        trainer:
+          steps: 10
+          command: [python, train.py]
+          env: {DSCTL_TRAINER: x}
+        pipeline: {builtin: synthetic}
+        """,
+        5, "trainer.env", ["set by dsctl itself"],
+    ),
+    (
+        "framework-without-command",
+        """
+        name: bad
+        trainer:
+          steps: 10
+          framework: jax
+        pipeline: {builtin: synthetic}
+        """,
+        4, "trainer.framework", ["your own program"],
+    ),
+    (
+        "command-not-on-path",
+        """
+        name: bad
+        trainer:
+          steps: 10
+          command: dsctl-test-no-such-program --flag
+        pipeline: {builtin: synthetic}
+        """,
+        4, "trainer.command", ["'dsctl-test-no-such-program' is not on PATH"],
+    ),
+    (
+        "command-script-missing",
+        """
+        name: bad
+        trainer:
+          steps: 10
+          command: python no_such_train.py
+        pipeline: {builtin: synthetic}
+        """,
+        4, "trainer.command", ["no_such_train.py, which is not in the spec's folder"],
+    ),
 ]
 
 
