@@ -285,7 +285,9 @@ class GcpSpec(Strict):
                            description="boot image of GPU trainer VMs (a Deep Learning VM image; its driver is installed at boot)")
     image_python: Optional[str] = Field(None, min_length=1, description="the image's own Python, which makes the venv; default: known per image")
     image_python_version: Optional[str] = Field(None, pattern=r"^3\.[0-9]{1,2}$", description="its version, e.g. '3.11'; default: known per image")
-    tpu_runtime_version: Optional[str] = Field(None, min_length=1, description="TPU VM software version; default: the TensorFlow runtime for the TPU generation and TensorFlow version")
+    tpu_runtime_version: Optional[str] = Field(
+        None, min_length=1, description="TPU VM software version; default: the TensorFlow runtime for the TPU generation "
+                                        "and TensorFlow version, or JAX's TPU image with trainer.framework: jax")
     tpu_timeout_s: float = Field(1800.0, gt=0, le=MAX_TIMEOUT_S, description="for a TPU VM to be created and READY (TPUs take minutes)")
     boot_disk_gb: int = Field(50, ge=10, le=65_536)
     boot_disk_type: str = "pd-balanced"

@@ -5,7 +5,8 @@
     sweep.py        find_by_label / down_by_label: remove a run's resources with no local state
     commands.py     what the CLI calls: up_plan (--dry-run), confirm_up, down_without_state
     resources.py    parallel create (one bulk insert for workers), wait for RUNNING, confirmed delete
-    compute.py, tpu.py, firewall.py, storage.py   one Google Cloud API each
+    compute.py, tpu.py, firewall.py, storage.py   one Google Cloud API each (storage.py: also the spec's folder
+                                                  the trainers get, less what its .dsctlignore leaves out: ignore.py)
     operations.py, retry.py, errors.py            waiting, retrying and classifying
     ssh.py, remote.py, watch.py, keys.py          reaching the VMs and running the runtime there
     startup.py, wheel.py, versions.py             the same TensorFlow and dsctl on every VM

@@ -24,6 +24,7 @@ from .compute import machine_kind
 from .firewall import ALLOW_PRIORITY, DENY_PRIORITY, ports
 from .settings import local_tensorflow_version
 from .software import Software, resolve as resolve_software
+from .storage import CODE_LIMIT_BYTES
 
 MODEL_NAMES = {"standard": "on-demand", "spot": "Spot"}
 
@@ -102,8 +103,14 @@ def software_lines(software: Software, trainer_kind: str) -> list[str]:
     for k in software.kinds.values():
         who = {"cpu": "dispatcher, workers and trainers" if trainer_kind == "cpu" else "dispatcher and workers",
                "gpu": "GPU trainers", "tpu": "TPU trainers"}[k.kind]
-        if k.uses_image_tensorflow:
-            out.append(f"{who}: TPU runtime {k.image} (TensorFlow included), dsctl added for Python {k.python_version}.")
+        if k.jax:
+            out.append(f"{who}: JAX's TPU software {k.image}; jax[tpu]=={k.jax} (jax, jaxlib, libtpu) and {k.tensorflow} "
+                       f"(the tf.data client) for Python {k.python_version} from a wheelhouse built here and staged in "
+                       "Cloud Storage.")
+        elif k.uses_image_tensorflow:
+            pjrt = ", ".join(f"{name}={value}" for env in k.trainer_file_env.values() for name, value in env.items())
+            out.append(f"{who}: TPU runtime {k.image} (TensorFlow included), dsctl added for Python {k.python_version}; "
+                       f"trainers run with TensorFlow's PJRT TPU runtime ({pjrt}).")
         else:
             out.append(f"{who}: {k.image.rsplit('/', 1)[-1]}, {k.tensorflow} for Python {k.python_version} from a "
                        "wheelhouse built here and staged in Cloud Storage (no PyPI or apt on the VMs).")
@@ -162,8 +169,9 @@ def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | No
             "above the network's own rules such as the default network's default-allow-internal)")
     bucket = g.bucket or (f"{result.project}-dsctl" if result.project else "<project>-dsctl")
     staged = "the dsctl wheel, the spec" if g.bootstrap else "the spec"
-    if spec.pipeline.entrypoint or spec.trainer.model.kind in ("python", "keras"):
-        staged += " and the spec's folder (your code)"
+    if spec.pipeline.entrypoint or spec.trainer.model.kind in ("python", "keras") or spec.trainer.command:
+        staged += (f" and the spec's folder: your code, less what its .dsctlignore leaves out, at most "
+                   f"{CODE_LIMIT_BYTES // 2**20} MB")
     result.creates.append(f"staging objects under gs://{bucket}/dsctl/runs/{run_id}/ ({staged}; deleted with the run)")
     if g.bootstrap:
         result.creates.append(f"a wheelhouse per VM kind, downloaded here once and kept in gs://{bucket}/dsctl/wheelhouses/")

@@ -149,12 +149,17 @@ def check_catalog(clients: Clients, spec: JobSpec, software: Software) -> None:
                        name=f"{where}/acceleratorTypes/{accelerator}"):
             raise SpecError(f"TPU {accelerator} is not offered in zone {s.zone} (`gcloud compute tpus accelerator-types "
                             f"list --zone {s.zone}`); pick another zone (gcp.zone).", field="trainer.machine")
-        runtime = software.for_kind("tpu").image
+        tpu = software.for_kind("tpu")
+        runtime = tpu.image
         if not _exists(clients.tpu.get_runtime_version, f"looking up TPU runtime {runtime}",
                        name=f"{where}/runtimeVersions/{runtime}"):
+            listed = f"is not offered in zone {s.zone} (`gcloud compute tpus versions list --zone {s.zone}`)"
+            if tpu.jax:  # JAX's TPU software: the image does not depend on the TensorFlow version
+                raise SpecError(f"the TPU runtime {runtime} (JAX's TPU software for TPU {generation}) {listed}; name one "
+                                "that is in gcp.tpu_runtime_version, or pick another zone.",
+                                field="gcp.tpu_runtime_version")
             raise SpecError(f"the TPU runtime {runtime} (TensorFlow {software.tensorflow_version} on TPU {generation}) "
-                            f"is not offered in zone {s.zone} (`gcloud compute tpus versions list --zone {s.zone}`); "
-                            "set gcp.tensorflow_version to another version, or another zone.",
+                            f"{listed}; set gcp.tensorflow_version to another version, or another zone.",
                             field="gcp.tensorflow_version")
 
 

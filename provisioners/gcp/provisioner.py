@@ -375,9 +375,11 @@ class GcpProvisioner:
             raise RemoteError(f"could not choose a free port on {node.extra['instance']}: {res.stderr.strip()[-200:]}")
 
     def _launch(self, dep: Deployment, node: Node, module: str, args: list[str], metrics_local: str | None = None,
-                on_exit: list[tuple[str, str]] | None = None, env: dict | None = None) -> None:
+                on_exit: list[tuple[str, str]] | None = None, env: dict | None = None,
+                file_env: dict[str, dict[str, str]] | None = None, tree: bool = False) -> None:
         layout = self._layout(dep, node)
-        res = self._ssh.run(node.extra["host"], remote.launch(layout, self._settings.python, module, args, env),
+        res = self._ssh.run(node.extra["host"], remote.launch(layout, self._settings.python, module, args, env,
+                                                              file_env=file_env, tree=tree),
                             doing=f"starting the {node.role}")
         if res.code != 0:
             raise RemoteError(f"could not start the {node.role} {node.index} on {node.extra['instance']}: "
@@ -560,7 +562,11 @@ class GcpProvisioner:
                 on_exit.append((layout.ids, node.extra["ids"]))
             if launch.command:
                 args.append("--vm-python")  # the command's `python` is the VM's, which has TensorFlow and dsctl
-            self._launch(dep, node, launch.module, args, metrics_local=metrics_local, on_exit=on_exit)
+            # TensorFlow's PJRT TPU runtime on a TensorFlow TPU VM (software.PJRT_ENV); a command runner's program and
+            # what it starts count in the trainer's CPU and memory (remote.status).
+            self._launch(dep, node, launch.module, args, metrics_local=metrics_local, on_exit=on_exit,
+                         file_env=self._settings.kinds.for_kind(node.extra["kind"]).trainer_file_env,
+                         tree=launch.command)
 
         parallel(start, dep.by_role("trainer")[: launch.count], cancel=self._cancel)
         events("training", f"{launch.count} trainer(s) started ({launch.mode}) on Google Cloud")

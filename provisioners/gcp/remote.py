@@ -11,6 +11,7 @@ Each process has a directory on its VM, {remote_dir}/{run}/{vm name}/, holding
   ready.json    written by a server when it serves (the runtime's --ready-file)
   metrics.jsonl, ids.json, spec.json, code/, cache/   (trainers)
   journal/      the dispatcher's fault-tolerance journal
+  tree          marks a process that runs others (a trainer.command's runner): status() counts them too
 A process is started with setsid + nohup under a small `sh` that records its pid
 and exit code, so it outlives the SSH session and its end is known afterwards.
 It is identified by pid AND start time (from /proc), never by name.
@@ -46,18 +47,26 @@ def _env_prefix(env: dict[str, str]) -> str:
     return " ".join(f"{k}={q(v)}" for k, v in env.items())
 
 
-def launch(layout: Layout, python: str, module: str, args: list[str], env: dict[str, str] | None = None) -> str:
-    """Start `python -m module args` in the background; prints 'PID STARTTIME' once it runs."""
+def launch(layout: Layout, python: str, module: str, args: list[str], env: dict[str, str] | None = None,
+           file_env: dict[str, dict[str, str]] | None = None, tree: bool = False) -> str:
+    """Start `python -m module args` in the background; prints 'PID STARTTIME' once it runs.
+
+    file_env: {path: env}, environment given only where that file exists on the VM (software.PJRT_ENV).
+    tree: the process runs others (a command runner, runtime/command.py): status() counts their CPU and memory too.
+    """
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **(env or {})}
     program = " ".join([_env_prefix(env), q(python), "-m", q(module), *map(q, args)])
+    where = "".join(f"if [ -e {q(path)} ]; then export {_env_prefix(extra)}; fi; "
+                    for path, extra in (file_env or {}).items())
     # Inside the session: run the program, record its pid, wait for it, record its exit code.
     # (The wrapper's own pid goes to shpid: between the program's end and `rc` being written, a process
     # that is gone but whose wrapper still runs is exiting, not killed.)
-    inner = (f"echo $$ > shpid; {program} > out.log 2>&1 < /dev/null & echo $! > pid.tmp && mv pid.tmp pid; "
+    inner = (f"echo $$ > shpid; {where}{program} > out.log 2>&1 < /dev/null & echo $! > pid.tmp && mv pid.tmp pid; "
              "wait $!; echo $? > rc.tmp && mv rc.tmp rc")
     d = q(layout.dir)
+    mark = "touch tree && " if tree else ""
     return (
-        f"mkdir -p {d} && cd {d} && rm -f pid shpid rc ready.json metrics.jsonl ids.json && "
+        f"mkdir -p {d} && cd {d} && rm -f pid shpid rc ready.json metrics.jsonl ids.json tree && {mark}"
         f"(setsid nohup sh -c {q(inner)} > /dev/null 2>&1 < /dev/null &) && "
         "i=0; while [ ! -s pid ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; "
         "pid=$(cat pid 2>/dev/null); [ -n \"$pid\" ] || { echo 'no pid recorded' >&2; exit 1; }; "
@@ -86,26 +95,46 @@ def stop(layout: Layout, start_time: int | None, grace_s: float = 8.0) -> str:
     )
 
 
+# CPU ticks (utime+stime+cutime+cstime) and resident pages of a process's descendants, plus the CPU of the children
+# it has reaped itself, from one read of /proc/*/stat: "TICKS PAGES". The fields after the command name (which may hold
+# spaces and parentheses: the line is cut after its last ") ") are state ppid ... utime(12) stime cutime cstime ...
+# rss(22). A child's CPU moves into its parent's cutime/cstime when the parent reaps it, so the sum does not jump
+# when one ends. As runtime/sampler.py counts a command trainer's tree on this machine.
+TREE = r"""awk -v root="$1" '
+{ match($0, /.*\) /); split(substr($0, RLENGTH + 1), f, " "); p = $1 + 0
+  parent[p] = f[2] + 0; ticks[p] = f[12] + f[13] + f[14] + f[15]; pages[p] = f[22] + 0
+  if (p == root) own = f[14] + f[15] }
+END { t = own; m = 0
+  for (p in parent) { q = parent[p]; n = 0
+    while (q > 1 && q != root && n < 64) { q = (q in parent) ? parent[q] : 0; n++ }
+    if (q == root && p != root) { t += ticks[p]; m += pages[p] } }
+  printf "%d %d", t, m }'"""
+
+
 def status(dirs: list[str]) -> str:
-    """One line per process dir: pid, exit code, /proc state and CPU ticks, RSS pages, ready file, metrics size.
+    """One line per process dir: pid, exit code, /proc state and CPU ticks, RSS pages, ready file, metrics size,
+    and for a dir marked `tree` (launch(tree=True)) the CPU ticks and RSS pages of the process's descendants.
 
     The wrapper is checked before the process and the exit code is read last: the wrapper writes
     `rc` after the process ends and exits after writing it, so a process found gone with no `rc`
     always has its wrapper seen alive, and is never mistaken for one killed without an exit code.
+    Only marked dirs read every process's stat: the status runs every second on each VM.
     """
     quoted = " ".join(q(d) for d in dirs)
     return (
         "T=$(getconf CLK_TCK); P=$(getconf PAGESIZE); "
+        f"dtree() {{ cat /proc/[0-9]*/stat 2>/dev/null | {TREE}; }}; "
         f"for d in {quoted}; do "
-        "pid=$(cat \"$d/pid\" 2>/dev/null); s=''; m=''; "
+        "pid=$(cat \"$d/pid\" 2>/dev/null); s=''; m=''; t=''; "
         "w=$(cat \"$d/shpid\" 2>/dev/null); wa=0; "
         "if [ -n \"$w\" ]; then ws=$(sed 's/.*) //' /proc/$w/stat 2>/dev/null | cut -d' ' -f1); "
         "case \"$ws\" in ''|Z|X) ;; *) wa=1;; esac; fi; "
         "if [ -n \"$pid\" ] && [ -r /proc/$pid/stat ]; then "
-        "s=$(sed 's/.*) //' /proc/$pid/stat | cut -d' ' -f1,12,13,20); m=$(cut -d' ' -f2 /proc/$pid/statm 2>/dev/null); fi; "
+        "s=$(sed 's/.*) //' /proc/$pid/stat | cut -d' ' -f1,12,13,20); m=$(cut -d' ' -f2 /proc/$pid/statm 2>/dev/null); "
+        "[ -e \"$d/tree\" ] && t=$(dtree \"$pid\"); fi; "
         "r=$(cat \"$d/ready.json\" 2>/dev/null | tr -d '\\n\\t'); z=$(stat -c %s \"$d/metrics.jsonl\" 2>/dev/null); "
         "rc=$(cat \"$d/rc\" 2>/dev/null); "
-        "printf 'S\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n' \"$d\" \"$pid\" \"$rc\" \"$s\" \"$m\" \"$r\" \"$z\" \"$T\" \"$P\" \"$wa\"; "
+        "printf 'S\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n' \"$d\" \"$pid\" \"$rc\" \"$s\" \"$m\" \"$r\" \"$z\" \"$T\" \"$P\" \"$wa\" \"$t\"; "
         "done"
     )
 
@@ -116,7 +145,7 @@ class ProcStatus:
     pid: int | None
     rc: int | None
     state: str | None  # /proc state letter, None if no such process
-    cpu_ticks: int
+    cpu_ticks: int  # with a tree (launch(tree=True)), its descendants' too
     start_time: int | None
     rss_bytes: int
     ready: dict | None
@@ -156,20 +185,22 @@ def parse_status(stdout: str, at: float) -> dict[str, ProcStatus]:
     out = {}
     for line in stdout.splitlines():
         parts = line.split("\t")
-        if len(parts) != 11 or parts[0] != "S":
+        if len(parts) != 12 or parts[0] != "S":
             continue
-        _, d, pid, rc, stat, statm, ready, size, tck, page, wrapper = parts
+        _, d, pid, rc, stat, statm, ready, size, tck, page, wrapper, tree = parts
         fields = stat.split()
         state = fields[0] if fields else None
         ticks = (_int(fields[1]) or 0) + (_int(fields[2]) or 0) if len(fields) >= 3 else 0
+        tree_ticks, tree_pages = (_int(x) or 0 for x in (tree.split() + ["0", "0"])[:2])
         start = _int(fields[3]) if len(fields) >= 4 else None
         try:
             ready_obj = json.loads(ready) if ready else None
         except json.JSONDecodeError:
             ready_obj = None
-        out[d] = ProcStatus(dir=d, pid=_int(pid), rc=_int(rc), state=state, cpu_ticks=ticks, start_time=start,
-                            rss_bytes=(_int(statm) or 0) * (_int(page) or 4096), ready=ready_obj,
-                            metrics_size=_int(size), clk_tck=_int(tck) or 100, wrapper_alive=wrapper == "1", at=at)
+        out[d] = ProcStatus(dir=d, pid=_int(pid), rc=_int(rc), state=state, cpu_ticks=ticks + tree_ticks,
+                            start_time=start, rss_bytes=((_int(statm) or 0) + tree_pages) * (_int(page) or 4096),
+                            ready=ready_obj, metrics_size=_int(size), clk_tck=_int(tck) or 100,
+                            wrapper_alive=wrapper == "1", at=at)
     return out
 
 

@@ -9,7 +9,10 @@ That version must exist for every kind of machine in the run:
   gpu  GPU trainers: the `tensorflow[and-cuda]` wheel for the Deep Learning VM image's Python,
        installed the same way; the image installs the NVIDIA driver at boot
   tpu  TPU trainers: a TensorFlow TPU VM runtime (`tpu-vm-tf-X.Y.Z...`), which comes with
-       TensorFlow installed; only dsctl and its few dependencies are added
+       TensorFlow installed; only dsctl and its few dependencies are added. A JAX program
+       (trainer.framework: jax) gets JAX's TPU runtime image instead, and from the wheelhouse
+       jax's TPU wheels (jax, jaxlib, libtpu) beside the `tensorflow-cpu` wheel of the run's
+       TensorFlow, for its tf.data client: such a run is not held to the TensorFlow TPU runtimes
 
 The tables below are what Google and PyPI publish, as checked on 2026-11-23 (wheels: `pip
 index versions tensorflow-cpu|tensorflow --python-version V --platform manylinux_2_17_x86_64
@@ -52,7 +55,34 @@ TPU_RUNTIMES: dict[str, dict[tuple[str, ...], str]] = {
     "2.15.1": {("v2", "v3", "v4", "v5p", "v5litepod"): "tpu-vm-tf-2.15.1-pjrt"},
     "2.15.0": {("v2", "v3", "v4", "v5p", "v5litepod"): "tpu-vm-tf-2.15.0-pjrt"},
 }
-TPU_RUNTIME_PYTHON = ("/usr/bin/python3", "3.10", "2.35")  # the TensorFlow TPU runtimes are Ubuntu 22.04 images
+TPU_RUNTIME_PYTHON = ("/usr/bin/python3", "3.10", "2.35")  # the TPU runtimes are Ubuntu 22.04 images
+
+# JAX on TPU VMs. Google's TPU software versions for JAX (and PyTorch), by TPU generation, from
+# https://cloud.google.com/tpu/docs/runtimes ("PyTorch and JAX", checked 2026-11-26): a base Ubuntu
+# 22.04 image on which the framework is installed.
+JAX_TPU_RUNTIMES: dict[tuple[str, ...], str] = {
+    ("v2", "v3", "v4"): "tpu-ubuntu2204-base",
+    ("v5litepod",): "v2-alpha-tpuv5-lite",  # v5e
+    ("v5p",): "v2-alpha-tpuv5",
+    ("v6e",): "v2-alpha-tpuv6e",
+}
+# The one jax dsctl installs, with its TPU wheels (`jax[tpu]`: jaxlib and libtpu, all on PyPI). 0.6.2 is
+# the newest jax for Python 3.10, the TPU images' Python (jax 0.7.0 needs 3.11); its tpu extra pins
+# libtpu 0.0.17, which needs glibc 2.31 (the images have 2.35); and it installs beside recent
+# tensorflow-cpu wheels, which a JAX program needs for its tf.data client. Change it here only.
+JAX_VERSION = "0.6.2"
+# The TensorFlow versions whose tensorflow-cpu wheel for Python 3.10 installs beside jax[tpu]==JAX_VERSION:
+# checked with `pip install --dry-run --python-version 3.10 --platform manylinux_2_35_x86_64 ... jax[tpu]==0.6.2
+# tensorflow-cpu==V` (2026-11-26). 2.18.0 and older conflict: they need ml-dtypes < 0.5, jax 0.6.2 needs >= 0.5.
+JAX_TENSORFLOW = ("2.18.1", "2.19.0", "2.19.1", "2.20.0", "2.21.0")
+
+# TensorFlow's PJRT TPU runtime (the -pjrt TensorFlow TPU VM runtimes) is taken only when the trainer's environment
+# says where libtpu is, as in Google's TPU test configurations (GoogleCloudPlatform/ml-auto-solutions,
+# dags/solutions_team/configs/tensorflow: `export NEXT_PLUGGABLE_DEVICE_USE_C_API=true && export
+# TF_PLUGGABLE_DEVICE_LIBRARY_PATH=/lib/libtpu.so`). TensorFlow refuses to import when that path does not
+# exist, so a trainer gets this environment only on a VM where it does (remote.launch's file_env).
+LIBTPU = "/lib/libtpu.so"
+PJRT_ENV = {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": LIBTPU}
 
 # Boot images whose Python dsctl knows: image family -> (interpreter, version, glibc). The glibc
 # version bounds the manylinux wheels the wheelhouse may hold. A custom image names its Python
@@ -88,6 +118,10 @@ def tpu_runtime(tf_version: str, generation: str) -> str | None:
     return None
 
 
+def jax_tpu_runtime(generation: str) -> str | None:
+    return next((runtime for gens, runtime in JAX_TPU_RUNTIMES.items() if generation in gens), None)
+
+
 def tpu_runtime_tf_version(runtime: str) -> str | None:
     """The TensorFlow a TensorFlow TPU runtime carries: 'tpu-vm-tf-2.18.0-pjrt-v5e-and-v6' -> '2.18.0'."""
     m = re.match(r"tpu-vm-tf-(\d+\.\d+\.\d+)(?:-|$)", runtime)
@@ -104,10 +138,23 @@ class KindSoftware:
     python_version: str  # e.g. "3.11": the wheelhouse is built for it
     glibc: str  # e.g. "2.36": the newest manylinux wheels the wheelhouse may hold
     tensorflow: str | None  # pip requirement installed from the wheelhouse; None: the image has TensorFlow
+    jax: str | None = None  # the jax version installed with its TPU wheels (jax[tpu]): TPU VMs of framework: jax
 
     @property
     def uses_image_tensorflow(self) -> bool:
         return self.tensorflow is None
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        """What the wheelhouse and the startup script add for the frameworks (dsctl's own come beside them)."""
+        return ((self.tensorflow,) if self.tensorflow else ()) + ((f"jax[tpu]=={self.jax}",) if self.jax else ())
+
+    @property
+    def trainer_file_env(self) -> dict[str, dict[str, str]]:
+        """Environment the trainers get on this kind of VM where a file exists ({path: env}): TensorFlow's PJRT TPU
+        runtime on a TensorFlow TPU runtime image. Not for a JAX program, whose TensorFlow (its tf.data client) must
+        leave the TPU to JAX: one process at a time holds it."""
+        return {LIBTPU: dict(PJRT_ENV)} if self.kind == "tpu" and self.uses_image_tensorflow else {}
 
 
 @dataclass(frozen=True)
@@ -156,8 +203,15 @@ def _kinds_in_run(spec: JobSpec) -> dict[str, str]:
     return kinds
 
 
+def _jax_on_tpu(spec: JobSpec) -> bool:
+    """A JAX program on TPU VMs: JAX's runtime image and TPU wheels, and TensorFlow as a wheel beside them."""
+    return spec.trainer.framework == "jax" and spec.trainer.machine.startswith("tpu-")
+
+
 def _candidates_for_kind(spec: JobSpec, g: GcpSpec, kind: str) -> set[str]:
     """TensorFlow versions that exist for this kind of VM of the run."""
+    if kind == "tpu" and _jax_on_tpu(spec):
+        return {v for v in JAX_TENSORFLOW if TPU_RUNTIME_PYTHON[1] in WHEEL_PYTHONS[v]}
     if kind == "tpu":
         if g.tpu_runtime_version:
             return {tpu_runtime_tf_version(g.tpu_runtime_version)}
@@ -169,12 +223,39 @@ def _candidates_for_kind(spec: JobSpec, g: GcpSpec, kind: str) -> set[str]:
 
 
 def _what_kind_needs(spec: JobSpec, g: GcpSpec, kind: str) -> str:
+    if kind == "tpu" and _jax_on_tpu(spec):
+        return f"tensorflow-cpu wheel for Python {TPU_RUNTIME_PYTHON[1]} that installs beside jax[tpu]=={JAX_VERSION}"
     if kind == "tpu":
         return f"TensorFlow TPU VM runtime for TPU {tpu_generation(spec.trainer.machine)[0]}"
     image = g.gpu_image if kind == "gpu" else g.image
     py = _image_python(g, image, "")[1]
     wheel = "tensorflow GPU" if kind == "gpu" else "tensorflow-cpu"
     return f"{wheel} wheel for Python {py} (image {image.rsplit('/', 1)[-1]})"
+
+
+def _check_tpu_runtime(spec: JobSpec, g: GcpSpec) -> None:
+    """The TPU software a TPU trainer asks for must carry its framework."""
+    runtime = g.tpu_runtime_version
+    if _jax_on_tpu(spec):
+        generation, _ = tpu_generation(spec.trainer.machine)
+        known = jax_tpu_runtime(generation)
+        if runtime and tpu_runtime_tf_version(runtime):
+            raise SpecError(
+                f"jax needs JAX's TPU software, and gcp.tpu_runtime_version {runtime!r} is a TensorFlow TPU runtime, "
+                "which holds the TPU for TensorFlow. Remove gcp.tpu_runtime_version"
+                + (f" to get {known} (dsctl installs jax[tpu]=={JAX_VERSION})" if known else "")
+                + f", name one of JAX's ({', '.join(JAX_TPU_RUNTIMES.values())}), or set trainer.framework: tensorflow.",
+                field="trainer.framework")
+        if not runtime and not known:
+            raise SpecError(
+                f"dsctl knows JAX's TPU software for TPU {', '.join(gen for gens in JAX_TPU_RUNTIMES for gen in gens)}, "
+                f"not for TPU {generation}: name it in gcp.tpu_runtime_version (`gcloud compute tpus versions list`), "
+                "or pick another machine.", field="trainer.machine")
+    elif runtime and not tpu_runtime_tf_version(runtime):
+        raise SpecError(f"gcp.tpu_runtime_version {runtime!r} is not a TensorFlow TPU runtime "
+                        "(tpu-vm-tf-X.Y.Z...): trainers need TensorFlow on the TPU VM. Leave it unset to get the "
+                        "runtime that matches the TensorFlow version, or set trainer.framework: jax for a JAX program "
+                        "(on JAX's TPU software).", field="gcp.tpu_runtime_version")
 
 
 def resolve(spec: JobSpec, local_tf: str | None) -> Software:
@@ -187,10 +268,13 @@ def resolve(spec: JobSpec, local_tf: str | None) -> Software:
             raise SpecError(f"{kinds['tpu']} is a multi-host TPU slice; dsctl runs one trainer process per TPU VM and "
                             "supports single-host TPU VMs (up to 8 chips, e.g. tpu-v2-8, tpu-v5litepod-8).",
                             field="trainer.machine")
-        if g.tpu_runtime_version and not tpu_runtime_tf_version(g.tpu_runtime_version):
-            raise SpecError(f"gcp.tpu_runtime_version {g.tpu_runtime_version!r} is not a TensorFlow TPU runtime "
-                            "(tpu-vm-tf-X.Y.Z...): trainers need TensorFlow on the TPU VM. Leave it unset to get the "
-                            "runtime that matches the TensorFlow version.", field="gcp.tpu_runtime_version")
+        _check_tpu_runtime(spec, g)
+    elif spec.trainer.framework == "jax" and g.bootstrap:
+        raise SpecError(
+            f"jax on Google Cloud is installed on TPU VMs (jax[tpu]=={JAX_VERSION} with JAX's TPU software), and "
+            f"{spec.trainer.machine} is a {'GPU' if 'gpu' in kinds else 'CPU'} VM, whose wheelhouse holds TensorFlow "
+            "and dsctl only. Train on a TPU VM (trainer.machine: tpu-v5litepod-8, ...), or bring an image with jax "
+            "(gcp.image or gcp.gpu_image, gcp.bootstrap: false).", field="trainer.framework")
     per_kind = {kind: _candidates_for_kind(spec, g, kind) for kind in kinds}
     candidates = sorted(set.intersection(*per_kind.values()), key=_version_key, reverse=True)
     needs = {kind: _what_kind_needs(spec, g, kind) for kind in kinds}
@@ -219,6 +303,9 @@ def resolve(spec: JobSpec, local_tf: str | None) -> Software:
 
 
 def _kind_software(spec: JobSpec, g: GcpSpec, kind: str, version: str) -> KindSoftware:
+    if kind == "tpu" and _jax_on_tpu(spec):
+        runtime = g.tpu_runtime_version or jax_tpu_runtime(tpu_generation(spec.trainer.machine)[0])
+        return KindSoftware("tpu", runtime, *TPU_RUNTIME_PYTHON, tensorflow=f"tensorflow-cpu=={version}", jax=JAX_VERSION)
     if kind == "tpu":
         generation, _ = tpu_generation(spec.trainer.machine)
         runtime = g.tpu_runtime_version or tpu_runtime(version, generation)

@@ -8,12 +8,13 @@ is Private Google Access:
    sha256) and the staged dsctl wheel from Cloud Storage, with the image's own Python and
    the VM's service-account token from the metadata server;
 2. make /opt/dsctl/venv with `python -m venv --without-pip`, which needs neither ensurepip
-   nor Debian's python3-venv package (on a TPU VM with --system-site-packages, to see the
-   runtime's TensorFlow); an image whose Python has no venv module at all gets a plain
+   nor Debian's python3-venv package (on a TensorFlow TPU runtime with --system-site-packages,
+   to see the runtime's TensorFlow); an image whose Python has no venv module at all gets a plain
    directory of packages and a `python` wrapper at the same path instead;
 3. install with pip run from its own wheel, `--no-index --find-links` the wheelhouse;
-4. check that TensorFlow imports at exactly the run's version (on a GPU VM, also wait for
-   the NVIDIA driver that the Deep Learning VM image installs at boot);
+4. check that TensorFlow imports at exactly the run's version (on a JAX TPU VM, jax at
+   software.JAX_VERSION too; on a GPU VM, also wait for the NVIDIA driver that the Deep
+   Learning VM image installs at boot);
 5. write /var/lib/dsctl/bootstrap.json: {"ok": true, "tensorflow": ..., "seconds": ...,
    "storage_bytes": ...} or {"ok": false, "error": ...}, which dsctl waits for over SSH.
 
@@ -41,7 +42,7 @@ def script(*, kind: KindSoftware, tf_version: str, bucket: str, wheelhouse_prefi
     q = shlex.quote
     storage = storage_host or REAL_STORAGE
     venv_flags = "--without-pip" + (" --system-site-packages" if kind.uses_image_tensorflow else "")
-    requirements = " ".join(q(r) for r in ((kind.tensorflow,) if kind.tensorflow else ()))
+    requirements = " ".join(q(r) for r in kind.requirements)
     where = f"gs://{bucket}/"
     extra = "[supervisor]" if supervisor else ""
     imports = "import dsctl.runtime.worker" + ("; import dsctl.cli.main, dsctl.orchestrator.supervise, "
@@ -55,9 +56,14 @@ def script(*, kind: KindSoftware, tf_version: str, bucket: str, wheelhouse_prefi
                         "route to Cloud Storage, external address, Cloud NAT or Private Google Access, and its "
                         "service account needs Storage Object Viewer on the bucket)"),
         "dsctl": q(f"could not download {where}{dsctl_prefix}{dsctl_wheel} (see {LOG})"),
-        "pip": q(f"pip could not install {kind.tensorflow or 'dsctl'} from the wheelhouse (see {LOG})"),
+        "pip": q(f"pip could not install {' and '.join(kind.requirements) or 'dsctl'} from the wheelhouse (see {LOG})"),
         "tensorflow": q(f"TensorFlow on this VM is not {tf_version}: "),
     }
+    jax_check = ""
+    if kind.jax:  # imported without touching the TPU: the program is the one to open it
+        wrong = q(f"jax on this VM is not {kind.jax}: ")
+        jax_check = (f"\nJ=$({VENV}/bin/python -c 'import jax; print(jax.__version__)' 2>/dev/null | tail -n 1)\n"
+                     f'[ "$J" = {q(kind.jax)} ] || fail {wrong}"it is ${{J:-not importable}}"')
     gpu_wait = ""
     if kind.kind == "gpu":
         gpu_wait = f"""
@@ -114,7 +120,7 @@ phase installed
 
 V=$({VENV}/bin/python -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null | tail -n 1)
 [ "$V" = {q(tf_version)} ] || fail {msg["tensorflow"]}"it is ${{V:-not importable}}"
-{VENV}/bin/python -c {q(imports)} || fail "dsctl's runtime does not import"
+{VENV}/bin/python -c {q(imports)} || fail "dsctl's runtime does not import"{jax_check}
 phase checked{gpu_wait}
 
 "$PY" - "$T0" {MARKER} "$V" <<'EOF'

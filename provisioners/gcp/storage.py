@@ -3,7 +3,8 @@
 Objects live under gs://<bucket>/dsctl/runs/<run>/:
   staging/dsctl-<version>.whl   the dsctl wheel of this version (installed by the startup script)
   staging/spec.json             the job spec, for the trainers
-  staging/code.tar.gz           the spec's folder (the user's pipeline and model code), if the spec uses it
+  staging/code.tar.gz           the spec's folder (the user's pipeline and model code, or program), if the spec uses
+                                it, less what its .dsctlignore leaves out (ignore.py); at most CODE_LIMIT_BYTES
   results/...                   metrics and logs collected at the end of the run
 Staging objects are deleted with the run; results are kept. Caches shared by runs live beside
 them: dsctl/wheelhouses/<digest>/ (wheelhouse.py) and dsctl/data/<kind>-<digest>/ (data.py).
@@ -23,6 +24,7 @@ from dsctl.specs import SpecError
 
 from .clients import Clients
 from .errors import GcpError, from_api_error
+from .ignore import FILE as IGNORE_FILE, Ignore
 
 CODE_LIMIT_BYTES = 100 * 2**20
 # Roles that let a member read a bucket's objects (storage.objects.get).
@@ -35,29 +37,59 @@ def run_prefix(run_id: str) -> str:
     return f"dsctl/runs/{run_id}/"
 
 
-def code_archive(base_dir: Path, exclude: list[Path] = ()) -> bytes:
-    """tar.gz of the spec's folder: regular files only, no hidden or cache folders, no virtualenvs."""
+def code_files(base_dir: Path, exclude: list[Path] = ()) -> list[tuple[str, Path, int]]:
+    """(name in the archive, file, size) of each file trainers get from the spec's folder: regular files only, none
+    hidden, none in cache folders, virtualenvs or `exclude` (the dsctl home), none left out by its .dsctlignore."""
     base_dir = Path(base_dir).resolve()
     excluded = [Path(e).resolve() for e in exclude]
+    ignore = Ignore.of_folder(base_dir)
+    out = []
+    for root, dirs, files in os.walk(base_dir, followlinks=False):
+        root_p = Path(root)
+        rel_root = root_p.relative_to(base_dir).as_posix()
+        prefix = "" if rel_root == "." else rel_root + "/"
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIP_DIRS
+                         and not (root_p / d / "pyvenv.cfg").exists() and not (root_p / d).is_symlink()
+                         and (root_p / d).resolve() not in excluded and not ignore.ignored(prefix + d, is_dir=True))
+        for name in sorted(files):
+            path = root_p / name
+            if name.startswith(".") or path.is_symlink() or not path.is_file() or name.endswith(".pyc") \
+                    or ignore.ignored(prefix + name, is_dir=False):
+                continue
+            out.append((prefix + name, path, path.stat().st_size))
+    return out
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MB"
+
+
+def _too_big(base_dir: Path, files: list[tuple[str, Path, int]], total: int) -> SpecError:
+    """The limit's error: how big the folder is and its largest entries (its top-level files and folders), so the
+    user knows what to leave out."""
+    entries: dict[str, int] = {}
+    for name, _, size in files:
+        top, sep, _ = name.partition("/")
+        entries[top + sep] = entries.get(top + sep, 0) + size
+    largest = sorted(entries.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+    listed = ", ".join(f"{name} ({_mb(size)})" for name, size in largest)
+    return SpecError(
+        f"the spec's folder {base_dir} holds {_mb(total)} in {len(files):,} files for the trainers, more than the "
+        f"{CODE_LIMIT_BYTES // 2**20} MB limit: on Google Cloud each trainer VM gets a copy of it (your code). "
+        f"Largest: {listed}. Leave files out with a {IGNORE_FILE} file in that folder, one pattern per line as in "
+        ".gitignore (e.g. `*.ckpt`, `data/`), and read large data from Cloud Storage instead.")
+
+
+def code_archive(base_dir: Path, exclude: list[Path] = ()) -> bytes:
+    """tar.gz of the spec's folder as code_files() lists it; SpecError when it is over CODE_LIMIT_BYTES."""
+    files = code_files(base_dir, exclude)
+    total = sum(size for _, _, size in files)
+    if total > CODE_LIMIT_BYTES:
+        raise _too_big(Path(base_dir).resolve(), files, total)
     buf = io.BytesIO()
-    total = 0
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for root, dirs, files in os.walk(base_dir, followlinks=False):
-            root_p = Path(root)
-            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIP_DIRS
-                             and not (root_p / d / "pyvenv.cfg").exists() and not (root_p / d).is_symlink()
-                             and (root_p / d).resolve() not in excluded)
-            for name in sorted(files):
-                path = root_p / name
-                if name.startswith(".") or path.is_symlink() or not path.is_file() or name.endswith(".pyc"):
-                    continue
-                total += path.stat().st_size
-                if total > CODE_LIMIT_BYTES:
-                    raise SpecError(
-                        f"the spec's folder {base_dir} holds more than {CODE_LIMIT_BYTES // 2**20} MB; trainers on "
-                        "Google Cloud get a copy of it (your pipeline and model code). Put the spec and its code in a "
-                        "folder of their own, and read large data from Cloud Storage instead.")
-                tar.add(path, arcname=str(path.relative_to(base_dir)), recursive=False)
+        for name, path, _ in files:
+            tar.add(path, arcname=name, recursive=False)
     return buf.getvalue()
 
 
@@ -187,4 +219,4 @@ class RunObjects:
             return []
 
 
-__all__ = ["GcpError", "RunObjects", "Staging", "code_archive", "run_prefix"]
+__all__ = ["GcpError", "RunObjects", "Staging", "code_archive", "code_files", "run_prefix"]

@@ -48,9 +48,10 @@ class Recipe:
 
     @classmethod
     def for_kind(cls, kind: KindSoftware, supervisor: bool = False) -> "Recipe":
-        """The wheels VMs of this kind install; with `supervisor`, also what the dispatcher VM's run supervisor
-        needs (the wheel's supervisor extra: the other VMs of the kind install without it)."""
-        reqs = ((kind.tensorflow,) if kind.tensorflow else ()) + RUNTIME_REQUIREMENTS
+        """The wheels VMs of this kind install (its TensorFlow wheel, jax's TPU wheels on a JAX TPU VM, dsctl's
+        dependencies, pip); with `supervisor`, also what the dispatcher VM's run supervisor needs (the wheel's
+        supervisor extra: the other VMs of the kind install without it)."""
+        reqs = kind.requirements + RUNTIME_REQUIREMENTS
         reqs += SUPERVISOR_REQUIREMENTS if supervisor else ()
         return cls(kind.python_version, kind.glibc, reqs + ("pip",))
 

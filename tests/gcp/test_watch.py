@@ -35,7 +35,7 @@ class FakeSsh:
         if how == "fail":
             raise SshUnreachable(f"SSH to {host} refused")
         d = f"/vms/{host}"
-        return Result(0, f"S\t{d}\t42\t\tS 10 5 777\t100\t\t\t100\t4096\t1\n", "")
+        return Result(0, f"S\t{d}\t42\t\tS 10 5 777\t100\t\t\t100\t4096\t1\t\n", "")
 
     def drop(self, host):
         self.dropped.append(host)
