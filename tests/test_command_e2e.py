@@ -227,3 +227,28 @@ def test_an_autoscaled_program_gets_workers_from_the_windows_it_is_measured_by(h
                  if e["kind"] == "autoscale"]
     assert decisions and decisions[0].startswith("add → 2 worker(s)"), decisions
     assert record["summary"]["final_workers"] >= 2
+
+
+DAEMONIZES = """
+import os, time
+from dsctl import train
+if os.fork() == 0:  # a helper that detaches itself: a session of its own, its parent gone
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(3600)
+    os._exit(0)
+for batch in train.batches(train.dataset()):
+    time.sleep(0.01)
+"""
+
+
+def test_down_after_kill_9_of_up_stops_the_program_and_the_daemon_it_started(home, tmp_path):
+    spec = tiny(tmp_path, DAEMONIZES, steps=100_000)
+    up = subprocess.Popen([sys.executable, "-m", "dsctl.cli.main", "up", str(spec), "--json"], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+    metrics = lambda: next((home / "runs").glob("cmd-*/metrics/trainer-0.jsonl"), None)  # noqa: E731
+    wait_for(lambda: metrics() and '"window"' in metrics().read_text(), timeout=120, what="the program's first window")
+    up.kill()
+    up.wait()
+    assert dsctl("down", "--all", check=True).returncode == 0
+    # the `home` fixture fails this test if anything of the run (the daemon inherits DSCTL_HOME) is still running

@@ -153,3 +153,24 @@ def test_teardown_stops_the_program_and_its_daemon(tmp_path):
     assert time.monotonic() - t0 < 6.0  # within the 5 s dsctl gives a trainer, plus the poll
     assert gone(program) and gone(daemon)
     assert not errors(tmp_path)  # a run tearing down is not the program's failure
+
+
+READS_TWICE = """
+from dsctl import train
+ds = train.dataset()
+for epoch in range(3):  # an epoch loop whose epochs outlast trainer.steps
+    for batch in train.batches(ds):
+        pass
+"""
+
+
+@pytest.mark.slow
+def test_a_program_that_reads_past_the_steps_is_stopped_with_what_to_change(tmp_path):
+    proc = run_command(tmp_path, ["python", "t.py"], {"t.py": READS_TWICE})
+    proc.communicate(timeout=120)
+    assert proc.returncode == 2, (tmp_path / "trainer.log").read_text()
+    err = errors(tmp_path)[-1]  # the runner's, which the run reports (dsctl.train's own comes first)
+    assert err["message"].startswith("dsctl.train.batches() was called again after the run's batches were all read "
+                                     "(its 10 batch(es) (trainer.steps)): a program reads at most trainer.steps (10)")
+    ends = [e for e in map(json.loads, (tmp_path / "m.jsonl").read_text().splitlines()) if e["event"] == "end"]
+    assert [e["batches"] for e in ends] == [10]  # what it read is measured once
