@@ -17,7 +17,8 @@ import typer
 
 from dsctl.costmodel import (BASES, Catalog, Comparison, CostBreakdown, RunUsage, compare, describe_provisioning, estimate,
                               load_catalog, provisioning_label, usage_from_spec)
-from dsctl.specs import load_spec
+from dsctl.orchestrator.preflight import load_job
+from dsctl.orchestrator.pricing import stands_in
 from dsctl.specs.errors import SpecError
 from dsctl.specs.schema import MAX_DURATION_S, MAX_STEPS, MAX_WORKERS
 
@@ -196,16 +197,19 @@ def estimate_cmd(
                                 ("--workers", workers, MAX_WORKERS)):
         if value is not None and value > most:
             raise SpecError(f"must be at most {int(most):,} (the bound a job spec has), got {value:g}.", field=option)
-    loaded = load_spec(spec_path)
+    loaded = load_job(spec_path)
     spec = loaded.spec
     catalog = load_catalog(prices) if prices else load_catalog(spec.pricing, base_dir=loaded.base_dir)
     basis = basis or spec.cost_basis
-    run = estimate(spec, catalog, batches_per_sec=batches_per_sec, steps=steps, hours=hours, basis=basis, workers=workers)
+    local = stands_in(spec.provider)
+    run = estimate(spec, catalog, batches_per_sec=batches_per_sec, steps=steps, hours=hours, basis=basis, workers=workers,
+                   stand_in=local)
     usage = usage_from_spec(spec, job_time_s=run.job_time_s, batches=run.batches, workers=workers)
     if compare_colocated is None:
         rows = [cost_row("with service" if usage.n_workers else "colocated", usage, run, catalog)]
     else:
-        base = estimate(spec, catalog, batches_per_sec=compare_colocated, steps=run.batches, basis=basis, workers=0)
+        base = estimate(spec, catalog, batches_per_sec=compare_colocated, steps=run.batches, basis=basis, workers=0,
+                        stand_in=local)
         base_usage = usage_from_spec(spec, job_time_s=base.job_time_s, batches=base.batches, workers=0)
         rows = [cost_row("colocated", base_usage, base, catalog),
                 cost_row("with service", usage, run, catalog, compare(base, run))]

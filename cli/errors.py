@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import signal
 import sys
 
@@ -10,10 +11,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from dsctl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, DsctlError
 from dsctl.orchestrator import store
-from dsctl.specs import SpecError
+from dsctl.orchestrator.outcome import Interrupted
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -31,32 +32,36 @@ def interrupted() -> None:
     sys.exit(EXIT_INTERRUPTED)
 
 
-def notice(message: str) -> None:
+class _Notices(logging.Handler):
     """What the orchestrator did on its own and the user must know (a damaged runs.db moved aside): one paragraph."""
-    err_console.print(f"[bold yellow]warning:[/] {escape(message)}")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        err_console.print(f"[bold yellow]warning:[/] {escape(record.getMessage())}")
 
 
 def run_app(app: typer.Typer) -> None:
-    """Run the CLI, mapping dsctl's exceptions to exit codes: bad input 2, runtime failure 1.
+    """Run the CLI, mapping dsctl's errors to one paragraph and their exit code (dsctl/errors.py: bad input 2,
+    a runtime failure 1, an interrupted run 130).
 
-    Typer itself turns usage errors into exit 2 and Ctrl-C inside a command into a silent
-    exit 130; that one gets interrupted()'s line here. (`up` handles Ctrl-C itself, tears
-    down and says so; its exit 130 is not typer's and gets no second line.) Records that
-    cannot be used and a full disk are one paragraph and exit 1.
+    Typer itself turns usage errors into exit 2 and Ctrl-C inside a command into a silent exit 130; that one
+    gets interrupted()'s line here. A run that was interrupted says what it stopped (Interrupted). A full disk
+    is one paragraph and exit 1.
     """
-    store.on_notice = notice
+    store.private_umask()
+    store.notices.addHandler(_Notices())
+    store.notices.propagate = False
     try:
         app()
     except SystemExit as exc:
         if exc.code == EXIT_INTERRUPTED and isinstance(getattr(exc.__context__, "__cause__", None), KeyboardInterrupt):
             interrupted()
         raise
-    except SpecError as exc:
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
-        sys.exit(EXIT_BAD_INPUT)
-    except store.StoreError as exc:
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
-        sys.exit(EXIT_FAILED)
+    except Interrupted as exc:
+        err_console.print(escape(exc.for_user()))
+        sys.exit(exc.exit_code)
+    except DsctlError as exc:
+        err_console.print(f"[bold red]error:[/] {escape(exc.for_user())}")
+        sys.exit(exc.exit_code)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
@@ -64,16 +69,3 @@ def run_app(app: typer.Typer) -> None:
         err_console.print(f"[bold red]error:[/] {escape(where + exc.strerror)}; free some space there and run the "
                           "command again (`dsctl status` shows anything still up).")
         sys.exit(EXIT_FAILED)
-    except Exception as exc:
-        # Imported only now: the Google Cloud provider's package costs 0.1 s of every command's start.
-        from dsctl.orchestrator.outcome import RunFailed
-        from dsctl.provisioners.gcp.errors import GcpError
-
-        if isinstance(exc, RunFailed):
-            hint = f" (run {exc.run_id}; `dsctl runs show {exc.run_id}` has what was measured)" if exc.run_id else ""
-            err_console.print(f"[bold red]error:[/] {escape(str(exc) + hint)}")
-            sys.exit(EXIT_FAILED)
-        if isinstance(exc, GcpError):
-            err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
-            sys.exit(EXIT_FAILED)
-        raise

@@ -7,32 +7,14 @@ from typing import Optional
 
 import typer
 
-from dsctl.specs import SpecError, load_spec
+from dsctl.orchestrator.deployments import detached_target
+from dsctl.orchestrator.preflight import load_job
+from dsctl.specs import SpecError
 from dsctl.specs.workercounts import parse_worker_counts
 
 from .errors import EXIT_INTERRUPTED, err_console
 from .live import LiveView
 from .render import console, print_json, sweep_plan_line, sweep_table
-
-
-def _detached_target():
-    """The deployment `dsctl up --detach` left running, and its spec; whether it can take a sweep now is for
-    the sweep to say (AttachedDeployment.claim), so one still running its job is named, not missed."""
-    from dsctl.orchestrator.deployments import active_deployments
-    from dsctl.orchestrator.store import RunStore
-
-    detached = [d for d in active_deployments() if d.by_role("monitor")]
-    if not detached:
-        raise SpecError("no deployment is up to sweep. Start one with `dsctl up JOB.yaml --detach`, "
-                        "or name a spec: `dsctl sweep JOB.yaml --workers 1..8`.")
-    if len(detached) > 1:
-        raise SpecError(f"{len(detached)} deployments are up ({', '.join(d.run_id for d in detached)}); "
-                        "name the spec to sweep, or take the others down with `dsctl down RUN`.")
-    dep = detached[0]
-    record = RunStore().get(dep.run_id)
-    spec_path = Path(record.spec_path) if record and record.spec_path and Path(record.spec_path).exists() \
-        else Path(dep.run_dir) / "spec.yaml"
-    return dep, load_spec(spec_path)
 
 
 WORKERS_HELP = ("worker counts; the end is always included. 8..640 doubles: 8,16,...,512,640 (the paper's Figure 9); "
@@ -69,9 +51,9 @@ def sweep(
                            calibration=load_calibration(calibration) if calibration else None, asked=workers.strip())
     attach = None
     if spec is None:
-        attach, loaded = _detached_target()
+        attach, loaded = detached_target()
     else:
-        loaded = load_spec(spec)  # entrypoints are imported and checked in a child process
+        loaded = load_job(spec)  # entrypoints are imported and checked in a child process
     runner = SweepRunner(loaded, options, attach=attach)
     (err_console if json_out else console).print(sweep_plan_line(*runner.plan(), options.asked), markup=False)
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any, Mapping
 
 from dsctl.specs import JobSpec
 from dsctl.specs.errors import SpecError
@@ -25,32 +26,46 @@ def _require_positive(value, what: str, hint: str) -> float:
     return float(value)
 
 
-def usage_from_spec(spec: JobSpec, *, job_time_s: float, batches: float | None = None,
-                    workers: int | None = None) -> RunUsage:
-    """The machines a spec asks for, and how they are bought (service.provisioning, trainer.provisioning),
-    with no measurements; workers=0 means colocated (no service)."""
+def usage_from_spec(spec: JobSpec, *, job_time_s: float, batches: float | None = None, workers: int | None = None,
+                    trainers: int | None = None, measured: Mapping[str, Any] | None = None) -> RunUsage:
+    """The one way a job becomes a RunUsage: the machines its spec asks for and how they are bought
+    (service.provisioning, trainer.provisioning), `workers` of them (default the spec's; 0: colocated, no
+    service), and, where a run measured them, what its processes used: a run summary's worker_cpu_cores,
+    worker_mem_gb, dispatcher_*, trainer_* and the seconds its VMs spent stopped (worker_stopped_s, ...)."""
     n_workers = spec.service.workers if workers is None else workers
     if n_workers < 0:
         raise SpecError(f"the number of workers must be 0 (colocated, no tf.data service) or more, got {n_workers}.")
+    m = measured or {}
+    service = n_workers > 0
     return RunUsage(
         job_time_s=job_time_s,
         batches=batches,
-        n_trainers=spec.trainer.count,
+        n_trainers=spec.trainer.count if trainers is None else trainers,
         trainer_machine=spec.trainer.machine,
         accelerators_per_trainer=spec.trainer.accelerators_per_trainer,
         n_workers=n_workers,
-        worker_machine=spec.service.worker_machine if n_workers else None,
-        dispatcher_machine=spec.service.dispatcher_machine if n_workers else None,
+        worker_machine=spec.service.worker_machine if service else None,
+        worker_avg_cpu_cores=m.get("worker_cpu_cores") if service else None,
+        worker_avg_mem_gb=m.get("worker_mem_gb") if service else None,
+        dispatcher_machine=spec.service.dispatcher_machine if service else None,
+        dispatcher_avg_cpu_cores=m.get("dispatcher_cpu_cores") if service else None,
+        dispatcher_avg_mem_gb=m.get("dispatcher_mem_gb") if service else None,
+        trainer_avg_cpu_cores=m.get("trainer_cpu_cores"),
+        trainer_avg_mem_gb=m.get("trainer_mem_gb"),
         service_provisioning=spec.service.provisioning,
         trainer_provisioning=spec.trainer.provisioning,
+        worker_stopped_s=min(m.get("worker_stopped_s") or 0.0, n_workers * job_time_s) if service else 0.0,
+        dispatcher_stopped_s=min(m.get("dispatcher_stopped_s") or 0.0, job_time_s) if service else 0.0,
     )
 
 
 def estimate(spec: JobSpec, catalog: Catalog, *, batches_per_sec: float, steps: float | None = None,
-             hours: float | None = None, basis: str | None = None, workers: int | None = None) -> CostBreakdown:
+             hours: float | None = None, basis: str | None = None, workers: int | None = None,
+             stand_in: bool = False) -> CostBreakdown:
     """Cost of running `spec` at `batches_per_sec` for `steps` or `hours` (default: the spec's own).
 
-    basis defaults to spec.cost_basis; workers overrides spec.service.workers (0 = colocated).
+    basis defaults to spec.cost_basis; workers overrides spec.service.workers (0 = colocated); stand_in: the
+    spec's provider runs processes standing for its machine types (it is said in the notes).
     """
     bps = _require_positive(
         batches_per_sec, "the throughput in batches per second",
@@ -68,9 +83,9 @@ def estimate(spec: JobSpec, catalog: Catalog, *, batches_per_sec: float, steps: 
         batches = bps * job_time_s
     usage = usage_from_spec(spec, job_time_s=job_time_s, batches=batches, workers=workers)
     result = price(usage, catalog, basis or spec.cost_basis)
-    if spec.provider == "local":
+    if stand_in:
         result = replace(result, notes=result.notes + (
-            "this spec runs locally (provider: local); it is priced as the machine types it names.",))
+            f"this spec runs locally (provider: {spec.provider}); it is priced as the machine types it names.",))
     return result
 
 

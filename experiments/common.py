@@ -29,7 +29,8 @@ from matplotlib.figure import Figure
 
 from dsctl.orchestrator.run import JobRunner, Progress
 from dsctl.orchestrator.store import RunStore, dsctl_home
-from dsctl.specs import LoadedSpec, load_spec
+from dsctl.orchestrator.preflight import load_job
+from dsctl.specs import LoadedSpec
 
 Log = Callable[[str], None]
 
@@ -180,7 +181,7 @@ def write_spec(out_dir: Path, name: str, text: str) -> LoadedSpec:
     path = out_dir / "specs" / f"{name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(textwrap.dedent(text).lstrip())
-    return load_spec(path)
+    return load_job(path)
 
 
 @dataclass

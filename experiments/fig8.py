@@ -32,7 +32,8 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from dsctl.costmodel import RunUsage, compare, estimate, load_catalog, price
+from dsctl.costmodel import compare, estimate, load_catalog, price
+from dsctl.costmodel.estimate import usage_from_spec
 from dsctl.specs import load_spec_text
 
 from .common import (MEASURED, ExperimentResult, Log, experiment_id, fmt, md_images, md_table, money, new_figure, run_job,
@@ -149,17 +150,9 @@ def _steady_cost(spec, mode: str, s: dict) -> float | None:
     bps = s.get("batches_per_s")
     if not bps:
         return None
-    service = mode == "service"
-    usage = RunUsage(
-        job_time_s=3600.0, batches=bps * 3600.0, n_trainers=spec.trainer.count, trainer_machine=spec.trainer.machine,
-        accelerators_per_trainer=spec.trainer.accelerators_per_trainer, n_workers=spec.service.workers if service else 0,
-        worker_machine=spec.service.worker_machine if service else None,
-        worker_avg_cpu_cores=s.get("worker_cpu_cores") if service else None,
-        worker_avg_mem_gb=s.get("worker_mem_gb") if service else None,
-        dispatcher_machine=spec.service.dispatcher_machine if service else None,
-        dispatcher_avg_cpu_cores=s.get("dispatcher_cpu_cores") if service else None,
-        dispatcher_avg_mem_gb=s.get("dispatcher_mem_gb") if service else None,
-        service_provisioning=spec.service.provisioning, trainer_provisioning=spec.trainer.provisioning)
+    usage = usage_from_spec(spec, job_time_s=3600.0, batches=bps * 3600.0,
+                            workers=spec.service.workers if mode == "service" else 0,
+                            measured=s)
     return price(usage, load_catalog(spec.pricing), spec.cost_basis).per_1000_batches
 
 

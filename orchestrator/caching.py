@@ -17,9 +17,10 @@ from pathlib import Path
 
 from dsctl.costmodel import load_catalog
 from dsctl.costmodel.storage import fit_read_model, held_out_errors
-from dsctl.provisioners import TrainerLaunch
+from dsctl.provisioners import Deployment, TrainerLaunch
 from dsctl.specs import SpecError
 
+from .context import RunContext
 from .outcome import RunFailed
 from .policies.autocache import decide, hints_from_points
 from .store import dsctl_home
@@ -79,35 +80,33 @@ def _price(spec) -> float | None:
         return None  # priced by time alone; the event says so
 
 
-def profile_and_decide(runner, dep) -> Path:
-    """Run the profiling trainer, decide, record; returns the spec file the trainers get."""
-    spec = runner.spec
-    if runner.mode == "service" and spec.service.processing_mode in SHARDED:
-        runner._event("autocache", "autocache: compute (caching needs processing_mode: parallel_epochs; under "
-                                   f"{spec.service.processing_mode} each worker would cache only its share)")
-        runner.autocache_summary = {"choice": "compute", "reason": "sharded processing"}
-        return _with_mode(runner, "compute")
-    runner._phase("profiling autocache")
-    profile_spec = _with_mode(runner, "profile", name="spec-profile.json")
-    metrics_dir = Path(runner.run_dir) / "autocache-profile"
-    launch = TrainerLaunch(mode=runner.mode, spec_json=profile_spec, metrics_dir=metrics_dir,
-                           base_dir=runner.loaded.base_dir, cache_dir=dsctl_home() / "cache", count=1)
-    runner.provisioner.start_trainers(dep, launch, runner._event)
-    profile = _wait_profile(runner, dep, JsonlTail(metrics_dir / "trainer-0.jsonl"))
+def profile_and_decide(ctx: RunContext, dep: Deployment) -> tuple[Path, dict]:
+    """Run the profiling trainer, decide, record; the spec file the trainers get, and the decision (the summary's
+    `autocache`)."""
+    spec = ctx.spec
+    if ctx.mode == "service" and spec.service.processing_mode in SHARDED:
+        ctx.event("autocache", "autocache: compute (caching needs processing_mode: parallel_epochs; under "
+                               f"{spec.service.processing_mode} each worker would cache only its share)")
+        return _with_mode(ctx, "compute"), {"choice": "compute", "reason": "sharded processing"}
+    ctx.phase("profiling autocache")
+    profile_spec = _with_mode(ctx, "profile", name="spec-profile.json")
+    metrics_dir = ctx.run_dir / "autocache-profile"
+    launch = TrainerLaunch(mode=ctx.mode, spec_json=profile_spec, metrics_dir=metrics_dir,
+                           base_dir=ctx.loaded.base_dir, cache_dir=dsctl_home() / "cache", count=1)
+    ctx.provider.start_trainers(dep, launch, ctx.event)
+    profile = _wait_profile(ctx, dep, JsonlTail(metrics_dir / "trainer-0.jsonl"))
     if profile.get("hits"):
         choice = profile["hits"][-1]  # the one nearest the end saves the most work (Cachew: highest throughput)
         reason = (f"cache hit: a job with the same pipeline sealed a cache at {', '.join(profile['hits'])}; reading "
                   f"{choice} without profiling")
-        runner.autocache_summary = {"choice": choice, "reason": reason, "hits": profile["hits"]}
-        runner._event("autocache", f"autocache: {choice}: {reason}")
-        return _with_mode(runner, choice)
+        ctx.event("autocache", f"autocache: {choice}: {reason}")
+        return _with_mode(ctx, choice), {"choice": choice, "reason": reason, "hits": profile["hits"]}
     gb_month = _price(spec)
     decision, inputs = decide_from_profile(spec, profile, gb_month)
-    runner.autocache_summary = {**decision.as_dict(), "inputs": inputs}
-    runner.store.add_event(runner.run_id, "autocache-profile", _profile_text(inputs))
+    ctx.store.add_event(ctx.run_id, "autocache-profile", _profile_text(inputs))
     priced = "" if gb_month is not None else f" (no {inputs['storage_kind']} price in {spec.pricing}: by time alone)"
-    runner._event("autocache", f"autocache: {decision.choice}: {decision.reason}{priced}")
-    return _with_mode(runner, decision.choice)
+    ctx.event("autocache", f"autocache: {decision.choice}: {decision.reason}{priced}")
+    return _with_mode(ctx, decision.choice), {**decision.as_dict(), "inputs": inputs}
 
 
 def _profile_text(inputs: dict) -> str:
@@ -119,7 +118,7 @@ def _profile_text(inputs: dict) -> str:
             f"per element (held-out sizes: {checks})")
 
 
-def _wait_profile(runner, dep, tail: JsonlTail) -> dict:
+def _wait_profile(ctx: RunContext, dep: Deployment, tail: JsonlTail) -> dict:
     deadline = time.monotonic() + PROFILE_TIMEOUT_S
     profile = error = None
     while True:
@@ -128,11 +127,11 @@ def _wait_profile(runner, dep, tail: JsonlTail) -> dict:
                 profile = rec
             elif rec.get("event") == "error":
                 error = rec
-        state = runner.provisioner.poll(dep, runner._event)
+        state = ctx.supervisor.poll()
         if not state.running:
             break
         if profile is not None:  # its exit can take seconds to be seen on a loaded machine: do not wait for it
-            runner.provisioner.stop_trainers(dep)
+            ctx.provider.stop_trainers(dep)
             break
         if time.monotonic() > deadline:
             raise RunFailed(f"autocache profiling did not finish within {PROFILE_TIMEOUT_S:.0f} s; see "
@@ -145,16 +144,16 @@ def _wait_profile(runner, dep, tail: JsonlTail) -> dict:
             error = rec
     if profile is None:
         if error and error.get("kind") == "user":
-            raise SpecError(error.get("message", ""), where=runner.loaded.source.path)
+            raise SpecError(error.get("message", ""), where=ctx.loaded.source.path)
         why = error.get("message") if error else f"see {tail.path.parent}/trainer-0.log"
         raise RunFailed(f"autocache profiling failed: {why}")
     return profile
 
 
-def _with_mode(runner, mode: str, name: str = "spec-trainers.json") -> Path:
-    spec = runner.spec
+def _with_mode(ctx: RunContext, mode: str, name: str = "spec-trainers.json") -> Path:
+    spec = ctx.spec
     out = spec.model_copy(update={"autocache": spec.autocache.model_copy(update={"mode": mode})})
-    path = Path(runner.run_dir) / name
+    path = ctx.run_dir / name
     path.write_text(out.model_dump_json(indent=1))
     return path
 

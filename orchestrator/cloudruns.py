@@ -1,7 +1,7 @@
 """Runs supervised on the cloud, seen from any machine: their progress, their record, and stopping them.
 
 A run `dsctl up --detach` handed over to its dispatcher VM (orchestrator/supervise.py) is known
-here by its state file (a `supervisor` node) when this machine started it, or only by its id
+here by its state file (its provider says it was handed off) when this machine started it, or only by its id
 and project otherwise. Either way its record comes from the objects its supervisor publishes
 (cloudrecord.py): `refresh` imports what is new into this machine's store, so `dsctl runs`,
 `runs show`, `logs` and `cost report` read it like any other run, and a run found ended
@@ -16,17 +16,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from dsctl.provisioners import Deployment, get_provisioner
+from dsctl.provisioners import Deployment, HandsOff, get_provider
 
 from . import cloudrecord
 from .store import RunStore, dsctl_home
 
 IMPORTED = "cloud-parts.json"  # in the run dir: the record's parts already imported here
 STOP_WAIT_S = 300.0
-
-
-def supervised(dep: Deployment) -> bool:
-    return bool(dep.by_role("supervisor"))
 
 
 def _imported(run_dir: Path) -> set[str]:
@@ -53,7 +49,8 @@ def ended(latest: dict | None) -> bool:
 
 def refresh(store: RunStore, dep: Deployment, events: Callable[[str, str], None] = lambda k, m: None) -> dict | None:
     """Bring a supervised run's record up to date here; once it has ended, confirm nothing of it is left."""
-    provisioner = get_provisioner(dep.provider)
+    provisioner = get_provider(dep.provider)
+    assert isinstance(provisioner, HandsOff), f"provider {dep.provider} supervises no run on the cloud"
     latest = sync(store, provisioner.run_objects(dep), dep.run_id, Path(dep.run_dir))
     if ended(latest) and dep.status != "down":
         provisioner.down(dep, events)  # its supervisor deleted everything but its own VM, which goes now

@@ -33,8 +33,8 @@ from typing import Callable
 
 import psutil
 
-from dsctl.provisioners import Node
-from dsctl.provisioners.local.processes import is_ours
+from dsctl.provisioners import ProcessRef
+from dsctl.provisioners.processes import is_ours
 from dsctl.runtime.readiness import read_json, write_json_atomic
 
 from .outcome import RunFailed
@@ -67,7 +67,7 @@ def process_alive(who: dict | None) -> bool:
     try:
         created = who.get("create_time")
         created = None if created is None else float(created)
-        return is_ours(Node(role="control", index=0, pid=int(who["pid"]), create_time=created))
+        return is_ours(ProcessRef(pid=int(who["pid"]), create_time=created))
     except (psutil.Error, ValueError, TypeError):
         return False
 

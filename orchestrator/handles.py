@@ -10,11 +10,11 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from dsctl.provisioners import Deployment, Provisioner, TrainerLaunch, TrainerState
-from dsctl.provisioners.contract import EventSink
+from dsctl.provisioners import Deployment, EventSink, Provider, TrainerLaunch, TrainerState
 from dsctl.runtime.sampler import Sample
 
 from .control import ControlClient, ControlServer, DeploymentBusy, SweepLock, process_alive, serving
+from .supervision import Supervisor
 
 STARTS_S = 300.0  # how long the monitor may act on what starts processes (workers, trainers) once it took it
 SERVING_GRACE_S = 10.0  # between its job's end and serving requests, a monitor records the run
@@ -22,10 +22,10 @@ ABANDONED_CHECK_S = 1.0
 
 
 class OwnedDeployment:
-    """Started by this process; released by taking it down."""
+    """Started by this process; released by taking it down. Its servers are supervised as a job's are."""
 
-    def __init__(self, provisioner: Provisioner, dep: Deployment):
-        self.provisioner, self.dep = provisioner, dep
+    def __init__(self, provisioner: Provider, dep: Deployment, supervisor: Supervisor):
+        self.provisioner, self.dep, self.supervisor = provisioner, dep, supervisor
 
     @property
     def workers(self) -> int:
@@ -36,10 +36,10 @@ class OwnedDeployment:
 
     def start_trainers(self, launch: TrainerLaunch, events: EventSink) -> dict[int, str]:
         self.provisioner.start_trainers(self.dep, launch, events)
-        return {n.index: n.extra["metrics"] for n in self.dep.by_role("trainer")}
+        return {n.index: n.metrics for n in self.dep.by_role("trainer")}
 
     def poll(self, events: EventSink) -> TrainerState:
-        return self.provisioner.poll(self.dep, events)
+        return self.supervisor.poll()
 
     def sample(self) -> list[Sample]:
         return self.provisioner.sample(self.dep)
@@ -68,8 +68,7 @@ class AttachedDeployment:
         """The deployment, held for this sweep alone until release(). DeploymentBusy (exit 1) if its monitor is
         gone, its own job has not ended, or another sweep holds it; nothing is asked of the monitor before."""
         run, log = dep.run_id, Path(dep.run_dir) / "up.log"
-        node = (dep.by_role("monitor") or [None])[0]
-        monitor = {"pid": node.pid, "create_time": node.create_time} if node else None
+        monitor = {"pid": dep.monitor.pid, "create_time": dep.monitor.create_time} if dep.monitor else None
         if not process_alive(monitor):
             raise DeploymentBusy(f"the monitor of run {run}, which acts on its deployment for sweeps, is no longer "
                                  f"running (see {log}), so nothing can scale it; `dsctl down {run}` removes what is "
@@ -148,9 +147,9 @@ def _who(holder: dict | None) -> str:
     return f"sweep {holder['sweep']} (pid {holder.get('pid')})" if holder.get("sweep") else "another sweep"
 
 
-def serve_control(provisioner: Provisioner, dep: Deployment, events: EventSink) -> ControlServer:
+def serve_control(provisioner: Provider, supervisor: Supervisor, dep: Deployment, events: EventSink) -> ControlServer:
     """The monitor's side of AttachedDeployment; from now on its sweeps are served (control/serving.json)."""
-    handle = OwnedDeployment(provisioner, dep)
+    handle = OwnedDeployment(provisioner, dep, supervisor)
 
     def start_trainers(launch: dict) -> dict:
         paths = {k: Path(launch[k]) for k in ("spec_json", "metrics_dir", "base_dir", "cache_dir")}

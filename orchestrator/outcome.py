@@ -16,15 +16,26 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from dsctl.errors import EXIT_INTERRUPTED, DsctlError
 from dsctl.specs import SpecError
 
 
-class RunFailed(RuntimeError):
+class RunFailed(DsctlError):
     """The run failed at runtime (exit 1); it is recorded, and the deployment is gone."""
 
     def __init__(self, message: str, run_id: str | None = None):
         super().__init__(message)
         self.run_id = run_id
+
+    def for_user(self) -> str:
+        hint = f" (run {self.run_id}; `dsctl runs show {self.run_id}` has what was measured)" if self.run_id else ""
+        return str(self) + hint
+
+
+class Interrupted(DsctlError):
+    """Ctrl-C (or SIGTERM) during a run: everything it started is stopped and what it measured is recorded."""
+
+    exit_code = EXIT_INTERRUPTED
 
 
 @dataclass

@@ -1,22 +1,44 @@
-"""Checks of a loaded spec that need the orchestrator's parts: its autoscale policy.
+"""A job spec as every command takes it: loaded and checked with what lies above the specs package.
 
-(Whether the user's entrypoints import and return what they should is checked when the spec
-is loaded, in a child process with a time limit: dsctl.specs.entrypoints.)
+specs.load_spec checks the file itself (schema, rules, that the command and entrypoints are there);
+here come the checks that need the cost model and the orchestrator's parts: the price catalog the
+spec names, and its autoscale policy with its settings.
 """
 
 from __future__ import annotations
 
 import difflib
+from pathlib import Path
 
-from dsctl.specs import LoadedSpec
+from dsctl.costmodel.catalog import load_catalog
+from dsctl.specs import LoadedSpec, SpecError, load_spec
+
+
+def load_job(path: str | Path, *, autoscale: str | None = None, check_entrypoints: bool = True) -> LoadedSpec:
+    """The spec at `path`, checked whole: SpecError (one paragraph, file and line) for anything wrong in it."""
+    loaded = load_spec(path, check_entrypoints=check_entrypoints)
+    check_pricing(loaded)
+    check_autoscale(loaded, autoscale)
+    return loaded
+
+
+def check_pricing(loaded: LoadedSpec) -> None:
+    """Load the catalog `pricing` names, so a bad one (a negative price, a typo) fails here with its
+    file and line, not when the finished run is priced."""
+    try:
+        load_catalog(loaded.spec.pricing, base_dir=loaded.base_dir)
+    except SpecError as exc:
+        if not exc.where:  # unknown name, missing file: the spec's line is the one to change
+            raise loaded.error(("pricing",), exc.message) from None
+        raise SpecError(f"{exc.message} (This is the price catalog that 'pricing' names at "
+                        f"{loaded.source.where(('pricing',))}.)", where=exc.where, field=exc.field) from None
 
 
 def check_autoscale(loaded: LoadedSpec, policy: str | None = None):
     """The scaling policy a run uses (spec's `autoscale:`, or --autoscale), checked; None without autoscaling."""
-    from dsctl.orchestrator.policies import make_policy
     from dsctl.specs.schema import AutoscaleSpec
 
-    from dsctl.orchestrator.policies import POLICIES
+    from .policies import POLICIES, make_policy
 
     auto = loaded.spec.autoscale
     if policy is not None and (auto is None or auto.policy != policy):

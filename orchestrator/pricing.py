@@ -6,7 +6,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from dsctl.costmodel import Catalog, CostBreakdown, RunUsage, describe_provisioning, load_catalog, price
+from dsctl.costmodel.estimate import usage_from_spec
 from dsctl.costmodel.storage import GB, storage_cost, storage_month_cost
+from dsctl.provisioners.registry import provider_class
 from dsctl.specs import JobSpec, SpecError
 
 from .store import RunRecord
@@ -20,28 +22,16 @@ def usage_from_record(record: RunRecord) -> RunUsage:
     """
     spec = JobSpec.model_validate_json(record.spec_json)
     s = record.summary
-    service = record.mode == "service" and record.workers > 0
+    workers = record.workers if record.mode == "service" else 0
     job_time = s.get("duration_s") or ((record.ended_at or record.created_at) - record.created_at)
-    return RunUsage(
-        job_time_s=max(job_time, 1e-6),
-        batches=s.get("batches"),
-        n_trainers=record.trainers,
-        trainer_machine=spec.trainer.machine,
-        accelerators_per_trainer=spec.trainer.accelerators_per_trainer,
-        n_workers=record.workers if service else 0,
-        worker_machine=spec.service.worker_machine if service else None,
-        worker_avg_cpu_cores=s.get("worker_cpu_cores") if service else None,
-        worker_avg_mem_gb=s.get("worker_mem_gb") if service else None,
-        dispatcher_machine=spec.service.dispatcher_machine if service else None,
-        dispatcher_avg_cpu_cores=s.get("dispatcher_cpu_cores") if service else None,
-        dispatcher_avg_mem_gb=s.get("dispatcher_mem_gb") if service else None,
-        trainer_avg_cpu_cores=s.get("trainer_cpu_cores"),
-        trainer_avg_mem_gb=s.get("trainer_mem_gb"),
-        service_provisioning=spec.service.provisioning,
-        trainer_provisioning=spec.trainer.provisioning,
-        worker_stopped_s=min(s.get("worker_stopped_s") or 0.0, record.workers * job_time) if service else 0.0,
-        dispatcher_stopped_s=min(s.get("dispatcher_stopped_s") or 0.0, job_time) if service else 0.0,
-    )
+    return usage_from_spec(spec, job_time_s=max(job_time, 1e-6), batches=s.get("batches"), workers=workers,
+                           trainers=record.trainers, measured=s)
+
+
+def stands_in(provider: str) -> bool:
+    """Whether a provider's machines stand in for the spec's machine types (processes on this machine)."""
+    cls = provider_class(provider)
+    return bool(cls is not None and cls.stands_in)
 
 
 def price_record(record: RunRecord, catalog: Catalog | None = None, basis: str | None = None) -> tuple[RunUsage, CostBreakdown, Catalog]:
@@ -51,7 +41,7 @@ def price_record(record: RunRecord, catalog: Catalog | None = None, basis: str |
     catalog = catalog or load_catalog(spec.pricing, base_dir=base_dir)
     usage = usage_from_record(record)
     breakdown = price(usage, catalog, basis or spec.cost_basis)
-    if record.provider == "local":
+    if stands_in(record.provider):
         breakdown = replace(breakdown, notes=(
             *breakdown.notes, "a local run: each process is priced as the machine type the spec names for it."))
     return usage, breakdown, catalog
@@ -78,7 +68,7 @@ def cost_summary(record: RunRecord) -> dict | None:
         _, b, catalog = price_record(record)
     except SpecError as exc:
         return {"error": str(exc)}
-    note = "priced as the spec's machine types" if record.provider == "local" else "list prices"
+    note = "priced as the spec's machine types" if stands_in(record.provider) else "list prices"
     return {"total": b.total, "service": b.service, "trainers": b.trainers, "per_1000_batches": b.per_1000_batches,
             "basis": b.basis, "catalog": catalog.name, "note": note,
             "service_provisioning": b.service_provisioning, "trainer_provisioning": b.trainer_provisioning,

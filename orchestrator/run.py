@@ -16,19 +16,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from dsctl.provisioners import Deployment, Node, TrainerLaunch, get_provisioner
+from dsctl.provisioners import Deployment, HandsOff, ProcessRef, Provider, TrainerLaunch, get_provider
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 
 from .accelerators import trainer_accelerators
 from . import caching
 from .autoscaling import TrainerWindows, leave_queue_room
 from .checkpoints import run_checkpoint_dir, saved_step
+from .context import RunContext
 from .outcome import Outcome, RunFailed
 from .policies import Observation
 from .preflight import check_autoscale
 from .pricing import cost_summary
 from .resume import Resume
 from .store import RunStore, dsctl_home
+from .supervision import Supervisor
 from .summary import summarize_run
 from .tail import JsonlTail
 from .tbevents import RunBoard
@@ -89,7 +91,7 @@ class JobRunner:
         self._worker_util: float | None = None
         self.store = store or RunStore()
         self.listener = listener or (lambda p: None)
-        self.provisioner = get_provisioner(self.spec.provider)
+        self.provisioner: Provider = get_provider(self.spec.provider)
         self.run_id = run_id or new_run_id(self.spec.name)
         self.run_dir = dsctl_home() / "runs" / self.run_id
         # Checkpoints: this run's own folder, and the run it restores from (dsctl up --resume).
@@ -130,8 +132,9 @@ class JobRunner:
     # -- the run ------------------------------------------------------------------
     def prepare(self) -> Deployment:
         if self.mode == "service":
+            most = max(self.workers, self.spec.autoscale.max_workers if self.policy and self.spec.autoscale else 0)
             try:
-                self.provisioner.check(self.spec, max(self.workers, self.spec.autoscale.max_workers if self.policy and self.spec.autoscale else 0))
+                self.provisioner.check(self.spec, most, self.loaded.base_dir)
             except SpecError as exc:
                 raise self.loaded.locate(exc) from None
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -157,10 +160,11 @@ class JobRunner:
 
             import psutil
 
-            dep.nodes.append(Node(role="monitor", index=0, pid=os.getpid(), pgid=os.getpgid(0),
-                                  create_time=psutil.Process().create_time(), log=str(self.run_dir / "up.log")))
+            dep.monitor = ProcessRef(pid=os.getpid(), pgid=os.getpgid(0), create_time=psutil.Process().create_time(),
+                                     log=str(self.run_dir / "up.log"))
         dep.save()
         self.deployment = dep
+        self.supervisor = Supervisor(self.provisioner, dep, self.spec.service.fault_tolerant, self._event)
         return dep
 
     def supervise_until_stopped(self) -> None:
@@ -169,10 +173,10 @@ class JobRunner:
         from .handles import serve_control
 
         dep = self.deployment
-        control = serve_control(self.provisioner, dep, self._event)
+        control = serve_control(self.provisioner, self.supervisor, dep, self._event)
         try:
             while True:
-                self.provisioner.poll(dep, self._event)
+                self.supervisor.poll()
                 control.serve_pending()
                 time.sleep(0.1)
         except KeyboardInterrupt:
@@ -191,6 +195,16 @@ class JobRunner:
         return self.summary
 
     # -- a run supervised on the cloud: provisioned here, run there (orchestrator/supervise.py) -----------
+    @property
+    def hands_off(self) -> bool:
+        """Whether this run is supervised on one of its machines (the provider can, and the spec asks for it)."""
+        return isinstance(self.provisioner, HandsOff) and self.provisioner.hands_off(self.spec, self.mode)
+
+    @property
+    def _cloud(self) -> HandsOff:
+        assert isinstance(self.provisioner, HandsOff), f"provider {self.provisioner.name} cannot hand a run off"
+        return self.provisioner
+
     def hand_off(self, attached: bool = False, wait_s: float = 300.0, poll_s: float = 1.0) -> dict:
         """`dsctl up --detach` on a provider that supervises runs itself: provision from here, hand the job to
         the supervisor on the dispatcher VM, and return once it has published that the trainers run (or the
@@ -203,14 +217,14 @@ class JobRunner:
         outcome = Outcome()
         try:
             with outcome.classify(self.run_id):
-                self.provisioner.prepare_hand_off(self.spec)
+                self._cloud.prepare_hand_off(self.spec)
                 self._phase("provisioning")
                 self.provisioner.up(self.spec, dep, self.workers, self._event)
                 self.provisioner.wait_ready(dep, self._event)
                 dep.status = "up"
                 dep.save()
                 self._phase("handing over")
-                self.provisioner.hand_off(dep, self._hand_off_files(attached), self.loaded.base_dir, self._event)
+                self._cloud.hand_off(dep, self._hand_off_files(attached), self.loaded.base_dir, self._event)
                 latest = self._wait_supervisor(cloudrecord, dep, wait_s, poll_s)
                 run = latest.get("run") or {}
                 if run.get("status") in ("failed", "interrupted"):
@@ -231,7 +245,7 @@ class JobRunner:
         return files
 
     def _wait_supervisor(self, cloudrecord, dep: Deployment, wait_s: float, poll_s: float) -> dict:
-        objects = self.provisioner.run_objects(dep)
+        objects = self._cloud.run_objects(dep)
         deadline = time.monotonic() + wait_s
         while True:
             latest = cloudrecord.read_latest(objects)
@@ -239,7 +253,7 @@ class JobRunner:
             if run.get("status") not in (None, "running") or (latest or {}).get("progress", {}).get("batches"):
                 return latest
             if time.monotonic() > deadline:
-                status = self.provisioner.supervisor_status(dep)
+                status = self._cloud.supervisor_status(dep)
                 raise RunFailed(f"the run's supervisor on the dispatcher VM has not reported a first batch within "
                                 f"{wait_s:.0f} s (its process: {status}); everything was deleted.")
             time.sleep(poll_s)
@@ -251,7 +265,7 @@ class JobRunner:
         from . import cloudruns
 
         dep = self.deployment
-        objects = self.provisioner.run_objects(dep)
+        objects = self._cloud.run_objects(dep)
 
         def show(latest: dict) -> None:
             p = latest.get("progress") or {}
@@ -263,7 +277,7 @@ class JobRunner:
             self.progress.last_event = p.get("last_event") or self.progress.last_event
             self.listener(self.progress)
 
-        limit = self.spec.gcp.outage_limit_s if self.spec.gcp else 600.0
+        limit = self._cloud.limits(self.spec).outage_limit_s
         try:
             # Heartbeats well within the limit, so the supervisor never takes a slow one for a gone follower.
             cloudruns.follow(objects, show, outage_limit_s=limit, poll_s=poll_s,
@@ -287,11 +301,12 @@ class JobRunner:
     def run_adopted(self, dep: Deployment) -> dict:
         """On the supervising VM: the job of a deployment provisioned elsewhere and handed over, to its end."""
         self.deployment = dep
+        self.supervisor = Supervisor(self.provisioner, dep, self.spec.service.fault_tolerant, self._event)
         started = self.store.get(self.run_id).created_at
         outcome = Outcome()
         try:
             with outcome.classify(self.run_id):
-                self.provisioner.adopt(dep, self.spec)
+                self._cloud.adopt(dep, self.spec)
                 self._start_trainers(dep)
                 self._phase("training")
                 self._train(dep)
@@ -312,7 +327,10 @@ class JobRunner:
             dep.status = "up"
             dep.save()
         if profiling:
-            self.trainer_spec_json = caching.profile_and_decide(self, dep)
+            context = RunContext(loaded=self.loaded, spec=self.spec, mode=self.mode, run_id=self.run_id,
+                                 run_dir=self.run_dir, store=self.store, provider=self.provisioner,
+                                 supervisor=self.supervisor, event=self._event, phase=self._phase)
+            self.trainer_spec_json, self.autocache_summary = caching.profile_and_decide(context, dep)
             self._start_trainers(dep)
         self._phase("training")
         self._train(dep)
@@ -393,7 +411,7 @@ class JobRunner:
         self.provisioner.start_trainers(dep, launch, self._event)
 
     def _train(self, dep: Deployment) -> None:
-        tails = {n.index: JsonlTail(n.extra["metrics"]) for n in dep.by_role("trainer")}
+        tails = {n.index: JsonlTail(n.metrics) for n in dep.by_role("trainer")}
         self._windows = TrainerWindows(list(tails))
         batches: dict[int, int] = {i: 0 for i in tails}
         rates: dict[int, float] = {}
@@ -419,7 +437,7 @@ class JobRunner:
         last_progress = started = time.monotonic()
         limit = self.spec.trainer.timeout_s
         while True:
-            state = self.provisioner.poll(dep, self._event)
+            state = self.supervisor.poll()
             self._stopped_s = state.stopped_s
             if state.blind:
                 last_progress = time.monotonic()  # the trainers cannot be seen now: no news is not a stall

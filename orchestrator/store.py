@@ -11,7 +11,7 @@ written whole or not at all) and written by the next dsctl command that opens th
 once.
 
 A file that is not (or no longer) an SQLite database is moved aside, never deleted, and a
-new one is started; `on_notice` tells the user where it went and how to recover its rows.
+new one is started; a notice (`notices`) tells the user where it went and how to recover its rows.
 Errors the store cannot absorb (locked at open, a full disk when a run starts) are one
 StoreError paragraph naming the file and what to do.
 """
@@ -19,6 +19,7 @@ StoreError paragraph naming the file and what to do.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -29,6 +30,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
+
+from dsctl.errors import DsctlError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -98,10 +101,14 @@ PRIVATE_UMASK = 0o077  # records, specs, state, logs and metrics: the user's alo
 
 
 def dsctl_home() -> Path:
-    """DSCTL_HOME (default ~/.dsctl). Whatever this process writes from here on is private (umask 0o077):
-    every command that touches the home asks for it first, and the processes it starts inherit the umask."""
-    os.umask(PRIVATE_UMASK)
+    """DSCTL_HOME (default ~/.dsctl): where runs, records and caches are kept."""
     return Path(os.environ.get("DSCTL_HOME") or Path.home() / ".dsctl")
+
+
+def private_umask() -> None:
+    """From here on, everything this process writes, and every process it starts, is the user's alone (umask
+    0o077). The CLI asks for it first thing (cli/errors.py run_app); a RunStore does when it opens the home."""
+    os.umask(PRIVATE_UMASK)
 
 
 def _tighten(path: Path, mode: int) -> bool:
@@ -125,7 +132,7 @@ def private_home(home: Path) -> None:
     0700, and tightens one that an older dsctl left open: the home, runs/ and every run under it
     on first sight (0700 dirs, 0600 files), the database files on every open.
     """
-    os.umask(PRIVATE_UMASK)
+    private_umask()
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     runs = home / "runs"
     try:
@@ -171,14 +178,12 @@ class RunRecord:
         return d
 
 
-def _quiet(message: str) -> None:
-    """The orchestrator prints nothing: the CLI points `on_notice` at stderr (cli/errors.py)."""
+# What the store did on its own that the user must hear of (a damaged file moved aside), as WARNING records
+# of this logger: the orchestrator prints nothing, the CLI shows them (cli/errors.py).
+notices = logging.getLogger("dsctl.notice")
 
 
-on_notice: Callable[[str], None] = _quiet  # told what the store did on its own (a damaged file moved aside)
-
-
-class StoreError(RuntimeError):
+class StoreError(DsctlError):
     """The records cannot be used now (exit 1); the message names the file and what to do."""
 
 
@@ -207,7 +212,7 @@ class RunStore:
         except sqlite3.DatabaseError as exc:
             if not _damaged(exc):
                 raise self._unusable(exc) from None
-            on_notice(self._set_aside(exc))
+            notices.warning(self._set_aside(exc))
             try:
                 self._open()
             except sqlite3.DatabaseError as again:
@@ -387,8 +392,8 @@ class RunStore:
                 if isinstance(exc, sqlite3.Error) and _damaged(exc):
                     raise  # the database itself: moved aside like one found damaged on open
                 if not _busy(str(exc)):  # a lock passes by itself; anything else, the user should hear of
-                    on_notice(f"{path} could not be added to {self.path} ({exc}); it is left there for the next "
-                              "command.")
+                    notices.warning(f"{path} could not be added to {self.path} ({exc}); it is left there for the "
+                                    "next command.")
                 continue
             path.unlink(missing_ok=True)
 

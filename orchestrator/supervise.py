@@ -19,10 +19,11 @@ import threading
 import time
 from pathlib import Path
 
-from dsctl.provisioners import Deployment
-from dsctl.specs import load_spec, load_spec_text
+from dsctl.provisioners import Deployment, HandsOff
+from dsctl.specs import load_spec_text
 
 from . import cloudrecord
+from .preflight import load_job
 from .resume import Resume
 from .run import JobRunner
 from .store import RunStore
@@ -35,7 +36,7 @@ def _loaded(run_dir: Path):
     """The run's spec as the user wrote it (for its folder-relative paths), else as resolved."""
     yaml = run_dir / "spec.yaml"
     if yaml.exists():
-        return load_spec(yaml, check_entrypoints=False)  # the user's code runs on the trainer VMs, not here
+        return load_job(yaml, check_entrypoints=False)  # the user's code runs on the trainer VMs, not here
     return load_spec_text((run_dir / "spec.json").read_text(), str(run_dir / "spec.json"))
 
 
@@ -113,16 +114,19 @@ def supervise(run_dir: Path) -> int:
     dep.run_dir = str(run_dir)  # the state was written on the user's machine, where the run dir is elsewhere
     runner = JobRunner(_loaded(run_dir), run_id=row["id"], store=store, workers=handoff["workers"],
                        autoscale=handoff.get("autoscale"), resume=Resume.from_dict(handoff.get("resume")))
-    objects = runner.provisioner.run_objects(dep)
+    cloud = runner.provisioner
+    assert isinstance(cloud, HandsOff), f"provider {cloud.name} supervises no run on the cloud"
+    objects = cloud.run_objects(dep)
     try:
-        runner.provisioner.check_supervisor(dep, runner.spec)
+        cloud.check_supervisor(dep, runner.spec)
     except Exception as exc:  # noqa: BLE001 - said in the record; the user's machine, still waiting, deletes the run
         store.update_run(runner.run_id, status="failed", ended_at=time.time(), error=str(exc))
         store.flush()
         cloudrecord.Publisher(store, objects, runner.run_id).publish({"phase": "refused"})
         return 1
-    deadline = row["created_at"] + (runner.spec.gcp.max_duration_s if runner.spec.gcp else 86400.0)
-    attached = (runner.spec.gcp.outage_limit_s if runner.spec.gcp else 600.0) if handoff.get("attached") else None
+    limits = cloud.limits(runner.spec)
+    deadline = row["created_at"] + limits.max_duration_s
+    attached = limits.outage_limit_s if handoff.get("attached") else None
     watchdog = _Watchdog(runner, objects, deadline, attached)
     watchdog.start()
     code = 1
@@ -140,5 +144,5 @@ def supervise(run_dir: Path) -> int:
             store.flush()
             watchdog.finish()
         finally:
-            runner.provisioner.delete_self(dep)
+            cloud.delete_self(dep)
     return code

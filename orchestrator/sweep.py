@@ -19,7 +19,8 @@ from statistics import mean
 from typing import Callable
 
 from dsctl.costmodel import RunUsage, ThroughputModel, load_catalog, price
-from dsctl.provisioners import Deployment, TrainerLaunch, get_provisioner
+from dsctl.costmodel.estimate import usage_from_spec
+from dsctl.provisioners import Capacity, Deployment, Provider, TrainerLaunch, get_provider
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 from dsctl.specs.calibration import Calibration
 
@@ -31,6 +32,7 @@ from .recommend import recommend
 from .outcome import Outcome, RunFailed
 from .run import JobRunner, Progress, new_run_id
 from .store import RunRecord, RunStore, dsctl_home
+from .supervision import Supervisor
 from .summary import utilization_summary
 from .tail import JsonlTail
 
@@ -103,10 +105,10 @@ class SweepRunner:
         self._attached: AttachedDeployment | None = None
 
     @property
-    def provisioner(self):
+    def provisioner(self) -> Provider:
         """Created on first use: a sweep predicted from a calibration file provisions nothing."""
         if self._provisioner is None:
-            self._provisioner = get_provisioner(self.spec.provider)
+            self._provisioner = get_provider(self.spec.provider)
         return self._provisioner
 
     # -- planning ---------------------------------------------------------------------
@@ -121,15 +123,13 @@ class SweepRunner:
         counts = sorted(self.opt.counts)
         if self.opt.calibration is not None:
             return [], counts
-        if self.spec.provider != "local" or self.attach is not None:
-            return counts, []
-        from dsctl.provisioners.local import local_capacity
-
-        capacity = local_capacity(self.spec.trainer.count)
+        if not isinstance(self.provisioner, Capacity) or self.attach is not None:
+            return counts, []  # a place without a bound measures every count
+        capacity = self.provisioner.capacity(self.spec.trainer.count)
         fits = [c for c in counts if c <= capacity]
         if not self.opt.simulate:
             try:
-                self.provisioner.check(self.spec, counts[-1])
+                self.provisioner.check(self.spec, counts[-1], self.loaded.base_dir)
             except SpecError as exc:
                 raise self.loaded.locate(exc) from None
             return counts, []
@@ -282,7 +282,8 @@ class SweepRunner:
         self.provisioner.wait_ready(dep, self._event)
         dep.status = "up"
         dep.save()
-        return OwnedDeployment(self.provisioner, dep)
+        return OwnedDeployment(self.provisioner, dep,
+                               Supervisor(self.provisioner, dep, self.spec.service.fault_tolerant, self._event))
 
     def _measure_point(self, handle, tails: dict[int, JsonlTail], workers: int, mode: str):
         """Discard the warm-up after a change, then record one window as a point run."""
@@ -381,12 +382,8 @@ class SweepRunner:
 
     def _usage(self, workers: int, bps: float, cpu: float | None, mem: float | None) -> RunUsage:
         """An hour at `bps` batches/s per trainer; workers used as the measured ones did (0 workers: colocated)."""
-        s, t = self.spec.service, self.spec.trainer
-        service = dict(n_workers=workers, worker_machine=s.worker_machine, worker_avg_cpu_cores=cpu,
-                       worker_avg_mem_gb=mem, dispatcher_machine=s.dispatcher_machine) if workers else {}
-        return RunUsage(job_time_s=3600.0, batches=bps * 3600.0 * t.count, n_trainers=t.count, trainer_machine=t.machine,
-                        accelerators_per_trainer=t.accelerators_per_trainer, service_provisioning=s.provisioning,
-                        trainer_provisioning=t.provisioning, **service)
+        return usage_from_spec(self.spec, job_time_s=3600.0, batches=bps * 3600.0 * self.spec.trainer.count,
+                               workers=workers, measured={"worker_cpu_cores": cpu, "worker_mem_gb": mem})
 
     def _conclude(self, predicted: list[int]) -> dict:
         model = self._predict(predicted) if predicted else None

@@ -22,7 +22,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from .pricing import price_record
+from .pricing import price_record, stands_in
 from .store import RunRecord
 
 SUBDIR = "tensorboard"
@@ -169,7 +169,7 @@ class RunBoard:
             summary[f"{role}_cpu_cores"], summary[f"{role}_mem_gb"] = cores / n, rss / n / 2**30
         so_far = replace(record, workers=workers or record.workers, summary=summary)
         _, breakdown, self._catalog = price_record(so_far, self._catalog)
-        local = " (each process priced as the machine type the spec names for it)" if record.provider == "local" else ""
+        local = " (each process priced as the machine type the spec names for it)" if stands_in(record.provider) else ""
         self._file.scalar("cost_so_far_usd", breakdown.total, step, wall,
                           f"measured here: the run's time so far and its sampled CPU and memory, priced with catalog "
                           f"{self._catalog.name} on the {breakdown.basis} basis{local}, as `dsctl runs show` prices "

@@ -1,22 +1,30 @@
-"""Places to run a deployment, behind one contract (contract.py): local/ processes, gcp/ VMs."""
+"""Places to run a deployment, behind one contract (contract.py): local/ processes, gcp/ VMs.
+
+    state.py     what a deployment is (typed, saved to the run's state file)
+    contract.py  what every provider implements, and the capabilities some declare
+    registry.py  the providers by name
+"""
 
 from __future__ import annotations
 
-from .contract import Deployment, Node, Provisioner, TrainerLaunch, TrainerState
+from .contract import (
+    Capacity,
+    EventSink,
+    FindsByLabel,
+    HandOffLimits,
+    HandsOff,
+    Plans,
+    Poll,
+    Provider,
+    RunObjects,
+    ServerExit,
+    TrainerLaunch,
+    TrainerState,
+    Where,
+)
+from .registry import get_provider, providers_with, register
+from .state import STATE_FILE, Deployment, Node, ProcessRef
 
-
-def get_provisioner(name: str) -> Provisioner:
-    if name == "local":
-        from .local import LocalProvisioner
-
-        return LocalProvisioner()
-    if name == "gcp":
-        from .gcp import GcpProvisioner
-
-        return GcpProvisioner()
-    from dsctl.specs import SpecError
-
-    raise SpecError(f"provider '{name}' is not available in this version of dsctl; use provider: local or gcp.", field="provider")
-
-
-__all__ = ["Deployment", "Node", "Provisioner", "TrainerLaunch", "TrainerState", "get_provisioner"]
+__all__ = ["Capacity", "Deployment", "EventSink", "FindsByLabel", "HandOffLimits", "HandsOff", "Node", "Plans", "Poll",
+           "ProcessRef", "Provider", "RunObjects", "STATE_FILE", "ServerExit", "TrainerLaunch", "TrainerState", "Where",
+           "get_provider", "providers_with", "register"]

@@ -1,61 +1,40 @@
-"""The provisioner contract: one small interface, one implementation per place to run.
+"""The provider contract: what every place to run implements, and what only some can do.
 
-A Deployment is plain data saved to the run's state file after every change,
-so `dsctl down` in a new process (even after `kill -9` of `dsctl up`) can find
-and remove everything that was started.
+A provider is a folder (provisioners/local, provisioners/gcp, ...) whose class implements
+`Provider` and registers itself by name (registry.py). The orchestrator drives every provider
+the same way, for one measurement of one job:
+
+    check -> up -> wait_ready -> start_trainers -> poll/sample (repeatedly) -> stop_trainers -> down
+                                 scale_workers at any time after wait_ready; restart when told to
+
+A provider does things and reports what it sees; it decides nothing that is the same everywhere.
+Whether an exited server is restarted, how often, and what the run's record says about it is the
+orchestrator's (orchestrator/supervision.py): `poll` reports exited servers, `restart` carries a
+restart out. Everything a provider creates is recorded in the deployment (state.py) before it is
+created, so `down` in a new process removes it.
+
+What only some places can do is an optional capability: a protocol below that the provider's
+class also implements. The orchestrator asks `isinstance(provider, HandsOff)`, never a provider's
+name:
+- HandsOff: the run's supervision moves onto a machine of the run, which outlives the user's.
+- Plans: creating the machines costs money: a plan with prices first, and a question.
+- FindsByLabel: a run's resources can be found and removed with no local state at all.
+- Capacity: the place holds a bounded number of workers (this machine's memory).
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, ClassVar, Protocol, runtime_checkable
 
 from dsctl.runtime.sampler import Sample
+from dsctl.specs import SpecError
 from dsctl.specs.schema import JobSpec
 
-STATE_FILE = "state.json"
+from .state import Deployment, Node, StateCodec
 
 EventSink = Callable[[str, str], None]  # (kind, message), e.g. ("worker-restarted", "worker 1 ...")
-
-
-@dataclass
-class Node:
-    role: str  # "dispatcher" | "worker" | "trainer"
-    index: int
-    address: str | None = None  # host:port for servers
-    pid: int | None = None
-    pgid: int | None = None
-    create_time: float | None = None  # with pid, identifies the process even if the pid is reused
-    log: str | None = None
-    extra: dict = field(default_factory=dict)
-
-
-@dataclass
-class Deployment:
-    run_id: str
-    provider: str
-    run_dir: str
-    status: str = "starting"  # starting | up | down
-    dispatcher_address: str | None = None
-    nodes: list[Node] = field(default_factory=list)
-    labels: dict = field(default_factory=dict)
-
-    def by_role(self, role: str) -> list[Node]:
-        return sorted((n for n in self.nodes if n.role == role), key=lambda n: n.index)
-
-    def save(self) -> None:
-        path = Path(self.run_dir) / STATE_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1))
-        tmp.replace(path)
-
-    @classmethod
-    def load(cls, run_dir: str | Path) -> "Deployment":
-        data = json.loads((Path(run_dir) / STATE_FILE).read_text())
-        nodes = [Node(**n) for n in data.pop("nodes")]
-        return cls(nodes=nodes, **data)
 
 
 @dataclass
@@ -77,7 +56,7 @@ class TrainerLaunch:
     cpus: list[int] | None = None  # pin trainer processes to these cores (local provider)
     accelerator: str = "none"  # none | gpu | tpu: what the trainer machine has, for the keras model's strategy
     accelerators: int = 0  # how many (GPUs, TPU devices) per trainer machine
-    # keras models: the run's checkpoint folder, and the one of the run it resumes (a local path or gs://);
+    # The run's checkpoint folder, and the one of the run it resumes (a local path or gs://);
     # each trainer is given its own folder below them (trainer_checkpoint_dir).
     checkpoint_dir: str | None = None  # save checkpoints below here
     restore_from: str | None = None  # restore each trainer's latest checkpoint from below here first
@@ -119,17 +98,41 @@ class TrainerLaunch:
 
 @dataclass
 class TrainerState:
+    """The trainers as the orchestrator sees them after a poll."""
+
     running: list[int]
     exit_codes: dict[int, int]
     blind: bool = False  # the trainers cannot be seen right now (an SSH outage): no progress is not a stall
     stopped_s: dict[str, float] = field(default_factory=dict)  # role -> VM-seconds its VMs spent stopped so far
 
 
-class Provisioner(Protocol):
-    name: str
+@dataclass
+class ServerExit:
+    """A dispatcher or worker whose process has ended; the supervisor decides whether it is restarted."""
 
-    def check(self, spec: JobSpec, workers: int) -> None:
-        """Refuse (SpecError) what this place cannot run, before anything starts."""
+    node: Node
+    code: int
+
+
+@dataclass
+class Poll:
+    """What a provider saw in one look at a running deployment."""
+
+    trainers: TrainerState
+    exited: list[ServerExit] = field(default_factory=list)
+
+
+class Provider(Protocol):
+    """Every place to run implements this; see the module docstring for the order of calls."""
+
+    name: ClassVar[str]
+    codec: ClassVar[StateCodec]  # reads its own state back from a state file (state.py)
+    # Its machines stand in for the machine types the spec names (processes on this machine): runs are priced as
+    # those types, and said to be.
+    stands_in: ClassVar[bool]
+
+    def check(self, spec: JobSpec, workers: int, base_dir: Path) -> None:
+        """Refuse (SpecError) what this place cannot run, before anything is created."""
 
     def up(self, spec: JobSpec, dep: Deployment, workers: int, events: EventSink) -> None:
         """Create the machines and start the dispatcher and `workers` workers (dispatcher_address is known after)."""
@@ -137,16 +140,129 @@ class Provisioner(Protocol):
     def wait_ready(self, dep: Deployment, events: EventSink) -> None:
         """Return when the dispatcher and every worker serve."""
 
-    def scale_workers(self, dep: Deployment, workers: int, events: EventSink) -> None: ...
+    def scale_workers(self, dep: Deployment, workers: int, events: EventSink) -> None:
+        """Add workers (and wait until they serve) or remove the highest-numbered ones."""
 
-    def start_trainers(self, dep: Deployment, launch: TrainerLaunch, events: EventSink) -> None: ...
+    def start_trainers(self, dep: Deployment, launch: TrainerLaunch, events: EventSink) -> None:
+        """Start `launch.count` trainers; each trainer node's `metrics` says where its metrics reach this machine."""
 
-    def poll(self, dep: Deployment, events: EventSink) -> TrainerState:
-        """Supervise (restart dead workers) and report the trainers' state."""
+    def poll(self, dep: Deployment, events: EventSink) -> Poll:
+        """One look: the trainers' state, and the servers whose process has ended (reported once each)."""
 
-    def sample(self, dep: Deployment) -> list[Sample]: ...
+    def restart(self, dep: Deployment, node: Node, events: EventSink) -> None:
+        """Start an exited dispatcher (from its journal) or worker again at its own address."""
 
-    def stop_trainers(self, dep: Deployment) -> None: ...
+    def log_tail(self, dep: Deployment, node: Node) -> str:
+        """The last lines of the node's log, for an error message."""
+
+    def sample(self, dep: Deployment) -> list[Sample]:
+        """CPU and resident memory of every process of the deployment since the last sample."""
+
+    def stop_trainers(self, dep: Deployment) -> None:
+        """Stop the trainers (a sweep measures again on the same deployment)."""
 
     def down(self, dep: Deployment, events: EventSink) -> None:
         """Remove everything the deployment holds; safe to call twice and from a new process."""
+
+
+class RunObjects(Protocol):
+    """Where a run supervised on the cloud publishes its record (orchestrator/cloudrecord.py)."""
+
+    def put(self, name: str, data: bytes) -> None: ...
+
+    def get(self, name: str) -> bytes | None: ...
+
+    def names(self, prefix: str = "") -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class HandOffLimits:
+    """How long a run supervised on the cloud may last, and may go without hearing from an attached follower."""
+
+    max_duration_s: float
+    outage_limit_s: float
+
+
+@runtime_checkable
+class HandsOff(Protocol):
+    """The run's supervision moves onto one of its machines (orchestrator/supervise.py), so the job outlives the
+    user's machine and following it costs that machine the same whatever the worker count."""
+
+    def hands_off(self, spec: JobSpec, mode: str) -> bool:
+        """Whether this run is to be supervised on the cloud (the spec may ask to supervise it from here)."""
+
+    def limits(self, spec: JobSpec) -> HandOffLimits: ...
+
+    def detaching(self, spec: JobSpec) -> SpecError | None:
+        """Why `dsctl up --detach` of this spec cannot hand the run off (e.g. the spec asks to supervise it from
+        here), or None."""
+
+    def prepare_hand_off(self, spec: JobSpec) -> None:
+        """Before `up`: what the machines of a run supervised on the cloud need (e.g. their own time limit)."""
+
+    def hand_off(self, dep: Deployment, files: dict[str, bytes], base_dir: Path, events: EventSink) -> None:
+        """Start the run's supervisor on a machine of the run with `files` in its run dir; stop watching from here."""
+
+    def handed_off(self, dep: Deployment) -> bool:
+        """Whether this deployment's run is supervised on the cloud now."""
+
+    def run_objects(self, dep: Deployment) -> RunObjects: ...
+
+    def supervisor_status(self, dep: Deployment) -> str:
+        """'running', 'exited (code N)', or why it is not known."""
+
+    def adopt(self, dep: Deployment, spec: JobSpec) -> None:
+        """On the supervising machine: take over a deployment handed over from the user's machine."""
+
+    def check_supervisor(self, dep: Deployment, spec: JobSpec) -> None:
+        """On the supervising machine, before anything: may it do what a supervisor does? (raises if not)"""
+
+    def delete_self(self, dep: Deployment) -> None:
+        """The supervisor's last act, once the record is published: remove the machine it runs on."""
+
+
+@runtime_checkable
+class Plans(Protocol):
+    """Creating this provider's machines costs money: `dsctl up --dry-run` shows the plan, `up` asks first."""
+
+    def plan_text(self, spec: JobSpec, workers: int | None) -> str:
+        """The plan (machines, zone, prices, estimated cost), created nothing; needs no credentials."""
+
+    def confirm(self, spec: JobSpec, workers: int | None, *, yes: bool, ask: Callable[[str], bool],
+                echo: Callable[[str], None]) -> bool:
+        """Check what can be checked, show the plan and ask; True to go ahead. SpecError where nobody can answer."""
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where to look for a run with no local state (dsctl down RUN --project P --zone Z --bucket B)."""
+
+    project: str | None = None
+    zone: str | None = None
+    bucket: str | None = None
+
+    @property
+    def given(self) -> bool:
+        return bool(self.project or self.zone or self.bucket)
+
+
+@runtime_checkable
+class FindsByLabel(Protocol):
+    """A run's resources carry its name: they can be found, and removed, with no local state."""
+
+    def looks_there(self, where: Where) -> bool:
+        """Whether `where` (or the environment) names a place of this provider to look in."""
+
+    def down_by_label(self, run_id: str, where: Where, log: Callable[[str], None]) -> str:
+        """Delete what carries the run's label; what was found, as a phrase ('' for nothing)."""
+
+    def run_objects_by_label(self, run_id: str, where: Where) -> RunObjects:
+        """A supervised run's published record, found by its id."""
+
+
+@runtime_checkable
+class Capacity(Protocol):
+    """The place holds a bounded number of workers (this machine's memory)."""
+
+    def capacity(self, trainers: int) -> int: ...
+

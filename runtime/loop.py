@@ -78,6 +78,7 @@ class MeasuredLoop:
         self._measured_from: float | None = None
         self._deadline = float("inf")
         self._fill = QueueFillSampler(None)
+        self._last_end: float | None = None  # when the last batch's step ended: the measurement ends there
 
     @property
     def exhausted(self) -> bool:
@@ -144,7 +145,7 @@ class MeasuredLoop:
                 holding = (b - a, b, stats)
                 yield batch
                 holding = None
-                c = time.perf_counter()
+                c = self._last_end = time.perf_counter()
                 self.batches += 1
                 if self.batches == 1:
                     self._emit("first_batch", since_start_s=c - self._t0)
@@ -168,17 +169,19 @@ class MeasuredLoop:
             self.reason = "closed"  # the consumer stopped asking (a break, or an exception in its step)
             if holding is not None:  # it had the batch: count it, its step ending now
                 self.batches += 1
-                window.add(holding[0], time.perf_counter() - holding[1], holding[2])
+                self._last_end = time.perf_counter()
+                window.add(holding[0], self._last_end - holding[1], holding[2])
             raise
 
     def finish(self) -> None:
-        """The last window and the end record (once); the ids and per-step records, when asked for."""
+        """The last window and the end record (once); the ids and per-step records, when asked for. The measurement
+        ends with the last batch's step: what a program does after its loop (saving, evaluating) is not in it."""
         if self.finished:
             return
         self.finished = True
         if self._t0 is None:
             self._start()
-        end = time.perf_counter()
+        end = self._last_end if self._last_end is not None else time.perf_counter()
         window = self._window
         if window.batches:
             self._emit_window(end)

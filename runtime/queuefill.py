@@ -5,8 +5,9 @@ TensorFlow exposes no Python API for it, but the iterator's autotuning model (th
 tf.data's autotuner keeps, read with the IteratorGetModelProto op) has one node per dataset
 stage, and the `DataService` node reports the elements buffered in the client's queue.
 
-Reading the model costs about 0.5-1 ms, so the harness samples it at most every
-`interval_s` (0.1 s: at most 1% of the training loop) and reports the mean of the samples
+Reading the model costs 20-40 us for a service client's small model (benchmarks/bench_command.py, 2026-11-26;
+up to about 0.5-1 ms measured earlier for larger pipelines), so the harness samples it at most every
+`interval_s` (0.1 s: well under 1% of the training loop) and reports the mean of the samples
 per metrics window. Where the node is missing (autotuning off, no service in the pipeline,
 an iterator without the resource) the fill is None and nothing is sampled again.
 """

@@ -1,7 +1,8 @@
 """Job specs: the YAML schema, loading with file:line errors, and the examples users start from."""
 
 from .errors import SpecError
-from .loader import LoadedSpec, load_spec, load_spec_text, spec_hash
+from .loaded import LoadedSpec
+from .loader import load_spec, load_spec_text, spec_hash
 from .schema import JobSpec
 
 __all__ = ["JobSpec", "LoadedSpec", "SpecError", "load_spec", "load_spec_text", "spec_hash"]

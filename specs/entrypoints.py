@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from .errors import SpecError
 
 if TYPE_CHECKING:
-    from .loader import LoadedSpec
+    from .loaded import LoadedSpec
 
 CHILD = Path(__file__).with_name("entrypoint_child.py")
 TIMEOUT_ENV = "DSCTL_ENTRYPOINT_TIMEOUT_S"

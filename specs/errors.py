@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from dsctl.errors import EXIT_BAD_INPUT, DsctlError
 
-class SpecError(Exception):
+
+class SpecError(DsctlError):
     """A problem in a user's file or arguments; the CLI prints it and exits 2.
 
     `where` is "file:line" when known, `field` the dotted path of the offending
     value ("service.workers"). The message is kept to one paragraph: what is
     wrong, where, and what would be valid.
     """
+
+    exit_code = EXIT_BAD_INPUT
 
     def __init__(self, message: str, *, where: str | None = None, field: str | None = None):
         self.message = message.strip()

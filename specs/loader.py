@@ -1,44 +1,23 @@
-"""Load a job spec from YAML: parse, validate fields, validate pipeline params, apply rules,
-load its price catalog, and (for a file) check its entrypoints in a child process."""
+"""Load a job spec from YAML: parse, validate fields, validate pipeline params, apply rules, and (for a
+file) check its command and, in a child process, its entrypoints. (Its price catalog is the cost
+model's, above this package: orchestrator/preflight.py load_job checks it.)"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import entrypoints
 from .command import command_problem
 from .errors import SpecError
+from .loaded import LoadedSpec
 from .pipelines import PARAMS_BY_BUILTIN
 from .rules import check_rules
 from .schema import JobSpec
 from .validate import validate
 from .yamlsource import YamlSource, parse_yaml, read_yaml
-
-
-@dataclass
-class LoadedSpec:
-    """A validated spec plus where it came from (for errors found later, e.g. by the runtime)."""
-
-    spec: JobSpec
-    source: YamlSource
-
-    @property
-    def base_dir(self) -> Path:
-        """Directory user entrypoints are imported from (the spec's own folder)."""
-        return Path(self.source.path).resolve().parent
-
-    def error(self, loc: tuple, message: str) -> SpecError:
-        return self.source.error(loc, message)
-
-    def locate(self, exc: SpecError) -> SpecError:
-        """A SpecError raised with a field name only (by code that has no file), pointed at that field's line here."""
-        if exc.where or not exc.field:
-            return exc
-        return self.error(tuple(exc.field.split(".")), exc.message)
 
 
 def spec_hash(spec: JobSpec) -> str:
@@ -62,24 +41,7 @@ def from_source(src: YamlSource) -> LoadedSpec:
         params = validate(params_model, src, spec.pipeline.params, prefix=("pipeline", "params"))
         spec.pipeline.params = params.model_dump(mode="json")
     check_rules(spec, src)
-    loaded = LoadedSpec(spec=spec, source=src)
-    _check_pricing(loaded)
-    return loaded
-
-
-def _check_pricing(loaded: LoadedSpec) -> None:
-    """Load the catalog `pricing` names, so a bad one (a negative price, a typo) fails here with its
-    file and line, not when the finished run is priced. Catalogs are costmodel's; this is the one
-    place specs/ reaches up to it, lazily, because a catalog is part of what a spec says."""
-    from dsctl.costmodel.catalog import load_catalog
-
-    try:
-        load_catalog(loaded.spec.pricing, base_dir=loaded.base_dir)
-    except SpecError as exc:
-        if not exc.where:  # unknown name, missing file: the spec's line is the one to change
-            raise loaded.error(("pricing",), exc.message) from None
-        raise SpecError(f"{exc.message} (This is the price catalog that 'pricing' names at "
-                        f"{loaded.source.where(('pricing',))}.)", where=exc.where, field=exc.field) from None
+    return LoadedSpec(spec=spec, source=src)
 
 
 def load_spec(path: str | Path, *, check_entrypoints: bool = True) -> LoadedSpec:

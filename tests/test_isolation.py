@@ -28,7 +28,7 @@ import pytest
 
 from dsctl.orchestrator.store import RunStore
 from dsctl.provisioners import Deployment
-from dsctl.provisioners.local.processes import is_ours
+from dsctl.provisioners.processes import is_ours
 from dsctl.provisioners.local.provisioner import LocalProvisioner
 from dsctl.runtime.readiness import read_json
 from dsctl.specs import load_spec_text

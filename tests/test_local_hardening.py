@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dsctl.orchestrator.store import RunStore, dsctl_home
+from dsctl.orchestrator.store import RunStore, dsctl_home, private_umask
 from dsctl.runtime import readiness
 
 
@@ -48,11 +48,11 @@ def test_a_store_at_a_path_of_its_own_keeps_its_directory_private_too(tmp_path):
     assert (mode(tmp_path / "elsewhere"), mode(tmp_path / "elsewhere" / "f")) == (0o700, 0o600)
 
 
-def test_dsctl_home_alone_sets_the_umask(tmp_path, monkeypatch):
-    """`dsctl down` writes state files before it opens the store."""
+def test_the_clis_first_step_sets_the_umask(tmp_path, monkeypatch):
+    """`dsctl down` writes state files before it opens the store: every command starts private (cli/errors.py)."""
     os.umask(0o022)
     monkeypatch.setenv("DSCTL_HOME", str(tmp_path))
-    dsctl_home()
+    private_umask()
     (tmp_path / "f").write_text("x")
     assert mode(tmp_path / "f") == 0o600
 

@@ -112,3 +112,15 @@ def test_stop_and_duration_end_a_loop_that_has_no_step_budget():
 
     n = sum(1 for _ in lp.run(endless()))
     assert lp.reason == "duration" and 3 <= n < 100
+
+
+def test_what_a_program_does_after_its_loop_is_not_measured():
+    rec = Recorder()
+    lp = loop(rec, steps=50)
+    for i, _ in enumerate(lp.run(batches(50))):
+        if i == 9:
+            break
+    time.sleep(0.3)  # saving, evaluating: after the last batch
+    lp.finish()
+    [end] = rec.of("end")
+    assert end["batches"] == 10 and end["measured_s"] < 0.2, end

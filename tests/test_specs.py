@@ -1209,7 +1209,7 @@ def test_a_file_that_never_ends_is_refused():
 
 
 # ---------------------------------------------------------------------------
-# Entrypoints are checked in a child process; the price catalog is loaded with the spec
+# Entrypoints are checked in a child process; the price catalog is loaded with the job (orchestrator.preflight)
 
 
 def test_a_model_entrypoint_that_imports_passes_and_nothing_runs_here(tmp_path):
@@ -1242,8 +1242,10 @@ def test_a_negative_price_in_the_spec_catalog_is_refused_with_its_file_and_line(
     (tmp_path / "prices.yaml").write_text("name: mine\ndate: 2024-03\nsource: bill\ncurrency: USD\nmachines:\n"
                                           "  n2-standard-8: -0.39\n")
     path = write(tmp_path, "name: a\ntrainer: {steps: 10}\npipeline: {builtin: synthetic}\npricing: prices.yaml\n")
+    from dsctl.orchestrator.preflight import load_job
+
     with pytest.raises(SpecError) as info:
-        load_spec(path)
+        load_job(path)
     assert info.value.where == f"{tmp_path.resolve()}/prices.yaml:6"
     assert info.value.field == "machines.n2-standard-8" and "zero or more" in str(info.value)
     assert f"'pricing' names at {path}:4" in str(info.value)

@@ -4,6 +4,7 @@ recorded. Whatever happens: no traceback, nothing left running, and the run's re
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -91,10 +92,23 @@ def test_replay_runs_only_the_statements_the_store_defers(home):
     assert not path.exists(), "a file written whole is removed"
 
 
-def test_a_kept_file_goes_only_when_all_of_it_is_written(home, monkeypatch):
+@pytest.fixture
+def notices() -> list[str]:
+    """What the store told the user on its own (the WARNING records of its `notices` logger)."""
+    got: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            got.append(record.getMessage())
+
+    handler = Collect()
+    store_module.notices.addHandler(handler)
+    yield got
+    store_module.notices.removeHandler(handler)
+
+
+def test_a_kept_file_goes_only_when_all_of_it_is_written(home, monkeypatch, notices):
     monkeypatch.setattr(store_module, "BUSY_TIMEOUT_S", 0.2)
-    notices = []
-    monkeypatch.setattr(store_module, "on_notice", notices.append)
     make_run(RunStore())
     good = {"sql": "UPDATE runs SET status = ? WHERE id = ?", "rows": [["succeeded", "rec-1"]]}
     path = keep(home / "runs" / "rec-1", "unrecorded-1-1.jsonl", [good])
@@ -160,9 +174,7 @@ def corrupt_files(home: Path) -> list[Path]:
     return sorted(p for p in home.glob("runs.db.corrupt-*") if not p.name.endswith(("-wal", "-shm")))
 
 
-def test_a_file_that_is_not_a_database_is_moved_aside_and_a_new_one_started(home, monkeypatch):
-    notices = []
-    monkeypatch.setattr(store_module, "on_notice", notices.append)
+def test_a_file_that_is_not_a_database_is_moved_aside_and_a_new_one_started(home, notices):
     (home / "runs.db").write_bytes(GARBAGE)
     (home / "runs.db-wal").write_bytes(b"stale")
     store = RunStore()
@@ -197,9 +209,7 @@ def test_a_page_found_damaged_in_use_moves_the_file_aside_and_stops(home):
 
 
 @pytest.mark.skipif(not shutil.which("sqlite3"), reason="the sqlite3 shell is not installed (dsctl does not need it)")
-def test_the_recovery_the_notice_gives_copies_what_sqlite_can_still_read(home, monkeypatch):
-    notices = []
-    monkeypatch.setattr(store_module, "on_notice", notices.append)
+def test_the_recovery_the_notice_gives_copies_what_sqlite_can_still_read(home, notices):
     store = RunStore()
     make_run(store)
     store.add_event("rec-1", "ready", "dispatcher and 1 worker(s) ready")

@@ -1,7 +1,7 @@
 """What can go wrong on Google Cloud, as one-paragraph errors the orchestrator reports (exit 1).
 
-These are runtime failures, not mistakes in the spec: GcpError is a RuntimeError,
-which the orchestrator turns into RunFailed. Operation errors are classified
+These are runtime failures, not mistakes in the spec: GcpError is a DsctlError with exit
+code 1, which the orchestrator records as the run's failure. Operation errors are classified
 from the operation's own error fields (see operations.py), API errors from the
 google.api_core exception the client raised.
 """
@@ -11,8 +11,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from dsctl.errors import DsctlError
 
-class GcpError(RuntimeError):
+
+class GcpError(DsctlError):
     """A Google Cloud failure, explained in one paragraph: what, where, and what to do."""
 
     def __init__(self, message: str):

@@ -16,35 +16,41 @@ import psutil
 
 from dsctl.runtime.readiness import read_json, write_json_atomic
 
-from ..contract import Node
+from ..state import Node, ProcessRef, from_dict
 from .processes import spawn
+from .state import Isolation, LocalNode
 
 LAUNCHER_READY_TIMEOUT_S = 120.0
+
+
+def _state(node: Node) -> LocalNode:
+    assert isinstance(node.state, LocalNode)
+    return node.state
 
 
 class Launcher:
     def __init__(self, run_dir: Path):
         self.dir = Path(run_dir) / "launcher"
 
-    def start(self, log: Path, isolate: bool = False) -> Node:
+    def start(self, log: Path, isolate: bool = False) -> ProcessRef:
         """Start the launcher; with `isolate`, in a network namespace of its own (see isolation())."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        node = Node(role="launcher", index=0, extra={"requests": str(self.dir)})
-        spawn(node, ["dsctl.runtime.launcher", "--requests", str(self.dir), *(["--isolate-network"] if isolate else [])],
+        ref = ProcessRef()
+        spawn(ref, ["dsctl.runtime.launcher", "--requests", str(self.dir), *(["--isolate-network"] if isolate else [])],
               log)
-        return node
+        return ref
 
-    def isolation(self) -> dict | None:
-        """What the launcher said about its network: {"isolated": true, "userns": ..., "netns": ...} or
-        {"isolated": false, "reason": ...}; None until it has said."""
-        return read_json(self.dir / "isolation.json")
+    def isolation(self) -> Isolation | None:
+        """What the launcher said about its network (runtime/launcher.py: isolation.json); None until it has said."""
+        answer = read_json(self.dir / "isolation.json")
+        return from_dict(Isolation, answer) if answer else None
 
     def request(self, node: Node, module: str, argv: list[str], log: Path, cpus: list[int] | None = None) -> None:
         """Ask for a fork; node.pid is filled in later by resolve()."""
         launch_id = f"{node.role}-{node.index}-{time.monotonic_ns()}"
         node.pid = node.pgid = node.create_time = None
         node.log = str(log)
-        node.extra["launch_id"] = launch_id
+        _state(node).launch_id = launch_id
         log.parent.mkdir(parents=True, exist_ok=True)
         path = self.dir / f"{launch_id}.req"
         write_json_atomic(path.with_suffix(".tmpreq"), {"id": launch_id, "module": module, "argv": argv, "log": str(log),
@@ -55,7 +61,7 @@ class Launcher:
         """Fill in the pid of a requested process once the launcher has forked it."""
         if node.pid:
             return True
-        answer = read_json(self.dir / f"{node.extra['launch_id']}.pid")
+        answer = read_json(self.dir / f"{_state(node).launch_id}.pid")
         if not answer:
             return False
         node.pid = node.pgid = answer["pid"]

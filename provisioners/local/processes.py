@@ -1,23 +1,21 @@
-"""Starting and stopping local processes, each in its own process group.
+"""Starting a run's local processes, each in its own session and process group.
 
-Each process gets its own session, so Ctrl-C in the terminal reaches only
-dsctl, which then stops them in order; and `dsctl down` can stop a whole group
-later, identified by pid AND start time (never by process name).
+Each process gets its own session, so Ctrl-C in the terminal reaches only dsctl, which then
+stops them in order (provisioners/processes.py stop_groups); `dsctl down` can stop a whole
+group later, identified by pid AND start time (never by process name).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 
-from ..contract import Node
+from ..state import Node, ProcessRef
 
 
 def child_env() -> dict:
@@ -47,7 +45,7 @@ def enter_namespaces_of(pid: int) -> list[str]:
     return [*prefix, "--"]
 
 
-def spawn(node: Node, args: list[str], log: Path, cpus: list[int] | None = None,
+def spawn(node: Node | ProcessRef, args: list[str], log: Path, cpus: list[int] | None = None,
           prefix: list[str] | None = None) -> subprocess.Popen:
     """Start `python -m <args>` for `node` (pinned to `cpus` if given), filling in its pid, pgid, start time and log.
 
@@ -71,59 +69,3 @@ def spawn(node: Node, args: list[str], log: Path, cpus: list[int] | None = None,
     except psutil.NoSuchProcess:
         node.create_time = None
     return proc
-
-
-def is_ours(node: Node) -> bool:
-    """True while the process recorded for `node` is still the same process and not a zombie."""
-    if not node.pid:
-        return False
-    try:
-        proc = psutil.Process(node.pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return node.create_time is None or abs(proc.create_time() - node.create_time) < 0.01
-    except psutil.NoSuchProcess:
-        return False
-
-
-def reap(pid: int | None) -> int | None:
-    """Collect a child's exit status (if it is our child); None while it runs."""
-    if not pid:
-        return None
-    try:
-        done, status = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return None
-    if done == 0:
-        return None
-    return os.waitstatus_to_exitcode(status)
-
-
-def _signal(nodes: list[Node], sig: int) -> None:
-    for node in nodes:
-        try:
-            os.killpg(node.pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def stop_groups(nodes: list[Node], grace_s: float = 8.0) -> None:
-    """SIGTERM each node's process group, then SIGKILL those left after `grace_s`.
-
-    A node whose recorded process is gone (or whose pid now belongs to another
-    process) is left alone: its pgid may have been reused by someone else.
-    """
-    live = [n for n in nodes if n.pgid and is_ours(n)]
-    for n in nodes:
-        reap(n.pid)
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 3.0)):
-        if not live:
-            return
-        _signal(live, sig)
-        deadline = time.monotonic() + wait
-        while live and time.monotonic() < deadline:
-            for n in live:
-                reap(n.pid)
-            live = [n for n in live if is_ours(n)]
-            if live:
-                time.sleep(0.05)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import psutil
 
+from dsctl.errors import DsctlError
 from dsctl.runtime.logtail import tail as log_tail
 from dsctl.runtime.readiness import pick_service_port, read_json
 from dsctl.runtime.serve import EXIT_PORT_IN_USE
@@ -29,9 +30,13 @@ from dsctl.runtime.sampler import ProcessSampler, Sample
 from dsctl.specs import SpecError
 from dsctl.specs.schema import JobSpec
 
-from ..contract import Deployment, EventSink, Node, TrainerLaunch, TrainerState
+from ..contract import EventSink, Poll, ServerExit, TrainerLaunch, TrainerState
+from ..processes import is_ours, stop_groups
+from ..registry import register
+from ..state import Deployment, Node, ProcessRef
 from .launcher import Launcher
-from .processes import enter_namespaces_of, is_ours, spawn, stop_groups
+from .processes import enter_namespaces_of, spawn
+from .state import Isolation, LocalCodec, LocalDeployment, LocalNode
 
 # Measured with `dsctl bench` style runs: an idle tf.data service worker holds
 # ~300 MB resident and grows with its buffers; trainers and the dispatcher hold
@@ -39,7 +44,6 @@ from .processes import enter_namespaces_of, is_ours, spawn, stop_groups
 WORKER_MEMORY_BYTES = 500 * 2**20
 OTHER_PROCESS_MEMORY_BYTES = 900 * 2**20
 READY_TIMEOUT_S = 120.0
-MAX_RESTARTS_PER_WORKER = 5  # and for the dispatcher
 EXIT_STATUS_GRACE_S = 10.0
 # A restarting worker whose port another process holds: tried again at the same address (the only
 # one its clients will read the rest of its share from) with backoff, for this long; then moved.
@@ -56,7 +60,7 @@ def isolation_mode() -> str:
     return (os.environ.get(ISOLATION_ENV) or "auto").strip().lower()
 
 
-class ProcessFailed(RuntimeError):
+class ProcessFailed(DsctlError):
     """A process of the deployment failed to start; the message carries its log's tail."""
 
 
@@ -66,7 +70,13 @@ class PortTaken(ProcessFailed):
     def __init__(self, node: Node, holder: str):
         self.node, self.holder = node, holder
         name = node.role if node.role == "dispatcher" else f"{node.role} {node.index}"
-        super().__init__(f"the {name} cannot start: its port {node.extra.get('port')} is taken by {holder}.")
+        super().__init__(f"the {name} cannot start: its port {_state(node).port} is taken by {holder}.")
+
+
+def _state(node: Node) -> LocalNode:
+    state = node.state
+    assert isinstance(state, LocalNode), f"{node.role} {node.index} is not a local process"
+    return state
 
 
 def _holder(node: Node) -> str:
@@ -83,12 +93,14 @@ def local_capacity(trainers: int) -> int:
     return max(int(budget // WORKER_MEMORY_BYTES), 0)
 
 
+@register
 class LocalProvisioner:
     name = "local"
+    codec = LocalCodec()
+    stands_in = True  # its processes stand for the machine types the spec names
 
     def __init__(self) -> None:
         self._procs: dict[tuple[str, int], subprocess.Popen] = {}
-        self._restarts: dict[tuple[str, int], int] = {}  # (role, index) -> restarts
         self._sampler = ProcessSampler()
         self._cache_mb = 0
         self._launcher: Launcher | None = None
@@ -98,7 +110,10 @@ class LocalProvisioner:
         self._port_waits: dict[int, dict] = {}  # worker index -> its wait for a port another process holds
 
     # -- checks -----------------------------------------------------------------
-    def check(self, spec: JobSpec, workers: int) -> None:
+    def capacity(self, trainers: int) -> int:
+        return local_capacity(trainers)
+
+    def check(self, spec: JobSpec, workers: int, base_dir: Path) -> None:
         if isolation_mode() not in ISOLATION_MODES:
             raise SpecError(f"the environment variable {ISOLATION_ENV} is {os.environ.get(ISOLATION_ENV)!r}; use auto "
                             "(the default: the deployment in a network of its own where this machine allows it), none "
@@ -121,27 +136,28 @@ class LocalProvisioner:
         while pending:
             self._resolve(dep)
             for node in list(pending):
+                state = _state(node)
                 if node.pid is None:
                     if not self._launcher_alive(dep):
                         raise ProcessFailed(f"the launcher exited before starting the {node.role}; "
                                             f"see {Path(dep.run_dir) / 'logs' / 'launcher.log'}:\n"
                                             f"{log_tail(str(Path(dep.run_dir) / 'logs' / 'launcher.log'))}")
                     continue
-                ready = read_json(node.extra["ready_file"])
+                ready = read_json(state.ready_file)
                 if ready and ready.get("pid") == node.pid:
                     node.address = f"127.0.0.1:{ready['port']}"
-                    node.extra.update(port=ready["port"], ready=True, served=True)
+                    state.port, state.ready, state.served = ready["port"], True, True
                     pending.remove(node)
                 elif not is_ours(node):
                     code = self._exit_code(node)
                     if code is None:
                         continue  # gone, its exit code not written yet: wait for it (a port refusal is told apart)
                     if code == EXIT_PORT_IN_USE and node.role in ("worker", "dispatcher"):
-                        picks = node.extra.get("port_picks", 0) + 1
-                        if node.role == "worker" and not node.extra.get("served") and picks <= 5:
+                        picks = state.port_picks + 1
+                        if node.role == "worker" and not state.served and picks <= 5:
                             # No client knows this address yet: another port will do.
-                            node.extra["port_picks"] = picks
-                            self._start_worker(dep, node, node.extra.get("cache_mb", 0), port=self._pick_port(dep))
+                            state.port_picks = picks
+                            self._start_worker(dep, node, port=self._pick_port(dep))
                             continue
                         raise PortTaken(node, _holder(node))
                     raise ProcessFailed(
@@ -159,7 +175,7 @@ class LocalProvisioner:
                 cpus: list[int] | None = None) -> None:
         """Start `python -m module argv` for node: forked by the launcher when it is up, else spawned."""
         if cpus:
-            node.extra["cpus"] = cpus
+            _state(node).cpus = cpus
         if self._launcher is not None and self._launcher_alive(dep):
             self._launcher.request(node, module, argv, log, cpus)
         else:
@@ -169,8 +185,8 @@ class LocalProvisioner:
     def _namespace_prefix(self, dep: Deployment) -> list[str]:
         """Without its launcher, a process of an isolated deployment is started in the deployment's network
         (entered through a process still in it), or its clients and servers could not reach each other."""
-        launcher = dep.by_role("launcher")
-        if not launcher or not (launcher[0].extra.get("isolation") or {}).get("isolated"):
+        isolation = self._dep_state(dep).isolation
+        if isolation is None or not isolation.isolated:
             return []
         log = Path(dep.run_dir) / "logs" / "launcher.log"
         for node in dep.by_role("dispatcher") + dep.by_role("worker") + dep.by_role("trainer"):
@@ -188,33 +204,40 @@ class LocalProvisioner:
                             f"network; see {log}.")
 
     def _launcher_alive(self, dep: Deployment) -> bool:
-        nodes = dep.by_role("launcher")
-        return bool(nodes) and is_ours(nodes[0])
+        launcher = self._dep_state(dep).launcher
+        return launcher is not None and is_ours(launcher)
+
+    @staticmethod
+    def _dep_state(dep: Deployment) -> LocalDeployment:
+        if dep.state is None:
+            dep.state = LocalDeployment()
+        return dep.state
 
     def _resolve(self, dep: Deployment) -> None:
         if self._launcher is None:
             return
         changed = False
         for node in dep.nodes:
-            if node.pid is None and "launch_id" in node.extra:
+            if node.pid is None and _state(node).launch_id:
                 changed |= self._launcher.resolve(node)
         if changed:
             dep.save()
 
     def _pick_port(self, dep: Deployment) -> int:
-        return pick_service_port(exclude={n.extra["port"] for n in dep.nodes if n.extra.get("port")})
+        return pick_service_port(exclude={n.state.port for n in dep.nodes if isinstance(n.state, LocalNode) and n.state.port})
 
-    def _start_worker(self, dep: Deployment, node: Node, spec_cache_mb: int, port: int | None = None) -> None:
+    def _start_worker(self, dep: Deployment, node: Node, port: int | None = None) -> None:
+        state = _state(node)
         ready = Path(dep.run_dir) / "ready" / f"worker-{node.index}.json"
         ready.unlink(missing_ok=True)
         if port is not None:
-            node.extra["port"] = port
+            state.port = port
             node.address = f"127.0.0.1:{port}"
-        node.extra.update(ready_file=str(ready), cache_mb=spec_cache_mb, ready=False)
+        state.ready_file, state.ready = str(ready), False
         args = ["--dispatcher", dep.dispatcher_address, "--host", "127.0.0.1",
-                "--port", str(node.extra["port"]), "--ready-file", str(ready)]
-        if spec_cache_mb:
-            args += ["--cross-trainer-cache-mb", str(spec_cache_mb)]
+                "--port", str(state.port), "--ready-file", str(ready)]
+        if state.cache_mb:
+            args += ["--cross-trainer-cache-mb", str(state.cache_mb)]
         self._launch(dep, node, "dsctl.runtime.worker", args, Path(dep.run_dir) / "logs" / f"worker-{node.index}.log",
                      self._service_cpus)
 
@@ -229,16 +252,16 @@ class LocalProvisioner:
         self._start_launcher(dep, isolate=isolation_mode() != "none")
         self._service_cpus = spec.service.worker_cpus
         port = self._pick_port(dep)
-        disp = Node(role="dispatcher", index=0, address=f"127.0.0.1:{port}",
-                    extra={"port": port, "ready_file": str(run_dir / "ready" / "dispatcher.json"),
-                           "status_file": str(run_dir / "dispatcher-status.json")})
+        state = LocalNode(port=port, ready_file=str(run_dir / "ready" / "dispatcher.json"),
+                          status_file=str(run_dir / "dispatcher-status.json"))
+        disp = Node(role="dispatcher", index=0, address=f"127.0.0.1:{port}", state=state)
         dep.nodes.append(disp)
         dep.dispatcher_address = disp.address
-        args = ["--port", str(port), "--ready-file", disp.extra["ready_file"], "--status-file", disp.extra["status_file"]]
+        state.argv = ["--port", str(port), "--ready-file", state.ready_file, "--status-file", state.status_file]
         if spec.service.fault_tolerant:
-            args += ["--fault-tolerant", "--work-dir", str(run_dir / "journal")]
-        disp.extra.update(argv=args, fault_tolerant=spec.service.fault_tolerant)
-        self._launch(dep, disp, "dsctl.runtime.dispatcher", args, run_dir / "logs" / "dispatcher.log", self._service_cpus)
+            state.argv += ["--fault-tolerant", "--work-dir", str(run_dir / "journal")]
+        self._launch(dep, disp, "dsctl.runtime.dispatcher", state.argv, run_dir / "logs" / "dispatcher.log",
+                     self._service_cpus)
         self._cache_mb = spec.service.cross_trainer_cache_mb if spec.service.cross_trainer_cache else 0
         self._add_workers(dep, workers)
         events("starting", f"dispatcher and {workers} worker(s) starting")
@@ -249,19 +272,19 @@ class LocalProvisioner:
         """Start the launcher once per deployment; one started for a service isolates its network."""
         if self._launcher is None:
             self._launcher = Launcher(Path(dep.run_dir))
-            dep.nodes.append(self._launcher.start(Path(dep.run_dir) / "logs" / "launcher.log", isolate=isolate))
+            self._dep_state(dep).launcher = self._launcher.start(Path(dep.run_dir) / "logs" / "launcher.log",
+                                                                 isolate=isolate)
             dep.save()
 
     def _report_isolation(self, dep: Deployment, events: EventSink) -> None:
         """Wait for the launcher to say whether the deployment has a network of its own, keep it in the state
         and tell the user; refuse to go on without one under DSCTL_LOCAL_ISOLATION=require."""
-        launcher = dep.by_role("launcher")
-        if self._isolation_reported or self._launcher is None or not launcher:
+        if self._isolation_reported or self._launcher is None or self._dep_state(dep).launcher is None:
             return
-        node, mode = launcher[0], isolation_mode()
+        mode = isolation_mode()
         log = Path(dep.run_dir) / "logs" / "launcher.log"
         if mode == "none":
-            isolation = {"isolated": False, "reason": f"{ISOLATION_ENV}=none"}
+            isolation = Isolation(isolated=False, reason=f"{ISOLATION_ENV}=none")
         else:
             deadline = time.monotonic() + ISOLATION_ANSWER_TIMEOUT_S
             while (isolation := self._launcher.isolation()) is None:
@@ -272,19 +295,19 @@ class LocalProvisioner:
                     raise ProcessFailed(f"the launcher did not set up the run's network within "
                                         f"{ISOLATION_ANSWER_TIMEOUT_S:.0f} s; see {log}.")
                 time.sleep(0.02)
-        node.extra["isolation"] = isolation
+        self._dep_state(dep).isolation = isolation
         dep.save()
         self._isolation_reported = True
-        if isolation.get("isolated"):
+        if isolation.isolated:
             events("isolated", "the service's ports are reachable only from the run's own processes: the deployment "
                                "runs in a network namespace of its own with only loopback up")
             return
-        reason = isolation.get("reason", "unknown")
+        reason = isolation.reason or "unknown"
         if mode == "require":
             raise ProcessFailed(f"{ISOLATION_ENV}=require, but this machine does not let dsctl give the run a network "
                                 f"namespace of its own ({reason}). Run where namespaces are allowed, or set "
                                 f"{ISOLATION_ENV}=auto to run in the machine's network.")
-        port = dep.by_role("dispatcher")[0].extra["port"] if dep.by_role("dispatcher") else "?"
+        port = _state(dep.by_role("dispatcher")[0]).port if dep.by_role("dispatcher") else "?"
         events("not-isolated", f"warning: the run's tf.data service ports (the dispatcher's, {port}, and the "
                                "workers') listen on every interface, without authentication, and are reachable from "
                                "this machine's network while the run is up: anyone who reaches them can run dataset "
@@ -292,16 +315,16 @@ class LocalProvisioner:
 
     def wait_ready(self, dep: Deployment, events: EventSink) -> None:
         self._report_isolation(dep, events)
-        nodes = [n for n in dep.nodes if n.role in ("dispatcher", "worker") and not n.extra.get("ready")]
+        nodes = [n for n in dep.nodes if n.role in ("dispatcher", "worker") and not _state(n).ready]
         self._wait_ready(nodes, dep)  # a taken port fails the dispatcher (PortTaken); workers take another
         events("ready", f"dispatcher and {len(dep.by_role('worker'))} worker(s) ready")
 
     def _add_workers(self, dep: Deployment, workers: int) -> list[Node]:
         new = []
         for index in range(len(dep.by_role("worker")), workers):
-            node = Node(role="worker", index=index, extra={"port": self._pick_port(dep)})
+            node = Node(role="worker", index=index, state=LocalNode(port=self._pick_port(dep), cache_mb=self._cache_mb))
             dep.nodes.append(node)
-            self._start_worker(dep, node, self._cache_mb)
+            self._start_worker(dep, node)
             new.append(node)
         return new
 
@@ -329,17 +352,18 @@ class LocalProvisioner:
         for old in dep.by_role("trainer"):
             dep.nodes.remove(old)
         for index in range(launch.count):
-            node = Node(role="trainer", index=index, extra={"metrics": str(launch.metrics_dir / f"trainer-{index}.jsonl"),
-                                                          "command": launch.command})
-            args = launch.harness_args(index, spec=str(launch.spec_json), metrics=node.extra["metrics"],
+            state = LocalNode(command=launch.command)
+            node = Node(role="trainer", index=index, metrics=str(launch.metrics_dir / f"trainer-{index}.jsonl"),
+                        state=state)
+            args = launch.harness_args(index, spec=str(launch.spec_json), metrics=node.metrics,
                                        cache_dir=str(launch.cache_dir), base_dir=str(launch.base_dir),
                                        dispatcher=dep.dispatcher_address)
             if launch.record_steps:
-                node.extra["steps"] = str(launch.metrics_dir / f"trainer-{index}.steps.json")
-                args += ["--record-steps", node.extra["steps"]]
+                state.steps = str(launch.metrics_dir / f"trainer-{index}.steps.json")
+                args += ["--record-steps", state.steps]
             if launch.record_ids:
-                node.extra["ids"] = str(launch.metrics_dir / f"trainer-{index}.ids.json")
-                args += ["--record-ids", node.extra["ids"]]
+                state.ids = str(launch.metrics_dir / f"trainer-{index}.ids.json")
+                args += ["--record-ids", state.ids]
             dep.nodes.append(node)
             self._launch(dep, node, launch.module, args, launch.metrics_dir / f"trainer-{index}.log", launch.cpus)
         events("training", f"{launch.count} trainer(s) started ({launch.mode})")
@@ -362,10 +386,20 @@ class LocalProvisioner:
         vanished = self._vanished.setdefault(node.pid, time.monotonic())
         return None if time.monotonic() - vanished < EXIT_STATUS_GRACE_S else -1
 
-    def poll(self, dep: Deployment, events: EventSink) -> TrainerState:
+    def poll(self, dep: Deployment, events: EventSink) -> Poll:
+        """The trainers' state, and the servers found exited (a worker waiting for its taken port is tried again
+        here, not reported)."""
         self._resolve(dep)
-        self._supervise_dispatcher(dep, events)
-        self._supervise_workers(dep, events)
+        exited = []
+        for node in dep.by_role("dispatcher") + dep.by_role("worker"):
+            if node.role == "dispatcher" and not _state(node).ready:
+                continue  # not started yet: wait_ready judges it
+            if node.index in self._port_waits and node.role == "worker":
+                self._retry_taken_port(dep, node, events)
+                continue
+            code = self._exit_code(node)
+            if code is not None:
+                exited.append(ServerExit(node, code))
         running, codes = [], {}
         for node in dep.by_role("trainer"):
             code = self._exit_code(node)
@@ -373,40 +407,28 @@ class LocalProvisioner:
                 running.append(node.index)
             else:
                 codes[node.index] = code
-        return TrainerState(running=running, exit_codes=codes)
+        return Poll(TrainerState(running=running, exit_codes=codes), exited)
 
-    def _supervise_dispatcher(self, dep: Deployment, events: EventSink) -> None:
-        """A fault-tolerant dispatcher that died is restarted at its port from its journal: the trainers'
-        clients and the workers reconnect to the same address. Any other one fails the job at once,
-        because its clients would wait for it until their 300 s timeout."""
-        for node in dep.by_role("dispatcher"):
-            if not node.extra.get("ready"):
-                continue
-            code = self._exit_code(node)
-            if code is None:
-                continue
-            if not node.extra.get("fault_tolerant"):
-                raise ProcessFailed(
-                    f"the dispatcher exited (code {code}) and the job is not fault-tolerant, so its trainers cannot "
-                    f"go on; set service.fault_tolerant: true to have dsctl restart it from its journal. "
-                    f"Its log ({node.log}) ends with:\n{log_tail(node.log)}")
-            count = self._restarts.get(("dispatcher", 0), 0) + 1
-            self._restarts[("dispatcher", 0)] = count
-            if count > MAX_RESTARTS_PER_WORKER:
-                raise ProcessFailed(f"the dispatcher died {count} times; giving up. Its log ({node.log}) ends with:\n"
-                                    f"{log_tail(node.log)}")
-            events("dispatcher-restarted", f"the dispatcher exited (code {code}); restarting it at {node.address} "
-                                           "from its journal")
+    def restart(self, dep: Deployment, node: Node, events: EventSink) -> None:
+        """An exited server, at its own port: the dispatcher from its journal, a worker possibly after waiting for
+        its port (see _restart_worker)."""
+        if node.role == "dispatcher":
             self._restart_dispatcher(dep, node, events)
+        else:
+            self._restart_worker(dep, node, events)
+
+    def log_tail(self, dep: Deployment, node: Node) -> str:
+        return f"({node.log})\n{log_tail(node.log)}"
 
     def _restart_dispatcher(self, dep: Deployment, node: Node, events: EventSink) -> None:
         """At its own port, which every client and worker has: if another process holds it, try again with
         backoff for DISPATCHER_PORT_WAIT_S, then fail the job saying who holds it."""
         since, delay = time.monotonic(), PORT_RETRY_FIRST_S
+        state = _state(node)
         while True:
-            Path(node.extra["ready_file"]).unlink(missing_ok=True)
-            node.extra["ready"] = False
-            self._launch(dep, node, "dsctl.runtime.dispatcher", node.extra["argv"],
+            Path(state.ready_file).unlink(missing_ok=True)
+            state.ready = False
+            self._launch(dep, node, "dsctl.runtime.dispatcher", state.argv,
                          Path(dep.run_dir) / "logs" / "dispatcher.log", self._service_cpus)
             try:
                 self._wait_ready([node], dep)
@@ -414,7 +436,7 @@ class LocalProvisioner:
             except PortTaken as exc:
                 if time.monotonic() - since >= DISPATCHER_PORT_WAIT_S:
                     raise ProcessFailed(
-                        f"the dispatcher cannot restart: its port {node.extra['port']} has been taken by {exc.holder} "
+                        f"the dispatcher cannot restart: its port {state.port} has been taken by {exc.holder} "
                         f"for {DISPATCHER_PORT_WAIT_S:.0f} s, and its clients and workers know it only at "
                         f"{node.address}. Stop that process and run the job again.") from None
                 if delay == PORT_RETRY_FIRST_S:
@@ -424,27 +446,10 @@ class LocalProvisioner:
                 time.sleep(delay)
                 delay = min(delay * 2, PORT_RETRY_MAX_S)
 
-    def _supervise_workers(self, dep: Deployment, events: EventSink) -> None:
-        for node in dep.by_role("worker"):
-            if node.index in self._port_waits:
-                self._retry_taken_port(dep, node, events)
-                continue
-            code = self._exit_code(node)
-            if code is None:
-                continue
-            count = self._restarts.get(("worker", node.index), 0) + 1
-            self._restarts[("worker", node.index)] = count
-            if count > MAX_RESTARTS_PER_WORKER:
-                raise ProcessFailed(
-                    f"worker {node.index} died {count} times; giving up. Its log ({node.log}) ends with:\n{log_tail(node.log)}"
-                )
-            events("worker-restarted", f"worker {node.index} exited (code {code}); restarting it at {node.address}")
-            self._restart_worker(dep, node, events)
-
     def _restart_worker(self, dep: Deployment, node: Node, events: EventSink) -> None:
         """Start the worker again at its own port and wait for it. If another process holds the port, the
         worker waits for it (see _retry_taken_port) while the rest of the job goes on."""
-        self._start_worker(dep, node, node.extra.get("cache_mb", 0))
+        self._start_worker(dep, node)
         try:
             self._wait_ready([node], dep)
         except PortTaken as exc:
@@ -480,8 +485,9 @@ class LocalProvisioner:
             return
         del self._port_waits[node.index]
         old = node.address
-        node.extra.update(served=False, port_picks=0)  # no client knows the new address: any free port will do
-        self._start_worker(dep, node, node.extra.get("cache_mb", 0), port=self._pick_port(dep))
+        state = _state(node)
+        state.served, state.port_picks = False, 0  # no client knows the new address: any free port will do
+        self._start_worker(dep, node, port=self._pick_port(dep))
         self._wait_ready([node], dep)
         events("worker-moved",
                f"worker {node.index} restarted at {node.address}: its port at {old} was still taken by "
@@ -494,9 +500,9 @@ class LocalProvisioner:
         stop_groups(dep.by_role("trainer"), grace_s=5.0)
 
     def sample(self, dep: Deployment) -> list[Sample]:
-        nodes = [n for n in dep.nodes if n.pid and n.role != "launcher"]
+        nodes = [n for n in dep.nodes if n.pid]
         # A user's command runs below its runner: its CPU and memory are the trainer's.
-        trees = frozenset(n.pid for n in nodes if n.extra.get("command"))
+        trees = frozenset(n.pid for n in nodes if isinstance(n.state, LocalNode) and n.state.command)
         return self._sampler.sample([(n.role, n.index, n.pid) for n in nodes], trees)
 
     def down(self, dep: Deployment, events: EventSink) -> None:
@@ -507,9 +513,10 @@ class LocalProvisioner:
         # Children forked for requests whose pid never reached the state file (dsctl up killed meanwhile).
         launcher = Launcher(Path(dep.run_dir))
         known = {n.pid for n in dep.nodes}
-        strays = [Node(role="stray", index=i, pid=pid, pgid=pid) for i, pid in enumerate(launcher.forked_pids()) if pid not in known]
+        strays = [ProcessRef(pid=pid, pgid=pid) for pid in launcher.forked_pids() if pid not in known]
         stop_groups(strays)
-        stop_groups(dep.by_role("launcher"))
+        if self._dep_state(dep).launcher is not None:
+            stop_groups([self._dep_state(dep).launcher])
         dep.status = "down"
         dep.save()
         events("down", "all processes stopped")

@@ -1,0 +1,165 @@
+"""`dsctl up`: from a loaded spec to a finished, detached or handed-off run, whatever the provider.
+
+What `up` decides, in order:
+1. `--resume RUN`: which checkpoints are restored (resume.py), said before anything starts.
+2. The plan: a provider whose machines bill (capability Plans) shows it and asks, unless --yes;
+   --dry-run shows it and stops. A local run says that nothing bills.
+3. Where the run is supervised: on one of its machines when the provider can (HandsOff) and the
+   spec asks for it (the run outlives this machine), else here.
+4. --detach: on the cloud, return once the run trains there; here, run `dsctl up` again in a
+   session of its own that keeps the service up until `dsctl down`.
+The CLI renders what it is told through a `Conversation` and the result; it decides nothing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+from dsctl.provisioners import HandsOff, Plans, get_provider
+from dsctl.specs import LoadedSpec, SpecError
+
+from .outcome import Interrupted
+from .resume import Resume, plan_resume
+from .run import JobRunner, Progress, new_run_id
+from .store import RunRecord, RunStore, dsctl_home
+
+MODES = ("service", "colocated", "ideal")
+
+
+class Conversation(Protocol):
+    """How `up` talks to the user (the CLI implements it)."""
+
+    def resuming(self, resume: Resume, steps: int | None) -> None:
+        """Say which checkpoints the run restores, before anything starts."""
+
+    def say(self, text: str) -> None:
+        """A plan or a note, as it is."""
+
+    def ask(self, question: str) -> bool:
+        """A yes/no question."""
+
+    def progress(self, progress: Progress) -> None:
+        """The run's progress, live."""
+
+
+@dataclass
+class UpOptions:
+    path: Path  # the spec file (a detached `dsctl up` reads it again)
+    workers: int | None = None
+    mode: str = "service"
+    detach: bool = False
+    autoscale: str | None = None
+    dry_run: bool = False
+    yes: bool = False
+    resume: str | None = None  # a run id
+    run_id: str | None = None
+    detached_child: bool = False  # this process is the detached `dsctl up` a --detach started
+
+
+@dataclass
+class UpResult:
+    """What came of `dsctl up`; `outcome` says which fields are set."""
+
+    outcome: str  # planned (dry run) | declined | finished | detached (here) | handed-off (to the cloud)
+    run_id: str | None = None
+    record: RunRecord | None = None  # finished
+    latest: dict = field(default_factory=dict)  # handed-off: what the supervisor last published
+    log: Path | None = None  # detached: where the detached `dsctl up` writes
+    max_duration_s: float | None = None  # handed-off: when the cloud tears the run down at the latest
+
+
+def up(loaded: LoadedSpec, opt: UpOptions, talk: Conversation,
+       on_sigterm: Callable[[], None] = lambda: None) -> UpResult:
+    """Run `dsctl up` as `opt` says. SpecError for bad input, RunFailed if the run failed, Interrupted on Ctrl-C
+    (everything it started is stopped and recorded). `on_sigterm` arms SIGTERM to act as Ctrl-C once the run is
+    about to start."""
+    resumed = None
+    if opt.resume:
+        resumed = plan_resume(RunStore(), opt.resume, loaded)
+        talk.resuming(resumed, loaded.spec.trainer.steps)
+    if not approved(loaded, opt, talk):
+        return UpResult("planned" if opt.dry_run else "declined")
+    if opt.detach and not opt.detached_child and not isinstance(get_provider(loaded.spec.provider), HandsOff):
+        return _detach(loaded, opt)
+    runner = JobRunner(loaded, mode=opt.mode, workers=opt.workers, run_id=opt.run_id, detached=opt.detached_child,
+                       autoscale=opt.autoscale, resume=resumed)
+    runner.listener = talk.progress
+    if opt.detach and not opt.detached_child:
+        return _hand_off(loaded, runner, opt, on_sigterm)
+    on_sigterm()
+    try:
+        if runner.hands_off:
+            runner.hand_off(attached=True)
+            runner.follow_hand_off()
+        else:
+            runner.run(keep_up=opt.detached_child)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted: everything run {runner.run_id} started has been stopped; what it measured is "
+                          "recorded (`dsctl runs show` has it).") from None
+    result = UpResult("finished", runner.run_id, runner.store.get(runner.run_id))
+    if opt.detached_child:
+        runner.supervise_until_stopped()
+    return result
+
+
+def approved(loaded: LoadedSpec, opt: UpOptions, talk: Conversation) -> bool:
+    """Show what a run would create and cost; where machines bill, ask before anything is created."""
+    spec = loaded.spec
+    provider = get_provider(spec.provider)
+    if not isinstance(provider, Plans):
+        if opt.dry_run:
+            talk.say(f"provider {spec.provider}: {opt.workers or spec.service.workers} worker process(es), "
+                     f"{spec.trainer.count} trainer(s) on this machine; nothing bills. Nothing was started.")
+        return not opt.dry_run
+    try:
+        if opt.dry_run:
+            talk.say(provider.plan_text(spec, opt.workers))
+            talk.say("dry run: nothing was created.")
+            return False
+        if not provider.confirm(spec, opt.workers, yes=opt.yes or opt.detached_child, ask=talk.ask, echo=talk.say):
+            talk.say("nothing was created.")
+            return False
+    except SpecError as exc:
+        raise loaded.locate(exc) from None
+    return True
+
+
+def _hand_off(loaded: LoadedSpec, runner: JobRunner, opt: UpOptions, on_sigterm: Callable[[], None]) -> UpResult:
+    """`dsctl up --detach` on a provider that supervises runs itself: provision from here, hand the job to the
+    supervisor on one of the run's machines, and return once it trains (it tears everything down at its end)."""
+    if opt.mode != "service":
+        raise SpecError(f"--detach hands the run to the cloud, which runs the job through the service; --mode "
+                        f"{opt.mode} is measured attached.", field="--detach")
+    refusal = runner._cloud.detaching(runner.spec)
+    if refusal is not None:
+        raise loaded.locate(refusal)
+    on_sigterm()
+    try:
+        latest = runner.hand_off()
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted: everything run {runner.run_id} started has been deleted.") from None
+    cloud = runner._cloud
+    return UpResult("handed-off", runner.run_id, latest=latest,
+                    max_duration_s=cloud.limits(runner.spec).max_duration_s)
+
+
+def _detach(loaded: LoadedSpec, opt: UpOptions) -> UpResult:
+    """Run `dsctl up` again in its own session; it keeps supervising the service until `dsctl down`."""
+    run_id = new_run_id(loaded.spec.name)
+    log = dsctl_home() / "runs" / run_id / "up.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "dsctl.cli.main", "up", str(opt.path), "--mode", opt.mode, "--run-id", run_id,
+            "--detached-child"]
+    if opt.workers:
+        args += ["--workers", str(opt.workers)]
+    if opt.autoscale:
+        args += ["--autoscale", opt.autoscale]
+    if opt.resume:
+        args += ["--resume", opt.resume]
+    with open(log, "ab") as out:
+        subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    return UpResult("detached", run_id, log=log)

@@ -1,0 +1,80 @@
+"""Processes on this machine, identified by pid AND start time, stopped a process group at a time.
+
+Used for every process dsctl starts locally: a run's servers and trainers (the local provider), a
+detached `dsctl up` that owns a deployment, a caller waiting on a request (orchestrator/control.py).
+`dsctl down` in a new process stops them from their recorded pid, process group and start time,
+never by name: a pid that now belongs to another process is left alone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Protocol, Sequence
+
+import psutil
+
+
+class Process(Protocol):
+    """What identifies a process (a Node or a ProcessRef of provisioners/state.py)."""
+
+    pid: int | None
+    pgid: int | None
+    create_time: float | None
+
+
+def is_ours(node: Process) -> bool:
+    """True while the process recorded for `node` is still the same process and not a zombie."""
+    if not node.pid:
+        return False
+    try:
+        proc = psutil.Process(node.pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return node.create_time is None or abs(proc.create_time() - node.create_time) < 0.01
+    except psutil.NoSuchProcess:
+        return False
+
+
+def reap(pid: int | None) -> int | None:
+    """Collect a child's exit status (if it is our child); None while it runs."""
+    if not pid:
+        return None
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if done == 0:
+        return None
+    return os.waitstatus_to_exitcode(status)
+
+
+def _signal(nodes: Sequence[Process], sig: int) -> None:
+    for node in nodes:
+        try:
+            os.killpg(node.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def stop_groups(nodes: Sequence[Process], grace_s: float = 8.0) -> None:
+    """SIGTERM each node's process group, then SIGKILL those left after `grace_s`.
+
+    A node whose recorded process is gone (or whose pid now belongs to another
+    process) is left alone: its pgid may have been reused by someone else.
+    """
+    live = [n for n in nodes if n.pgid and is_ours(n)]
+    for n in nodes:
+        reap(n.pid)
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 3.0)):
+        if not live:
+            return
+        _signal(live, sig)
+        deadline = time.monotonic() + wait
+        while live and time.monotonic() < deadline:
+            for n in live:
+                reap(n.pid)
+            live = [n for n in live if is_ours(n)]
+            if live:
+                time.sleep(0.05)

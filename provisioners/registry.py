@@ -1,0 +1,61 @@
+"""The providers dsctl knows, by the name a spec gives them (`provider: local`).
+
+A provider is a folder whose package registers its class here when imported; the ones shipped
+with dsctl are imported on first use (importing Google Cloud's costs a tenth of a second, and
+local runs never need it). A provider written elsewhere (a test's toy, a plugin) calls
+`register` itself: nothing outside its folder changes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .contract import Provider
+    from .state import StateCodec
+
+SHIPPED = {"local": "dsctl.provisioners.local", "gcp": "dsctl.provisioners.gcp"}
+_CLASSES: dict[str, type] = {}
+
+
+def register(cls: type) -> type:
+    """Make a provider class known by its `name` (usable as a class decorator)."""
+    _CLASSES[cls.name] = cls
+    return cls
+
+
+def provider_class(name: str) -> type | None:
+    if name not in _CLASSES and name in SHIPPED:
+        importlib.import_module(SHIPPED[name])
+    return _CLASSES.get(name)
+
+
+def get_provider(name: str) -> "Provider":
+    cls = provider_class(name)
+    if cls is None:
+        from dsctl.specs import SpecError
+
+        raise SpecError(f"provider '{name}' is not available in this version of dsctl; use one of "
+                        f"{', '.join(names())}.", field="provider")
+    return cls()
+
+
+def codec_of(name: str) -> "StateCodec | None":
+    """How the named provider's state is read back; None for a provider this dsctl does not have."""
+    cls = provider_class(name)
+    return cls.codec if cls is not None else None
+
+
+def names() -> list[str]:
+    return sorted(set(SHIPPED) | set(_CLASSES))
+
+
+def providers_with(capability: type) -> list["Provider"]:
+    """An instance of every known provider that has `capability` (a protocol of contract.py)."""
+    found = []
+    for name in names():
+        provider = get_provider(name)
+        if isinstance(provider, capability):
+            found.append(provider)
+    return found
