@@ -8,7 +8,7 @@ run's launcher directory.
 
 from __future__ import annotations
 
-import json
+import os
 import time
 from pathlib import Path
 
@@ -75,15 +75,16 @@ class Launcher:
         answer = read_json(self.dir / f"exit-{node.pid}.json") if node.pid else None
         return answer["code"] if answer else None
 
-    def forked_pids(self) -> list[int]:
-        """Every child this launcher forked that is still running, checked by command line."""
-        pids = []
-        for path in self.dir.glob("*.pid"):
+    def forked(self) -> list[ProcessRef]:
+        """Every process this launcher forked that still runs (and the launcher itself), found by command line: a
+        fork has the launcher's, which names this run's launcher directory, so one forked just before the launcher
+        was stopped, whose pid file was never written, is found too."""
+        found = []
+        for proc in psutil.process_iter(["pid", "cmdline", "create_time", "status"]):
             try:
-                pid = json.loads(path.read_text())["pid"]
-                cmd = " ".join(psutil.Process(pid).cmdline())
-            except (OSError, ValueError, KeyError, psutil.NoSuchProcess, psutil.AccessDenied):
+                if proc.info["status"] == psutil.STATUS_ZOMBIE or str(self.dir) not in " ".join(proc.info["cmdline"] or []):
+                    continue
+                found.append(ProcessRef(pid=proc.pid, pgid=os.getpgid(proc.pid), create_time=proc.info["create_time"]))
+            except (psutil.Error, OSError):
                 continue
-            if str(self.dir) in cmd:
-                pids.append(pid)
-        return pids
+        return found

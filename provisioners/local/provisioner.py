@@ -33,7 +33,7 @@ from dsctl.specs.schema import JobSpec
 from ..contract import EventSink, Poll, ServerExit, TrainerLaunch, TrainerState
 from ..processes import is_ours, stop_groups
 from ..registry import register
-from ..state import Deployment, Node, ProcessRef
+from ..state import Deployment, Node
 from .launcher import Launcher
 from .processes import enter_namespaces_of, spawn
 from .state import Isolation, LocalCodec, LocalDeployment, LocalNode
@@ -510,13 +510,11 @@ class LocalProvisioner:
         self._resolve(dep)
         for role in ("trainer", "worker", "dispatcher"):
             stop_groups(dep.by_role(role))
-        # Children forked for requests whose pid never reached the state file (dsctl up killed meanwhile).
-        launcher = Launcher(Path(dep.run_dir))
-        known = {n.pid for n in dep.nodes}
-        strays = [ProcessRef(pid=pid, pgid=pid) for pid in launcher.forked_pids() if pid not in known]
-        stop_groups(strays)
+        # The launcher next, so it forks nothing more; then what it forked that the state file does not know (a
+        # request answered while `dsctl up` was being killed).
         if self._dep_state(dep).launcher is not None:
             stop_groups([self._dep_state(dep).launcher])
+        stop_groups(Launcher(Path(dep.run_dir)).forked())
         dep.status = "down"
         dep.save()
         events("down", "all processes stopped")

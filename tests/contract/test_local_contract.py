@@ -1,0 +1,29 @@
+"""The local provider keeps the provider contract (suite.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from dsctl.provisioners import Deployment
+from dsctl.provisioners.local import LocalProvisioner
+from dsctl.provisioners.processes import is_ours
+
+from contract.suite import ProviderContract
+
+pytestmark = pytest.mark.slow
+
+
+class TestLocalProvider(ProviderContract):
+    def provider(self):
+        return LocalProvisioner()
+
+    def kill(self, dep: Deployment, role: str, index: int) -> None:
+        node = next(n for n in dep.by_role(role) if n.index == index)
+        os.kill(node.pid, signal.SIGKILL)
+
+    def leftovers(self, dep: Deployment) -> list[str]:
+        processes = [*dep.nodes, *([dep.state.launcher] if dep.state and dep.state.launcher else [])]
+        return [f"pid {n.pid}" for n in processes if is_ours(n)]
