@@ -11,41 +11,13 @@ TensorFlow is never imported here: the runs happen in the processes the local pr
 
 from __future__ import annotations
 
-import importlib
 import time
 from pathlib import Path
-from types import ModuleType
-
-from dsctl.specs import SpecError
 
 from .common import ExperimentResult, Log, default_out_dir
-
-# name -> module; the report lists them in this order.
-REGISTRY = {
-    "fig8": "dsctl.experiments.fig8",
-    "fig9": "dsctl.experiments.fig9",
-    "fig10": "dsctl.experiments.fig10",
-    "fig11": "dsctl.experiments.fig11",
-    "cachew-autoscale": "dsctl.experiments.cachew_autoscale",
-    "cachew-autocache": "dsctl.experiments.cachew_autocache",
-}
+from .registry import REGISTRY, get, names
 
 __all__ = ["REGISTRY", "ExperimentResult", "default_out_dir", "get", "names", "run_experiment", "write_report"]
-
-
-def names() -> list[str]:
-    return list(REGISTRY)
-
-
-def get(name: str) -> ModuleType:
-    if name not in REGISTRY:
-        import difflib
-
-        close = difflib.get_close_matches(name, REGISTRY, n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise SpecError(f"no experiment named '{name}'.{hint} Experiments: {', '.join(REGISTRY)} "
-                        "(`dsctl experiments list` describes them).", field="NAME")
-    return importlib.import_module(REGISTRY[name])
 
 
 def run_experiment(name: str, out_dir: Path | None = None, *, quick: bool = False, log: Log | None = None) -> ExperimentResult:
@@ -61,6 +33,6 @@ def run_experiment(name: str, out_dir: Path | None = None, *, quick: bool = Fals
 
 
 def write_report(out_dir: Path | None = None) -> Path:
-    from .report import write_report as _write
+    from .report import write_report as write
 
-    return _write(Path(out_dir) if out_dir else default_out_dir())
+    return write(Path(out_dir) if out_dir else default_out_dir())

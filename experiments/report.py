@@ -16,7 +16,7 @@ from .common import SOURCES_LEGEND
 
 
 def write_report(out_dir: Path) -> Path:
-    from . import REGISTRY, get
+    from .registry import REGISTRY, get
 
     out_dir = Path(out_dir)
     if not out_dir.is_dir():

@@ -8,18 +8,38 @@ spec names, and its autoscale policy with its settings.
 from __future__ import annotations
 
 import difflib
+import os
 from pathlib import Path
 
 from dsctl.costmodel.catalog import load_catalog
+from dsctl.provisioners.registry import provider_class
 from dsctl.specs import LoadedSpec, SpecError, load_spec
+from dsctl.specs.command import command_problem
 
 
 def load_job(path: str | Path, *, autoscale: str | None = None, check_entrypoints: bool = True) -> LoadedSpec:
-    """The spec at `path`, checked whole: SpecError (one paragraph, file and line) for anything wrong in it."""
+    """The spec at `path`, checked whole: SpecError (one paragraph, file and line) for anything wrong in it.
+    check_entrypoints=False leaves out what runs the user's code or looks for it (a supervisor on the cloud)."""
     loaded = load_spec(path, check_entrypoints=check_entrypoints)
+    if check_entrypoints:
+        check_command(loaded)
     check_pricing(loaded)
     check_autoscale(loaded, autoscale)
     return loaded
+
+
+def check_command(loaded: LoadedSpec) -> None:
+    """trainer.command names a program that exists and may be executed (not run: specs/command.py). Where the
+    provider's machines are this one's, the program is looked for here; elsewhere only what the spec's folder
+    holds (which the machines get a copy of) can be checked."""
+    trainer = loaded.spec.trainer
+    if trainer.command is None:
+        return
+    provider = provider_class(loaded.spec.provider)
+    why = command_problem(trainer.command, loaded.base_dir, {**os.environ, **trainer.env},
+                          on_this_machine=bool(provider is not None and provider.stands_in))
+    if why:
+        raise loaded.error(("trainer", "command"), why)
 
 
 def check_pricing(loaded: LoadedSpec) -> None:

@@ -254,7 +254,8 @@ class FindsByLabel(Protocol):
         """Whether `where` (or the environment) names a place of this provider to look in."""
 
     def down_by_label(self, run_id: str, where: Where, log: Callable[[str], None]) -> str:
-        """Delete what carries the run's label; what was found, as a phrase ('' for nothing)."""
+        """Delete what carries the run's label; what was found and deleted, as a sentence for the user (which says
+        so when nothing was found)."""
 
     def run_objects_by_label(self, run_id: str, where: Where) -> RunObjects:
         """A supervised run's published record, found by its id."""

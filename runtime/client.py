@@ -227,7 +227,8 @@ def keras_callback():
     run = _current(needed_by="keras_callback()")
     if run.keras is None:
         steps, duration = run.bounds()
-        run.keras = ScriptMeter(run, budget=run.budget(), duration_s=duration)
+        run.keras = ScriptMeter(run, budget=run.budget(), duration_s=duration, first_step=resume_step(),
+                                on_end=lambda: _after_run(run))
     return run.keras
 
 

@@ -15,6 +15,7 @@ The end record is written when training ends (on_train_end), as for dsctl's kera
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from .keras_input import InputMeter
 from .keras_runner import Meter
@@ -22,14 +23,16 @@ from .metrics import NullWriter
 
 
 class ScriptMeter(Meter):
-    def __init__(self, run, *, budget: int | None, duration_s: float | None):
-        from . import client
+    """run: the program's run (runtime/client.py); first_step: where a resumed run continues from; on_end: what the
+    client does once training ended (seal an autocache cache)."""
 
+    def __init__(self, run, *, budget: int | None, duration_s: float | None, first_step: int,
+                 on_end: Callable[[], None]):
         args = run.args
         window_s = args.window_s if args and args.window_s else run.spec.trainer.window_s
         super().__init__(run.spec, run.writer or NullWriter(), InputMeter(), window_s, run.stop, duration_s,
-                         saver=None, restored=client.resume_step())
-        self.run, self.budget = run, budget
+                         saver=None, restored=first_step)
+        self.run, self.budget, self._after = run, budget, on_end
         self.scalars = run.scalars
         self.checkpoint_step = run.checkpoint_step
         self.wrapped = False
@@ -76,7 +79,5 @@ class ScriptMeter(Meter):
         super()._finished(done, now)
 
     def _end(self) -> None:
-        from . import client
-
         self.emit_end(self.restored + self.done, self.budget, self.checkpoint_step)
-        client._after_run(self.run)
+        self._after()

@@ -1,16 +1,14 @@
 """Load a job spec from YAML: parse, validate fields, validate pipeline params, apply rules, and (for a
-file) check its command and, in a child process, its entrypoints. (Its price catalog is the cost
-model's, above this package: orchestrator/preflight.py load_job checks it.)"""
+file) check its entrypoints in a child process. (Its price catalog and its command, which need the cost
+model and the provider, are checked above this package: orchestrator/preflight.py load_job.)"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from . import entrypoints
-from .command import command_problem
 from .errors import SpecError
 from .loaded import LoadedSpec
 from .pipelines import PARAMS_BY_BUILTIN
@@ -53,20 +51,8 @@ def load_spec(path: str | Path, *, check_entrypoints: bool = True) -> LoadedSpec
     """
     loaded = from_source(read_yaml(path))
     if check_entrypoints:
-        _check_command(loaded)
         entrypoints.check_entrypoints(loaded)
     return loaded
-
-
-def _check_command(loaded: LoadedSpec) -> None:
-    """trainer.command names a program that exists and may be executed (not run: see command.py)."""
-    trainer = loaded.spec.trainer
-    if trainer.command is None:
-        return
-    why = command_problem(trainer.command, loaded.base_dir, {**os.environ, **trainer.env},
-                          on_this_machine=loaded.spec.provider == "local")
-    if why:
-        raise loaded.error(("trainer", "command"), why)
 
 
 def load_spec_text(text: str, source: str = "<spec>") -> LoadedSpec:

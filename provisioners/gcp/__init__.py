@@ -1,26 +1,35 @@
 """Google Cloud provider: Compute Engine VMs for the service, TPU or GPU VMs for trainers, GCS, SSH.
 
-    provisioner.py  the provisioner contract (check, up, start_trainers, wait_ready, poll, sample, down)
-    plan.py         what `dsctl up --dry-run` shows: machines, zone, $/hour, estimated cost
-    sweep.py        find_by_label / down_by_label: remove a run's resources with no local state
-    commands.py     what the CLI calls: up_plan (--dry-run), confirm_up, down_without_state
+    provisioner.py  GcpProvisioner: the provider contract and its capabilities, delegating to the modules below
+    state.py        what a deployment keeps on Google Cloud (typed, in the run's state file; old files converted)
+    context.py      one deployment as every step works on it: settings, API clients, SSH, built once
+    vms.py          the run's VMs: recorded, created, bootstrapped, version-checked; deleted, confirmed
+    stage.py        what the VMs fetch from Cloud Storage: wheel, wheelhouses, a builtin's data, the spec and code
+    processes.py    the processes on the VMs: started, watched (watch.py), stopped; what a poll reports
+    recovery.py     what a stopped VM or an SSH outage means for the run; restore.py acts on it
+    handoff.py      a run handed to a supervisor on its dispatcher VM (HandsOff)
+    teardown.py     `down`: stopped, brought home, deleted and confirmed gone
+    plan.py         what `dsctl up --dry-run` shows, and the question before anything bills (Plans)
+    sweep.py        a run's resources and record found by label, with no local state (FindsByLabel)
+    threads.py      doing one thing to many VMs at once, and their events told on the orchestrator's thread
     resources.py    parallel create (one bulk insert for workers), wait for RUNNING, confirmed delete
     compute.py, tpu.py, firewall.py, storage.py   one Google Cloud API each (storage.py: also the spec's folder
                                                   the trainers get, less what its .dsctlignore leaves out: ignore.py)
     operations.py, retry.py, errors.py            waiting, retrying and classifying
     ssh.py, remote.py, watch.py, keys.py          reaching the VMs and running the runtime there
-    startup.py, wheel.py, versions.py             the same TensorFlow and dsctl on every VM
-    settings.py, clients.py, naming.py            configuration, API clients, names and labels
+    startup.py, wheel.py, wheelhouse.py, versions.py, software.py   the same TensorFlow and dsctl on every VM
+    settings.py, clients.py, naming.py, machinetypes.py   configuration, API clients, names and labels, VM kinds
+    preflight.py, data.py                         checks against the live project; a builtin's data in the bucket
 
 Nothing here imports the Google Cloud libraries at import time (they take about a second);
-each module imports them where it calls them.
+each module imports them where it calls them. Importing this package registers the provider.
 """
 
-from .commands import confirm_up, down_without_state, run_objects_without_state, up_plan
 from .errors import GcpError
 from .plan import Plan, plan
 from .provisioner import GcpProvisioner
+from .state import GcpCodec, GcpDeployment, GcpNode, Vm
 from .sweep import down_by_label, find_by_label
 
-__all__ = ["GcpError", "GcpProvisioner", "Plan", "confirm_up", "down_by_label", "down_without_state", "find_by_label",
-           "plan", "run_objects_without_state", "up_plan"]
+__all__ = ["GcpCodec", "GcpDeployment", "GcpError", "GcpNode", "GcpProvisioner", "Plan", "Vm", "down_by_label",
+           "find_by_label", "plan"]

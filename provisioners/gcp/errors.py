@@ -3,7 +3,8 @@
 These are runtime failures, not mistakes in the spec: GcpError is a DsctlError with exit
 code 1, which the orchestrator records as the run's failure. Operation errors are classified
 from the operation's own error fields (see operations.py), API errors from the
-google.api_core exception the client raised.
+google.api_core exception the client raised: a quota (never worth retrying) is told apart
+from a rate limit (retry.py retries those) here, so the retry policy and the errors agree.
 """
 
 from __future__ import annotations
@@ -105,6 +106,30 @@ def quota_info(message: str, *, metadata: dict | None = None, quota_details: dic
     return QuotaInfo(m.group(1) if m else None)
 
 
+_RATE_REASONS = {"rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED"}
+_QUOTA_REASONS = {"quotaExceeded", "QUOTA_EXCEEDED", "RESOURCE_QUOTA_EXCEEDED"}
+_PER_TIME = re.compile(r"per (second|minute|100 seconds|day)", re.IGNORECASE)
+
+
+def _reasons(exc: Exception) -> set[str]:
+    out = {e.get("reason") for e in (getattr(exc, "errors", None) or []) if isinstance(e, dict)}
+    reason = getattr(exc, "reason", None)  # google.rpc.ErrorInfo, when the API sent one
+    return {r for r in out | {reason} if r}
+
+
+def is_rate_limit(exc: Exception) -> bool:
+    """A request-rate limit (retry later): its reason says so, or its quota is per unit of time."""
+    return bool(_reasons(exc) & _RATE_REASONS) or bool(_PER_TIME.search(getattr(exc, "message", None) or str(exc)))
+
+
+def is_quota(exc: Exception) -> bool:
+    """An exhausted resource quota (CPUs, GPUs, TPUs, addresses): retrying cannot help."""
+    if is_rate_limit(exc):
+        return False
+    text = (getattr(exc, "message", None) or str(exc)).lower()
+    return bool(_reasons(exc) & _QUOTA_REASONS) or "quota" in text
+
+
 def describe(count: int, what: str) -> str:
     """describe(1, 'n2-standard-8 worker VM') -> '1 n2-standard-8 worker VM'; plural for more."""
     return f"{count} {what}" + ("" if count == 1 else "s")
@@ -142,8 +167,6 @@ def from_api_error(exc: Exception, *, doing: str, resource: str | None = None, z
     like the same errors reported by an operation.
     """
     from google.api_core import exceptions as gx
-
-    from .retry import is_quota
 
     detail = getattr(exc, "message", None) or str(exc)
     quota = quota_info(detail, metadata=dict(getattr(exc, "metadata", None) or {})) if is_quota(exc) else None

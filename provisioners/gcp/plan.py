@@ -8,20 +8,22 @@ bill) when the job's length can be told: from trainer.duration_s, or from traine
 a throughput (given, or at most 1000/step_time_ms batches/s for a synthetic model, in
 which case the cost is a lower bound). Otherwise the plan gives the cost per hour. It also
 says which TensorFlow every VM gets and how (software.py), how dsctl reaches the VMs, and
-what else is created; with credentials, `confirm_up` adds what preflight.py found.
+what else is created; with credentials, `confirm` adds what preflight.py found and asks.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from dsctl.specs import SpecError
 from dsctl.specs.schema import GcpSpec, JobSpec
 
 from . import naming
-from .compute import machine_kind
 from .firewall import ALLOW_PRIORITY, DENY_PRIORITY, ports
+from .machinetypes import machine_kind
 from .settings import local_tensorflow_version
 from .software import Software, resolve as resolve_software
 from .storage import CODE_LIMIT_BYTES
@@ -214,3 +216,31 @@ def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | No
     result.job_cost = b.total
     result.lower_bound = lower
     return result
+
+
+def confirm(spec: JobSpec, workers: int | None, *, yes: bool, ask: Callable[[str], bool],
+            echo: Callable[[str], None], interactive: bool | None = None) -> bool:
+    """Show the plan and ask before creating anything that bills; True to go ahead (at once with `yes`).
+
+    Project, zone, credentials, permissions and the network are checked first (SpecError, preflight.py), so nobody
+    is asked about a run that cannot start. `ask(question) -> bool` is e.g. typer.confirm; without a terminal
+    (`interactive`: sys.stdin is one) and without --yes this refuses (SpecError) instead of waiting for an answer
+    nobody can give.
+    """
+    if yes:
+        return True
+    from . import preflight
+    from .clients import Clients
+    from .settings import resolve
+
+    settings = resolve(spec)
+    findings = preflight.run(Clients(settings), spec, settings.software)  # refuses before asking, if it must
+    shown = plan(spec, workers, project=settings.project, zone=settings.zone)
+    shown.notes += findings.notes
+    echo(shown.render())
+    if interactive is None:
+        interactive = sys.stdin.isatty()
+    if not interactive:
+        raise SpecError("provider: gcp creates machines that bill by the hour; pass --yes to create them without "
+                        "asking (or --dry-run to see the plan only).")
+    return ask("Create these machines on Google Cloud?")

@@ -23,7 +23,7 @@ from dsctl.specs.schema import JobSpec
 
 from . import firewall
 from .clients import Clients
-from .compute import machine_kind
+from .machinetypes import machine_kind
 from .retry import call
 from .software import Software, tpu_generation
 

@@ -29,8 +29,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-from ..contract import Deployment, EventSink, Node
+from ..contract import EventSink
+from ..state import Deployment, Node
 from .errors import RemoteError, describe
+from .state import gcp
 
 STATUS_EVERY_S = 15.0  # list the run's VMs this often
 STATUS_SOON_S = 3.0  # ... and this soon after a VM stops answering SSH
@@ -75,7 +77,7 @@ class Recovery:
         self.stopped_s: dict[str, float] = {}  # role -> VM-seconds its VMs spent stopped
 
     def restoring(self, node: Node) -> bool:
-        return node.extra.get("instance") in self._restoring
+        return gcp(node).vm.name in self._restoring
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -88,13 +90,12 @@ class Recovery:
         self._refresh(now, set(unreachable))
         self._finish_restores(now, events)
         for node in dep.nodes:
-            if node.role in ("dispatcher", "worker", "trainer") and node.extra.get("remote_pid") \
-                    and not node.extra.get("deleting"):
+            if gcp(node).remote_pid and not gcp(node).vm.deleting:
                 self._check_vm(node, now, events)
-        restoring = {r.node.extra.get("host") for r in self._restoring.values()}
+        restoring = {gcp(r.node).vm.host for r in self._restoring.values()}
         outage = {h: since for h, since in unreachable.items() if h not in restoring}
         self._check_outage(dep, outage, now, events)
-        trainers = {n.extra.get("host") for n in dep.by_role("trainer")}
+        trainers = {gcp(n).vm.host for n in dep.by_role("trainer")}
         return any(h in trainers for h in outage)
 
     def _refresh(self, now: float, lost: set[str]) -> None:
@@ -113,11 +114,12 @@ class Recovery:
             self.api_error = f"{type(exc).__name__}: {exc}"
 
     def _check_vm(self, node: Node, now: float, events: EventSink) -> None:
-        name = node.extra["instance"]
+        state = gcp(node)
+        name = state.vm.name
         if name in self._restoring or self.statuses is None or self._last_list <= self._back_at.get(name, -math.inf):
             return
         if name not in self.statuses:
-            if self._last_list <= node.extra.get("launched_at", -math.inf):
+            if state.launched_at is not None and self._last_list <= state.launched_at:
                 return  # listed before this VM's process was started (a worker just added): not known yet
             raise RemoteError(f"{who(node)}'s VM {name} no longer exists: it was deleted outside dsctl (or preempted "
                               "with instanceTerminationAction DELETE), so the run cannot go on.")
@@ -129,7 +131,7 @@ class Recovery:
             raise RemoteError(f"{what}. A trainer cannot go on without its VM, and this one has no checkpoint to "
                               "resume from, so the run ends and everything is deleted; use trainer.provisioning: "
                               "standard for trainers that must not be preempted.")
-        if node.role == "dispatcher" and not node.extra.get("fault_tolerant"):
+        if node.role == "dispatcher" and not state.fault_tolerant:
             raise RemoteError(f"{what}, and the job is not fault-tolerant, so its trainers cannot go on; set "
                               "service.fault_tolerant: true to have dsctl start its VM again and restart it from its "
                               "journal.")
@@ -181,7 +183,7 @@ class Recovery:
 
 
 def _instances(dep: Deployment, hosts: dict[str, float]) -> list[str]:
-    return [n.extra["instance"] for n in dep.nodes if n.extra.get("host") in hosts and n.extra.get("instance")]
+    return [gcp(n).vm.name for n in dep.nodes if gcp(n).vm.host in hosts]
 
 
 def _names(dep: Deployment, hosts: dict[str, float], most: int = 4) -> str:

@@ -7,20 +7,19 @@ all. Inserts carry a request id, so a retried insert that had in fact succeeded
 is not done twice (the API answers with the first operation).
 
 A 429 is RESOURCE_EXHAUSTED, which Google uses both for a rate limit (retry) and
-for an exhausted quota (never retry: it will not pass; errors.py names it). They
-are told apart by the error's reason and message.
+for an exhausted quota (never retry: it will not pass). errors.py tells them apart
+(by the error's reason and message) and names the quota.
 """
 
 from __future__ import annotations
 
 import os
 import random
-import re
 import threading
 import time
 from typing import Callable, TypeVar
 
-from .errors import ApiUnavailable
+from .errors import ApiUnavailable, is_quota, is_rate_limit
 
 T = TypeVar("T")
 ATTEMPTS = 8
@@ -46,30 +45,6 @@ def is_timeout(exc: Exception) -> bool:
     except ImportError:  # pragma: no cover
         return isinstance(exc, gx.DeadlineExceeded)
     return isinstance(exc, (requests.Timeout, gx.DeadlineExceeded))
-
-
-_RATE_REASONS = {"rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED"}
-_QUOTA_REASONS = {"quotaExceeded", "QUOTA_EXCEEDED", "RESOURCE_QUOTA_EXCEEDED"}
-_PER_TIME = re.compile(r"per (second|minute|100 seconds|day)", re.IGNORECASE)
-
-
-def _reasons(exc: Exception) -> set[str]:
-    out = {e.get("reason") for e in (getattr(exc, "errors", None) or []) if isinstance(e, dict)}
-    reason = getattr(exc, "reason", None)  # google.rpc.ErrorInfo, when the API sent one
-    return {r for r in out | {reason} if r}
-
-
-def is_rate_limit(exc: Exception) -> bool:
-    """A request-rate limit (retry later): its reason says so, or its quota is per unit of time."""
-    return bool(_reasons(exc) & _RATE_REASONS) or bool(_PER_TIME.search(getattr(exc, "message", None) or str(exc)))
-
-
-def is_quota(exc: Exception) -> bool:
-    """An exhausted resource quota (CPUs, GPUs, TPUs, addresses): retrying cannot help."""
-    if is_rate_limit(exc):
-        return False
-    text = (getattr(exc, "message", None) or str(exc)).lower()
-    return bool(_reasons(exc) & _QUOTA_REASONS) or "quota" in text
 
 
 def _retryable(exc: Exception, timeouts: bool) -> bool:

@@ -16,68 +16,78 @@ process talks to the same project, zone and endpoints.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from importlib import metadata
 
 from dsctl.specs import SpecError
 from dsctl.specs.schema import GCP_PROJECT_RE, GcpSpec, JobSpec
 
-from .software import resolve as resolve_software
+from .software import Software, resolve as resolve_software
 
-BOOTSTRAP_PYTHON = "/opt/dsctl/venv/bin/python"
+BOOTSTRAP_PYTHON = "/opt/dsctl/venv/bin/python"  # the venv the startup script makes (gcp.bootstrap)
+PLAIN_PYTHON = "python3"  # the VMs' Python when the image brings TensorFlow and dsctl (gcp.bootstrap: false)
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+
+
+def _spec_default(name: str):
+    """GcpSpec's default for the field `name`: every Google Cloud default is written once, in the spec's schema
+    (specs/schema.py), and a settings object made without a spec (a run found by label) has the same."""
+    spec_field = GcpSpec.model_fields[name]
+    return field(default_factory=lambda: spec_field.get_default(call_default_factory=True))
 
 
 @dataclass
 class GcpSettings:
+    """The spec's `gcp:` section as resolved for one run. A field named as one of GcpSpec's is that field, with its
+    default; the others are resolved from the environment, the credentials or the machines of the run."""
+
     project: str
     zone: str
-    network: str = "default"
-    subnetwork: str | None = None
-    service_account: str | None = None
-    public_ips: bool = True
-    ssh_user: str = "dsctl"
-    ssh_port: int = 22
-    boot_disk_gb: int = 50
-    boot_disk_type: str = "pd-balanced"
-    bucket: str = ""
-    dispatcher_port: int = 5050
-    worker_port: int = 5051
-    tensorflow_version: str = ""
-    bootstrap: bool = True
-    python: str = "python3"
-    remote_dir: str = "/var/tmp/dsctl"
-    running_timeout_s: float = 300.0
-    tpu_timeout_s: float = 1800.0
-    ssh_timeout_s: float = 300.0
-    startup_timeout_s: float = 900.0
-    ready_timeout_s: float = 300.0
-    outage_limit_s: float = 600.0
-    max_duration_s: float = 86400.0
-    labels: dict = field(default_factory=dict)
-    software: dict = field(default_factory=dict)  # software.Software.as_dict(): the TensorFlow and images per VM kind
-    compute_endpoint: str | None = None
-    tpu_endpoint: str | None = None
-    crm_endpoint: str | None = None
-    storage_host: str | None = None
+    network: str = _spec_default("network")
+    subnetwork: str | None = _spec_default("subnetwork")
+    service_account: str | None = _spec_default("service_account")
+    public_ips: bool = _spec_default("public_ips")
+    ssh_user: str = _spec_default("ssh_user")
+    ssh_port: int = _spec_default("ssh_port")  # DSCTL_SSH_PORT overrides the spec's
+    boot_disk_gb: int = _spec_default("boot_disk_gb")
+    boot_disk_type: str = _spec_default("boot_disk_type")
+    bucket: str = ""  # gcp.bucket, else <project>-dsctl
+    dispatcher_port: int = _spec_default("dispatcher_port")
+    worker_port: int = _spec_default("worker_port")
+    bootstrap: bool = _spec_default("bootstrap")
+    python: str = PLAIN_PYTHON  # DSCTL_REMOTE_PYTHON, else gcp.python, else the bootstrap venv's or python3
+    remote_dir: str = _spec_default("remote_dir")
+    running_timeout_s: float = _spec_default("running_timeout_s")
+    tpu_timeout_s: float = _spec_default("tpu_timeout_s")
+    ssh_timeout_s: float = _spec_default("ssh_timeout_s")
+    startup_timeout_s: float = _spec_default("startup_timeout_s")
+    ready_timeout_s: float = _spec_default("ready_timeout_s")
+    outage_limit_s: float = _spec_default("outage_limit_s")
+    max_duration_s: float = _spec_default("max_duration_s")
+    labels: dict[str, str] = _spec_default("labels")
+    software: Software | None = None  # the TensorFlow and images per VM kind (None: a run found by label needs none)
+    compute_endpoint: str | None = None  # DSCTL_GCE_ENDPOINT
+    tpu_endpoint: str | None = None  # DSCTL_TPU_ENDPOINT
+    crm_endpoint: str | None = None  # DSCTL_CRM_ENDPOINT
+    storage_host: str | None = None  # STORAGE_EMULATOR_HOST
 
     @property
     def region(self) -> str:
         return self.zone.rsplit("-", 1)[0]
 
     @property
-    def kinds(self) -> "Software":
-        from .software import Software
-
-        return Software.from_dict(self.software)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
+    def tensorflow_version(self) -> str:
+        """The one TensorFlow every VM of the run runs."""
+        return self.software.tensorflow_version
 
     @classmethod
     def from_dict(cls, data: dict) -> "GcpSettings":
+        """Settings as a state file holds them (dataclasses.asdict); keys this dsctl does not know are ignored."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        values = {k: v for k, v in data.items() if k in known}
+        if "software" in values:
+            values["software"] = Software.from_dict(values["software"]) if values["software"] else None
+        return cls(**values)
 
     def with_env_endpoints(self) -> "GcpSettings":
         """The endpoints of *this* process's environment (a `dsctl down` may run with other ones)."""
@@ -99,7 +109,7 @@ def local_tensorflow_version() -> str | None:
     return None
 
 
-def _adc_project() -> str | None:
+def adc_project() -> str | None:
     try:
         import google.auth
         from google.auth.exceptions import DefaultCredentialsError
@@ -142,7 +152,7 @@ def resolve(spec: JobSpec, *, check_creds: bool = True) -> GcpSettings:
     overridden = bool(env.get("DSCTL_GCE_ENDPOINT"))
     project = g.project or env.get("GOOGLE_CLOUD_PROJECT") or env.get("CLOUDSDK_CORE_PROJECT")
     if not project and not overridden:
-        project = _adc_project()
+        project = adc_project()
     if not project:
         raise SpecError(
             "provider: gcp needs a Google Cloud project: set gcp.project in the spec, or GOOGLE_CLOUD_PROJECT in "
@@ -162,17 +172,13 @@ def resolve(spec: JobSpec, *, check_creds: bool = True) -> GcpSettings:
             field="gcp.zone",
         )
     software = resolve_software(spec, local_tensorflow_version())
-    ssh_port = int(env.get("DSCTL_SSH_PORT") or g.ssh_port)
-    python = env.get("DSCTL_REMOTE_PYTHON") or g.python or (BOOTSTRAP_PYTHON if g.bootstrap else "python3")
-    settings = GcpSettings(
-        project=project, zone=zone, network=g.network, subnetwork=g.subnetwork, service_account=g.service_account,
-        public_ips=g.public_ips, ssh_user=g.ssh_user, ssh_port=ssh_port, boot_disk_gb=g.boot_disk_gb,
-        boot_disk_type=g.boot_disk_type, bucket=g.bucket or f"{project}-dsctl", dispatcher_port=g.dispatcher_port,
-        worker_port=g.worker_port, tensorflow_version=software.tensorflow_version, bootstrap=g.bootstrap, python=python,
-        remote_dir=g.remote_dir, running_timeout_s=g.running_timeout_s, tpu_timeout_s=g.tpu_timeout_s,
-        ssh_timeout_s=g.ssh_timeout_s, startup_timeout_s=g.startup_timeout_s, ready_timeout_s=g.ready_timeout_s,
-        outage_limit_s=g.outage_limit_s, max_duration_s=g.max_duration_s, labels=dict(g.labels), software=software.as_dict(),
-    ).with_env_endpoints()
+    same = {f.name: getattr(g, f.name) for f in fields(GcpSettings) if f.name in GcpSpec.model_fields}
+    settings = GcpSettings(**{
+        **same, "project": project, "zone": zone, "labels": dict(g.labels), "bucket": g.bucket or f"{project}-dsctl",
+        "ssh_port": int(env.get("DSCTL_SSH_PORT") or g.ssh_port),
+        "python": env.get("DSCTL_REMOTE_PYTHON") or g.python or (BOOTSTRAP_PYTHON if g.bootstrap else PLAIN_PYTHON),
+        "software": software,
+    }).with_env_endpoints()
     if check_creds:
         check_credentials(settings)
     return settings

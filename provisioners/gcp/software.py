@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass
 from dsctl.specs import SpecError
 from dsctl.specs.schema import GcpSpec, JobSpec
 
+from .machinetypes import machine_kind
+
 # TensorFlow version -> Python minor versions with a manylinux x86_64 wheel, for
 # tensorflow-cpu (cpu VMs) and tensorflow (GPU VMs); the two are published together.
 _ALL_312 = ("3.9", "3.10", "3.11", "3.12")
@@ -196,8 +198,6 @@ def _image_python(g: GcpSpec, image: str, field_prefix: str) -> tuple[str, str, 
 
 def _kinds_in_run(spec: JobSpec) -> dict[str, str]:
     """kind -> machine type, for every kind of VM the run creates."""
-    from .compute import machine_kind
-
     kinds = {"cpu": spec.service.worker_machine}
     kinds.setdefault(machine_kind(spec.trainer.machine).kind, spec.trainer.machine)
     return kinds

@@ -9,7 +9,17 @@ mismatch with one clear error, before any server starts.
 
 from __future__ import annotations
 
+from importlib import metadata
+
 from .errors import VersionMismatch
+
+
+def local_dsctl() -> str | None:
+    """This dsctl's version (the VMs must run the same)."""
+    try:
+        return metadata.version("dsctl")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def _base(version: str | None) -> str | None:

@@ -72,7 +72,7 @@ def test_a_quota_too_small_for_the_workers_leaves_nothing_and_names_the_quota(cl
     assert cloud.counts() == NOTHING and staged(runner.run_id) == []
     assert RunStore().get(runner.run_id).status == "failed"
     dep = Deployment.load(runner.run_dir)
-    assert dep.status == "down" and not [n for n in dep.nodes if n.role != "gcp"]
+    assert dep.status == "down" and not dep.nodes and not dep.state.firewalls
 
 
 def test_a_tpu_quota_on_the_queued_request_is_named_and_not_retried(cloud, home, tmp_path):
@@ -228,7 +228,7 @@ def test_kill_9_then_dsctl_down_from_state(cloud, sshd, home, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert cloud.counts() == NOTHING and staged(run_id) == []
     dep = Deployment.load(home / "runs" / run_id)
-    assert dep.status == "down" and not [n for n in dep.nodes if n.role != "gcp"]
+    assert dep.status == "down" and not dep.nodes and not dep.state.firewalls
     # `down` stopped the servers over SSH and brought their logs home before deleting the VMs.
     assert (home / "runs" / run_id / "logs" / "dispatcher-0.log").exists()
     wait_for(lambda: not processes_under(home), timeout=20, what="no processes left")

@@ -49,8 +49,8 @@ def test_job_runs_on_the_stand_in_cloud_and_leaves_nothing(cloud, sshd, home, tm
     assert cloud.counts() == {"instances": 0, "firewalls": 0, "tpus": 0}
     dep = Deployment.load(runner.run_dir)
     assert dep.status == "down"
-    assert not [n for n in dep.nodes if n.role in ("dispatcher", "worker", "trainer", "firewall")]
-    assert not dep.by_role("gcp")[0].extra.get("trainer_vms")
+    assert not [n for n in dep.nodes if n.role in ("dispatcher", "worker", "trainer")] and not dep.state.firewalls
+    assert not dep.state.trainer_vms
     # The tf.data service itself was given the internal addresses (the VMs talk inside the VPC).
     assert dep.dispatcher_address.startswith("127.0.0."), dep.dispatcher_address  # internal, not 127.0.1.x
 
@@ -112,6 +112,7 @@ def test_one_deployment_measured_twice_and_scaled_as_a_sweep_does(cloud, sshd, h
     import time
 
     from dsctl.orchestrator.handles import OwnedDeployment
+    from dsctl.orchestrator.supervision import Supervisor
     from dsctl.provisioners import TrainerLaunch
     from dsctl.provisioners.gcp import GcpProvisioner
 
@@ -125,7 +126,7 @@ def test_one_deployment_measured_twice_and_scaled_as_a_sweep_does(cloud, sshd, h
     events = []
     sink = lambda kind, message: events.append((kind, message))  # noqa: E731
     p = GcpProvisioner()
-    owned = OwnedDeployment(p, dep)
+    owned = OwnedDeployment(p, dep, Supervisor(p, dep, spec.service.fault_tolerant, sink))
 
     def measure(point: str) -> int:
         launch = TrainerLaunch(mode="service", spec_json=run_dir / "spec.json", metrics_dir=run_dir / point,
@@ -139,14 +140,14 @@ def test_one_deployment_measured_twice_and_scaled_as_a_sweep_does(cloud, sshd, h
         ends = [json.loads(l) for l in open(metrics[0]) if '"end"' in l]
         return ends[0]["batches"]
 
-    p.check(spec, 3)
+    p.check(spec, 3, tmp_path / "job")
     try:
         p.up(spec, dep, 1, sink)
         p.wait_ready(dep, sink)
         assert measure("point-1") == 20
         owned.scale(3, sink)
         workers = dep.by_role("worker")
-        assert [w.index for w in workers] == [0, 1, 2] and all(w.extra["ready"] for w in workers)
+        assert [w.index for w in workers] == [0, 1, 2] and all(w.state.ready for w in workers)
         assert len({w.address for w in workers}) == 3
         assert measure("point-3") == 20
         owned.scale(1, sink)
@@ -159,7 +160,7 @@ def test_one_deployment_measured_twice_and_scaled_as_a_sweep_does(cloud, sshd, h
     assert [k for k, _ in cloud.created].count("queued_resource") == 1
     assert len([path for m, path in cloud.calls if m == "POST" and path.endswith("/bulkInsert")]) == 2
     assert cloud.counts() == {"instances": 0, "firewalls": 0, "tpus": 0}
-    assert not Deployment.load(run_dir).by_role("gcp")[0].extra.get("trainer_vms")
+    assert not Deployment.load(run_dir).state.trainer_vms
 
 
 def test_the_images_builtin_runs_on_the_cloud_with_its_data_in_cloud_storage(cloud, sshd, gcs_emulator, home, tmp_path):
@@ -221,7 +222,7 @@ def test_a_dead_fault_tolerant_dispatcher_is_restarted_on_its_vm(cloud, sshd, ho
     while not (metrics.exists() and '"window"' in metrics.read_text()) and time.monotonic() < deadline:
         time.sleep(0.2)
     victim = Deployment.load(run_dir).by_role("dispatcher")[0]
-    os.kill(victim.extra["remote_pid"], signal.SIGKILL)
+    os.kill(victim.state.remote_pid, signal.SIGKILL)
     thread.join(timeout=240)
     assert not thread.is_alive()
     record = RunStore().get(run_id)

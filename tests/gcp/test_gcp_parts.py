@@ -62,11 +62,11 @@ def test_missing_project_zone_and_credentials_are_clear_errors(no_credentials, m
     assert s.python == "/opt/dsctl/venv/bin/python" and s.bootstrap
 
 
-def test_the_provisioner_check_refuses_before_anything_is_made(no_credentials):
-    from dsctl.provisioners import get_provisioner
+def test_the_provisioner_check_refuses_before_anything_is_made(no_credentials, tmp_path):
+    from dsctl.provisioners import get_provider
 
     with pytest.raises(SpecError, match="gcp.project"):
-        get_provisioner("gcp").check(load_spec_text(MINIMAL_GCP).spec, 4)
+        get_provider("gcp").check(load_spec_text(MINIMAL_GCP).spec, 4, tmp_path)
 
 
 # -- spec -------------------------------------------------------------------------------------------------
@@ -185,7 +185,9 @@ def test_request_bodies_gpu_spot_public_ips_subnetwork_service_account():
     assert (spot["provisioning_model"], spot["instance_termination_action"], spot["automatic_restart"]) == ("SPOT", "STOP", False)
     internal = GcpSettings(project="p", zone="us-central1-b", public_ips=False)
     assert not c.Instance.to_dict(compute.instance_body(internal, "n", vm))["network_interfaces"][0].get("access_configs")
-    assert compute.machine_kind("n2-standard-8").kind == "cpu" and compute.machine_kind("tpu-v5litepod-4").accelerator == "v5litepod-4"
+    from dsctl.provisioners.gcp.machinetypes import machine_kind
+
+    assert machine_kind("n2-standard-8").kind == "cpu" and machine_kind("tpu-v5litepod-4").accelerator == "v5litepod-4"
 
 
 # -- what reaches a remote shell ------------------------------------------------------------------------------
@@ -311,9 +313,10 @@ DEBIAN = "projects/debian-cloud/global/images/family/debian-12"
 
 def _machine(run_id: str, role: str, index: int, machine: str = "n2-standard-8"):
     from dsctl.provisioners.gcp import compute, naming
+    from dsctl.provisioners.gcp.machinetypes import machine_kind
     from dsctl.provisioners.gcp.resources import Machine
 
-    kind = compute.machine_kind(machine).kind
+    kind = machine_kind(machine).kind
     vm = compute.VmConfig(machine=machine, labels=naming.labels(run_id, "j", role, index=index),
                           tag=naming.network_tag(run_id), metadata={},
                           image="tpu-vm-tf-2.18.0-pjrt-v5p-and-below" if kind == "tpu" else DEBIAN)
@@ -344,7 +347,7 @@ def test_tpu_out_of_capacity_is_classified(cloud):
 def test_a_retried_tpu_request_is_not_made_twice_and_tpus_wait_on_their_own_clock(cloud):
     """TPU VMs are asked for as queued resources with a request id, a validity window of gcp.tpu_timeout_s, and
     the run's Spot choice; their addresses are read from the node once it is READY."""
-    from dsctl.provisioners.gcp import compute
+    from dsctl.provisioners.gcp.machinetypes import machine_kind
 
     fleet = _fleet("qr-run", tpu_timeout_s=120, public_ips=True)
     m = _machine("qr-run", "trainer", 0, "tpu-v2-8")
@@ -357,7 +360,7 @@ def test_a_retried_tpu_request_is_not_made_twice_and_tpus_wait_on_their_own_cloc
     seen = []
     fleet.wait_tpu(m, lambda m, internal, external: seen.append((internal, external)))
     assert seen and seen[0][0] and seen[0][1] and seen[0][0] != seen[0][1]  # external address requested (default)
-    assert compute.machine_kind(m.vm.machine).kind == "tpu"
+    assert machine_kind(m.vm.machine).kind == "tpu"
     fleet.sweep()
     assert cloud.counts() == NOTHING
 
@@ -441,19 +444,36 @@ def test_stand_in_list_filter():
 
 
 # -- what the CLI calls -------------------------------------------------------------------------------------------
-def test_confirm_up_asks_only_for_gcp_and_never_without_a_terminal(cloud, home, tmp_path):
-    from dsctl.provisioners.gcp import confirm_up
+class _Talk:
+    """`dsctl up`'s side of the conversation (orchestrator/up.py Conversation), written down."""
+
+    def __init__(self, shown: list, asked: list):
+        self.shown, self.asked = shown, asked
+
+    def say(self, text: str) -> None:
+        self.shown.append(text)
+
+    def ask(self, question: str) -> bool:
+        self.asked.append(question)
+        return True
+
+
+def test_confirm_asks_only_for_gcp_and_never_without_a_terminal(cloud, home, tmp_path):
+    from dsctl.orchestrator.up import UpOptions, approved
+    from dsctl.provisioners.gcp import GcpProvisioner
+    from dsctl.provisioners.gcp.plan import confirm
 
     spec = load_spec(gcp_spec(tmp_path / "job", home=home)).spec
     shown, asked = [], []
     ask = lambda q: asked.append(q) or True  # noqa: E731
-    assert confirm_up(spec, 3, yes=True, ask=ask, echo=shown.append)
-    assert confirm_up(load_spec_text(MINIMAL_GCP.replace("gcp", "local", 1)).spec, 3, yes=False, ask=ask,
-                      echo=shown.append)
+    assert GcpProvisioner().confirm(spec, 3, yes=True, ask=ask, echo=shown.append)
+    # A local run bills nothing: `dsctl up` asks only a provider that plans (contract.Plans).
+    assert approved(load_spec_text(MINIMAL_GCP.replace("gcp", "local", 1)), UpOptions(path=tmp_path / "job.yaml"),
+                    _Talk(shown, asked))
     assert not shown and not asked
-    with pytest.raises(SpecError, match="pass --yes"):
-        confirm_up(spec, 3, yes=False, ask=ask, echo=shown.append, interactive=False)
-    assert confirm_up(spec, 3, yes=False, ask=ask, echo=shown.append, interactive=True)
+    with pytest.raises(SpecError, match="pass --yes"):  # stdin is no terminal here
+        GcpProvisioner().confirm(spec, 3, yes=False, ask=ask, echo=shown.append)
+    assert confirm(spec, 3, yes=False, ask=ask, echo=shown.append, interactive=True)
     assert asked == ["Create these machines on Google Cloud?"]
     assert f"project {PROJECT}, zone {ZONE}" in shown[-1] and "workers" in shown[-1]
     # Before asking, the live project was checked (reads only): nothing was created.
@@ -465,18 +485,22 @@ def _only_reads(cloud) -> bool:
     return all(m == "GET" or p.endswith(":testIamPermissions") for m, p in cloud.calls)
 
 
-def test_down_without_state_needs_project_and_zone(cloud, monkeypatch):
-    from dsctl.provisioners.gcp import down_without_state
+def test_down_by_label_needs_project_and_zone(cloud, monkeypatch):
+    from dsctl.provisioners import Where
+    from dsctl.provisioners.gcp import GcpProvisioner
 
+    p, said = GcpProvisioner(), []
+    assert not p.looks_there(Where())
     with pytest.raises(SpecError, match="--project P --zone Z"):
-        down_without_state("some-run")
+        p.down_by_label("some-run", Where(), said.append)
     fleet = _fleet("orphan-run")
     fleet.create([_machine("orphan-run", "worker", 0), _machine("orphan-run", "trainer", 0, "tpu-v2-8")],
                  _rules("orphan-run"))
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", PROJECT)
-    found = down_without_state("orphan-run", zone=ZONE)
-    assert found.summary() == "1 VM, 1 TPU VM, 2 firewall rules" and cloud.counts() == NOTHING
-    assert down_without_state("orphan-run", zone=ZONE).empty
+    assert p.looks_there(Where())
+    assert p.down_by_label("orphan-run", Where(zone=ZONE), said.append) == "deleted 1 VM, 1 TPU VM, 2 firewall rules"
+    assert cloud.counts() == NOTHING
+    assert p.down_by_label("orphan-run", Where(zone=ZONE), said.append) == "nothing found on Google Cloud."
 
 
 def test_cli_dry_run_prints_the_plan_and_a_real_up_asks_first(cloud, home, tmp_path):
@@ -591,7 +615,7 @@ def test_staging_gives_every_vm_kind_its_wheelhouse_and_the_vms_read_access(clou
     from google.cloud import storage
 
     from dsctl.provisioners import Deployment
-    from dsctl.provisioners.gcp import GcpProvisioner
+    from dsctl.provisioners.gcp import GcpProvisioner, stage, state, vms
 
     from conftest import BUCKET
 
@@ -601,19 +625,19 @@ def test_staging_gives_every_vm_kind_its_wheelhouse_and_the_vms_read_access(clou
     run_dir.mkdir(parents=True)
     dep = Deployment(run_id="boot-0001", provider="gcp", run_dir=str(run_dir))
     p = GcpProvisioner()
-    p.check(spec, 1)
-    p._context(dep, spec)
-    kinds = p._settings.kinds
+    p.check(spec, 1, tmp_path / "job")
+    ctx = p._context(dep, spec)
+    kinds = ctx.settings.software
     for kind in kinds.kinds.values():
         _fake_wheelhouse(tmp_path / "wheelhouses", kind)
     events = []
-    p._stage(dep, spec, {"cpu", "tpu"}, lambda kind, msg: events.append(msg))
+    stage.software(ctx, spec, {"cpu", "tpu"}, p._findings.service_account, lambda kind, msg: events.append(msg))
     client = storage.Client(project=PROJECT, credentials=AnonymousCredentials())
     blobs = [b.name for b in client.list_blobs(BUCKET)]
-    staged = dep.by_role("gcp")[0].extra["staged_software"]
-    assert f"dsctl/runs/boot-0001/staging/{staged['wheel']}" in blobs
+    staged = state.of(dep).software
+    assert f"dsctl/runs/boot-0001/staging/{staged.wheel}" in blobs
     for kind in ("cpu", "tpu"):
-        prefix = staged["wheelhouses"][kind]
+        prefix = staged.wheelhouses[kind]
         assert prefix.startswith("dsctl/wheelhouses/") and f"{prefix}MANIFEST.json" in blobs
         assert f"{prefix}pip-26.0-py3-none-any.whl" in blobs
     # The VMs' service account (the project's default Compute Engine one) may read the bucket.
@@ -623,29 +647,29 @@ def test_staging_gives_every_vm_kind_its_wheelhouse_and_the_vms_read_access(clou
     assert any(m.startswith("serviceAccount:") and m.endswith("-compute@developer.gserviceaccount.com")
                and (number is None or str(number) in m) for m in readers), readers
 
-    md = p._metadata(dep, "tpu")
+    md = vms.metadata(ctx, "tpu")
     script = md["startup-script"]
-    assert staged["wheelhouses"]["tpu"] in script and staged["wheel"] in script and BUCKET in script
+    assert staged.wheelhouses["tpu"] in script and staged.wheel in script and BUCKET in script
     assert "tpu-vm-tf-" not in script and "--system-site-packages" in script  # the TPU runtime brings TensorFlow
-    assert f"tensorflow-cpu=={kinds.tensorflow_version}" in p._metadata(dep, "cpu")["startup-script"]
-    assert md["ssh-keys"].startswith(f"{p._settings.ssh_user}:ssh-ed25519 ") and md["enable-oslogin"] == "FALSE"
-    assert p._settings.python == "/opt/dsctl/venv/bin/python"
+    assert f"tensorflow-cpu=={kinds.tensorflow_version}" in vms.metadata(ctx, "cpu")["startup-script"]
+    assert md["ssh-keys"].startswith(f"{ctx.settings.ssh_user}:ssh-ed25519 ") and md["enable-oslogin"] == "FALSE"
+    assert ctx.settings.python == "/opt/dsctl/venv/bin/python"
 
     # A second run finds the wheelhouses in the bucket and uploads nothing.
     again = Deployment(run_id="boot-0002", provider="gcp", run_dir=str(home / "runs" / "boot-0002"))
     (home / "runs" / "boot-0002").mkdir()
     q = GcpProvisioner()
-    q.check(spec, 1)
-    q._context(again, spec)
+    q.check(spec, 1, tmp_path / "job")
     more = []
-    q._stage(again, spec, {"cpu", "tpu"}, lambda kind, msg: more.append(msg))
+    stage.software(q._context(again, spec), spec, {"cpu", "tpu"}, q._findings.service_account,
+                   lambda kind, msg: more.append(msg))
     assert sum("already there" in m for m in more) == 2
 
     p.down(dep, lambda *a: None)
     q.down(again, lambda *a: None)
     blobs = [b.name for b in client.list_blobs(BUCKET)]
     assert not [b for b in blobs if b.startswith(("dsctl/runs/boot-0001/staging/", "dsctl/runs/boot-0002/staging/"))]
-    assert f"{staged['wheelhouses']['cpu']}MANIFEST.json" in blobs  # a cache shared by runs: kept
+    assert f"{staged.wheelhouses['cpu']}MANIFEST.json" in blobs  # a cache shared by runs: kept
 
 
 def test_images_data_on_gcp_is_planned_and_a_local_cache_dir_is_refused_with_its_line(cloud, home, tmp_path):

@@ -22,7 +22,7 @@ REGION = ZONE.rsplit("-", 1)[0]
 def _check(spec_path):
     from dsctl.provisioners.gcp import GcpProvisioner
 
-    GcpProvisioner().check(load_spec(spec_path).spec, 1)
+    GcpProvisioner().check(load_spec(spec_path).spec, 1, spec_path.parent)
 
 
 def _refusal(spec_path) -> str:
@@ -87,7 +87,7 @@ def test_a_network_without_ssh_is_refused_and_wider_rules_are_reported(cloud, ho
 
     spec = gcp_spec(tmp_path / "job", home=home)
     p = GcpProvisioner()
-    p.check(load_spec(spec).spec, 1)
+    p.check(load_spec(spec).spec, 1, spec.parent)
     # The default network's default-allow-internal admits every port from 10.128.0.0/9: the run's deny rule
     # (priority 910) closes the service ports to it, and the plan says so.
     notes = " ".join(p._findings.notes)
@@ -99,7 +99,7 @@ def test_a_network_without_ssh_is_refused_and_wider_rules_are_reported(cloud, ho
 
     from dsctl.provisioners.gcp import operations
 
-    clients = Clients(p._settings)
+    clients = Clients(p._clients.settings)
 
     def done(op):
         operations.wait(clients, op, doing="a test's firewall change", timeout_s=30)
@@ -108,7 +108,7 @@ def test_a_network_without_ssh_is_refused_and_wider_rules_are_reported(cloud, ho
         name="wide-open", network=f"projects/{PROJECT}/global/networks/default", priority=100, direction="INGRESS",
         allowed=[c.Allowed(I_p_protocol="tcp")], source_ranges=["0.0.0.0/0"])))
     q = GcpProvisioner()
-    q.check(load_spec(spec).spec, 1)
+    q.check(load_spec(spec).spec, 1, spec.parent)
     assert any(n.startswith("WARNING: the network's rule wide-open (priority 100") for n in q._findings.notes)
     done(clients.firewalls.delete_unary(project=PROJECT, firewall="wide-open"))
     # Without any rule admitting tcp:22, dsctl could not reach the VMs: refused before anything is created.
@@ -145,8 +145,8 @@ def test_a_run_refused_by_preflight_records_nothing_billable(cloud, home, tmp_pa
 def test_the_supervisor_checks_its_own_permissions_before_it_touches_anything(cloud, home, tmp_path, autoscale, tpu):
     """On the dispatcher VM, the run's supervisor acts as the VMs' service account: what it lacks is named,
     with the roles that grant it, before it starts, stops or deletes anything."""
-    from dsctl.provisioners import Deployment, Node
-    from dsctl.provisioners.gcp import GcpProvisioner, GcpError
+    from dsctl.provisioners import Deployment
+    from dsctl.provisioners.gcp import GcpDeployment, GcpError, GcpProvisioner
     from dsctl.provisioners.gcp.preflight import supervisor_permissions
     from dsctl.provisioners.gcp.settings import resolve
 
@@ -160,7 +160,7 @@ def test_the_supervisor_checks_its_own_permissions_before_it_touches_anything(cl
     assert "compute.instances.start" in wanted and "storage.objects.create" in wanted
     dep = Deployment(run_id="perm-run", provider="gcp", run_dir=str(tmp_path / "run"))
     (tmp_path / "run").mkdir()
-    dep.nodes.append(Node(role="gcp", index=0, extra={"settings": resolve(spec).as_dict()}))
+    dep.state = GcpDeployment(settings=resolve(spec))
     cloud.granted_permissions = set(wanted)
     GcpProvisioner().check_supervisor(dep, spec)  # everything granted: nothing to say
     cloud.granted_permissions = set(wanted) - {"compute.instances.start", "storage.objects.create"}

@@ -76,8 +76,8 @@ def test_a_worker_vm_stopped_mid_job_is_started_again_and_the_job_finishes(cloud
     # As a preemption does: through the API, the VM stops; its processes and SSH sessions die with it.
     api = compute_v1.InstancesClient(credentials=AnonymousCredentials(),
                                      client_options=ClientOptions(api_endpoint=cloud.endpoint))
-    api.stop_unary(project=PROJECT, zone=ZONE, instance=victim.extra["instance"])
-    wait_for(lambda: gone(victim.extra["remote_pid"]), timeout=10, what="the stopped VM's worker to die")
+    api.stop_unary(project=PROJECT, zone=ZONE, instance=victim.state.vm.name)
+    wait_for(lambda: gone(victim.state.remote_pid), timeout=10, what="the stopped VM's worker to die")
     thread.join(timeout=300)
     assert not thread.is_alive(), "the run hangs"
     assert "error" not in result, result.get("error")

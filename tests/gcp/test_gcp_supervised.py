@@ -19,6 +19,8 @@ import psutil
 import pytest
 
 from dsctl.orchestrator.store import RunStore
+from dsctl.provisioners import Deployment
+from dsctl.provisioners.gcp import GcpProvisioner
 
 from conftest import BUCKET, PROJECT, ZONE, gcp_spec
 from helpers import processes_under, wait_for
@@ -143,7 +145,7 @@ def test_an_attached_run_whose_dsctl_is_gone_is_torn_down_after_the_outage_limit
     up = subprocess.Popen([sys.executable, "-m", "dsctl.cli.main", "up", str(spec), "--yes"], stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
     run_dir = wait_for(lambda: next(iter((home / "runs").glob("*/state.json")), None), timeout=60, what="a run dir").parent
-    wait_for(lambda: '"supervisor"' in (run_dir / "state.json").read_text(), timeout=120, what="the hand-over")
+    wait_for(lambda: GcpProvisioner().handed_off(Deployment.load(run_dir)), timeout=120, what="the hand-over")
     time.sleep(5)
     up.kill()
     up.wait(30)

@@ -9,9 +9,10 @@ import threading
 
 import pytest
 
-from dsctl.provisioners.contract import Deployment, Node
+from dsctl.provisioners import Deployment, Node
 from dsctl.provisioners.gcp.errors import RemoteError
 from dsctl.provisioners.gcp.recovery import OUTAGE_EVENT_AFTER_S, STATUS_EVERY_S, Recovery
+from dsctl.provisioners.gcp.state import GcpNode, Vm
 
 
 class Clock:
@@ -25,8 +26,8 @@ class Clock:
 def deployment(fault_tolerant=False) -> Deployment:
     dep = Deployment(run_id="r", provider="gcp", run_dir="/nonexistent")
     for role, i in (("dispatcher", 0), ("worker", 0), ("worker", 1), ("trainer", 0)):
-        dep.nodes.append(Node(role=role, index=i, address=f"10.0.0.{len(dep.nodes) + 2}:5051", extra={
-            "instance": f"vm-{role}-{i}", "host": f"h-{role}-{i}", "remote_pid": 7, "fault_tolerant": fault_tolerant}))
+        dep.nodes.append(Node(role=role, index=i, address=f"10.0.0.{len(dep.nodes) + 2}:5051", state=GcpNode(
+            vm=Vm(name=f"vm-{role}-{i}", host=f"h-{role}-{i}"), remote_pid=7, fault_tolerant=fault_tolerant)))
     return dep
 
 
@@ -35,8 +36,9 @@ class World:
 
     def __init__(self, dep: Deployment, limit: float = 600.0):
         self.dep, self.clock, self.events = dep, Clock(), []
-        self.status = {n.extra["instance"]: "RUNNING" for n in dep.nodes}
+        self.status = {n.state.vm.name: "RUNNING" for n in dep.nodes}
         self.lists, self.attempts, self.restores, self.api_down = 0, 0, [], False
+        self.refused: set[str] = set()  # VMs that will not start again
         self.release = threading.Event()
         self.recovery = Recovery(list_statuses=self.list, restore=self.restore, outage_limit_s=limit, clock=self.clock)
 
@@ -48,9 +50,9 @@ class World:
         return dict(self.status)
 
     def restore(self, node):
-        self.restores.append(node.extra["instance"])
+        self.restores.append(node.state.vm.name)
         self.release.wait(10)
-        if node.extra.get("fail"):
+        if node.state.vm.name in self.refused:
             raise RuntimeError("start refused")
         return self.clock.now
 
@@ -66,7 +68,7 @@ def test_an_outage_within_the_limit_is_two_events_and_blinds_the_stall_clock_mea
     w = World(deployment())
     assert w.check() is False
     lost_at = w.clock.now
-    everyone = {n.extra["host"]: lost_at for n in w.dep.nodes}
+    everyone = {n.state.vm.host: lost_at for n in w.dep.nodes}
     assert w.check(everyone, advance=OUTAGE_EVENT_AFTER_S - 2) is True, "the trainers cannot be seen"
     assert w.kinds() == [], "a short silence is not an outage yet"
     for _ in range(60):
@@ -108,7 +110,7 @@ def test_a_fault_tolerant_dispatcher_vm_is_brought_back_and_a_failed_restore_end
     w = World(deployment(fault_tolerant=True))
     w.check()
     w.status["vm-dispatcher-0"] = "STOPPED"
-    w.dep.by_role("dispatcher")[0].extra["fail"] = True
+    w.refused.add("vm-dispatcher-0")
     w.release.set()
     w.check(advance=STATUS_EVERY_S)
     assert w.restores == ["vm-dispatcher-0"]
@@ -140,8 +142,8 @@ def test_what_cannot_be_brought_back_ends_the_run_at_once(role, status, says):
 def test_a_vm_added_after_the_last_listing_is_not_missing_from_it():
     w = World(deployment())
     w.check()
-    new = Node(role="worker", index=2, address="10.0.0.9:5051",
-               extra={"instance": "vm-worker-2", "host": "h-worker-2", "remote_pid": 8, "launched_at": w.clock.now + 1})
+    new = Node(role="worker", index=2, address="10.0.0.9:5051", state=GcpNode(
+        vm=Vm(name="vm-worker-2", host="h-worker-2"), remote_pid=8, launched_at=w.clock.now + 1))
     w.dep.nodes.append(new)
     w.check(advance=2.0)  # the listing (1 s before its launch) does not have it: not known yet, not gone
     assert w.events == []
@@ -151,8 +153,8 @@ def test_a_vm_added_after_the_last_listing_is_not_missing_from_it():
 
 def test_vms_being_deleted_or_not_started_yet_are_left_alone():
     w = World(deployment())
-    w.dep.by_role("worker")[1].extra["deleting"] = True
-    del w.dep.by_role("worker")[0].extra["remote_pid"]
+    w.dep.by_role("worker")[1].state.vm.deleting = True
+    w.dep.by_role("worker")[0].state.remote_pid = None
     w.status.update({"vm-worker-1": "STOPPING", "vm-worker-0": "TERMINATED"})
     w.check()
     assert w.restores == [] and w.events == []
@@ -179,7 +181,7 @@ def test_with_the_api_out_of_reach_too_nothing_is_decided():
     w.status["vm-trainer-0"] = "TERMINATED"  # unknown to dsctl while the API cannot be asked
     tried = w.attempts
     for _ in range(300):  # a minute of polls, every VM quiet (the laptop is offline)
-        w.check({n.extra["host"]: 1000.0 for n in w.dep.nodes}, advance=0.2)
+        w.check({n.state.vm.host: 1000.0 for n in w.dep.nodes}, advance=0.2)
     assert w.events[-1][0] == "ssh-lost" and w.recovery.api_error.startswith("ConnectionError")
     assert w.attempts - tried <= 60 / 3 + 1, "asked at most every 3 s while it fails"
     w.api_down = False

@@ -1,0 +1,81 @@
+"""One deployment on Google Cloud as every step of the provider works on it, built once.
+
+On the way up it is made from the spec's settings (resolved by `check`), records the deployment's
+state before anything is created and makes the run's SSH key; on the way down, or in another
+process (`dsctl down` after kill -9, the run's supervisor on its dispatcher VM), it is made from
+the deployment's state with this process's endpoints. Either way what it holds is fixed from then
+on: the settings, the API clients made with them, the run's SSH connections (none without the
+run's key: a run that never made a VM), the run's cancel event, and the lock under which threads
+change nodes and save the state. Only the watcher waits for the first process to watch.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..contract import EventSink
+from ..state import Deployment
+from .clients import Clients
+from .errors import GcpError
+from .keys import KeyPair, ensure_key_pair, key_dir, load_key_pair
+from .resources import Fleet
+from .settings import GcpSettings, check_credentials
+from .ssh import Ssh
+from .state import GcpDeployment, of
+from .watch import Watcher
+
+
+class Context:
+    def __init__(self, dep: Deployment, clients: Clients, ssh: Ssh | None):
+        self.dep = dep
+        self.clients = clients
+        self.settings: GcpSettings = clients.settings
+        self.ssh = ssh
+        self.cancel = threading.Event()  # set: whatever still waits on the way up stops (a failure, Ctrl-C, down)
+        self.lock = threading.Lock()  # threads change nodes and save the whole state: one at a time
+        self.watcher: Watcher | None = None  # reads the processes over SSH once the first one runs (watch.py)
+
+    @property
+    def state(self) -> GcpDeployment:
+        return of(self.dep)
+
+    def save(self) -> None:
+        with self.lock:
+            self.dep.save()
+
+    def fleet(self, events: EventSink, *, cancellable: bool = True) -> Fleet:
+        """The run's resources through the APIs; a deletion is not cancellable (it must finish)."""
+        return Fleet(self.clients, self.dep.run_id, self.cancel if cancellable else None,
+                     log=lambda msg: events("cloud", msg))
+
+    def watching(self) -> Watcher:
+        """The watcher, running."""
+        if self.watcher is None:
+            self.watcher = Watcher(self.ssh)
+        self.watcher.start()
+        return self.watcher
+
+
+def _ssh(settings: GcpSettings, dep: Deployment, key: KeyPair) -> Ssh:
+    return Ssh(settings.ssh_user, settings.ssh_port, key.private_path, key_dir(dep.run_dir) / "known_hosts")
+
+
+def for_run(dep: Deployment, clients: Clients) -> Context:
+    """On the way up: the deployment's state recorded (before anything is created, so `dsctl down` knows where to
+    look) and the run's SSH key made."""
+    if dep.state is None:
+        dep.state = GcpDeployment(settings=clients.settings)
+        dep.save()
+    key = ensure_key_pair(dep.run_dir, comment=f"dsctl-{dep.run_id}")
+    return Context(dep, clients, _ssh(clients.settings, dep, key))
+
+
+def from_state(dep: Deployment) -> Context:
+    """On the way down, or in another process: the project and zone the run was made in, this environment's
+    endpoints and credentials, and the run's key if it has one."""
+    if dep.state is None:
+        raise GcpError(f"run {dep.run_id} has no Google Cloud settings in its state; nothing to do.")
+    settings = of(dep).settings.with_env_endpoints()
+    check_credentials(settings)
+    key = load_key_pair(dep.run_dir)
+    return Context(dep, Clients(settings), _ssh(settings, dep, key) if key is not None else None)
