@@ -20,7 +20,7 @@ interpolated to the trainer's own measured window (after the warm-up batches), s
 per batch, bytes per batch and batches/s cover the same batches. dsctl's runs also report
 the CPU of `dsctl up` (metrics tailing, psutil sampling, supervision) and of its launcher,
 per second. (Thread names do not show where the CPU goes: TensorFlow's threads inherit
-"python" or "grpcpp_sync_ser"; README's "Performance" has `perf` profiles per role.)
+"python" or "grpcpp_sync_ser"; docs/performance.md has `perf` profiles per role.)
 
 The full run (two rounds of 20 s windows, medians reported) takes about 16 minutes on 2 cores;
 --quick (under 2 minutes) runs colocated, and 1 worker through dsctl and the raw API, for both

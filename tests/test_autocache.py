@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration  # builds TensorFlow datasets in this process (TensorFlow is imported when the file is)
+
 tf = pytest.importorskip("tensorflow")
 
 from dsctl.runtime import autocache as ac  # noqa: E402

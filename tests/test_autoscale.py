@@ -83,6 +83,7 @@ def test_timeline_figure_has_labelled_axes_and_marks_changes():
     assert bottom.get_ylabel() == "batch time (ms)" and "time" in bottom.get_xlabel()
 
 
+@pytest.mark.integration  # dsctl as a subprocess
 def test_autoscale_settings_are_checked_before_anything_starts(home, tmp_path):
     spec = write_spec(tmp_path, PHASED_JOB.replace("window_batches: 150", "window_batchs: 150"))
     proc = dsctl("up", spec)

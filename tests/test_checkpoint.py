@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.integration  # trains Keras models in this process (TensorFlow is imported when the file is)
+
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.integration  # every test runs dsctl as a subprocess; entrypoint checks start child processes
+
 from helpers import EXAMPLES, dsctl, write_spec
 
 GOOD_TRAINER = "trainer: {steps: 10}\n"

@@ -15,8 +15,11 @@ import textwrap
 import time
 
 import psutil
+import pytest
 
 from helpers import EXAMPLES, wait_for
+
+pytestmark = pytest.mark.integration  # real processes and real signals
 
 QUICKSTART = str(EXAMPLES / "quickstart.yaml")
 

@@ -117,6 +117,7 @@ def gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.integration  # runs runtime/command.py and its program as child processes
 def test_a_program_that_exits_at_once_fails_with_its_output(tmp_path):
     proc = run_command(tmp_path, ["python", "t.py"], {"t.py": "import sys; print('cannot parse --lr'); sys.exit(4)"})
     proc.communicate(timeout=60)
@@ -126,6 +127,7 @@ def test_a_program_that_exits_at_once_fails_with_its_output(tmp_path):
     assert "cannot parse --lr" in err["message"]
 
 
+@pytest.mark.integration  # runs runtime/command.py and its program as child processes
 def test_a_program_that_is_not_there_is_the_users_to_fix(tmp_path):
     proc = run_command(tmp_path, ["./train.sh"], {})
     proc.communicate(timeout=60)
@@ -133,6 +135,7 @@ def test_a_program_that_is_not_there_is_the_users_to_fix(tmp_path):
     assert errors(tmp_path)[0]["message"].startswith("trainer.command: ./train.sh does not exist")
 
 
+@pytest.mark.integration  # runs runtime/command.py and its program as child processes
 def test_a_daemon_the_program_left_is_stopped_and_fails_the_run(tmp_path):
     proc = run_command(tmp_path, ["python", "d.py", "0"], {"d.py": DAEMON})
     proc.communicate(timeout=60)
@@ -142,6 +145,7 @@ def test_a_daemon_the_program_left_is_stopped_and_fails_the_run(tmp_path):
     assert "never called dsctl.train.dataset()" in errors(tmp_path)[0]["message"]
 
 
+@pytest.mark.integration  # runs runtime/command.py and its program as child processes
 def test_teardown_stops_the_program_and_its_daemon(tmp_path):
     proc = run_command(tmp_path, ["python", "d.py", "600"], {"d.py": DAEMON}, start_new_session=True)
     daemon = int(wait_for(lambda: (tmp_path / "daemon.pid").exists() and (tmp_path / "daemon.pid").read_text(),

@@ -23,7 +23,7 @@ import pytest
 from dsctl.orchestrator.control import ControlClient, ControlError, ControlServer, DeploymentBusy, SweepLock, control_dir
 from dsctl.orchestrator.handles import AttachedDeployment, _AbandonedSweeps
 from dsctl.orchestrator.outcome import RunFailed
-from dsctl.provisioners import Deployment, Node
+from dsctl.provisioners import Deployment, Node, ProcessRef
 
 from helpers import wait_for
 
@@ -146,6 +146,7 @@ def test_a_request_not_taken_in_time_is_withdrawn_and_never_acted_on(run_dir):
     assert monitor.acted == []
 
 
+@pytest.mark.integration  # child processes stand in for the monitor or the caller
 def test_the_monitor_drops_a_request_whose_caller_stopped_waiting(run_dir):
     """A caller that cannot withdraw in time (stopped here; a hung or swapped-out process) is not acted on later."""
     proc = caller(run_dir, timeout_s=1.0)
@@ -163,6 +164,7 @@ def test_the_monitor_drops_a_request_whose_caller_stopped_waiting(run_dir):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+@pytest.mark.integration  # child processes stand in for the monitor or the caller
 def test_a_request_whose_caller_has_exited_is_never_acted_on(run_dir, sig):
     """Ctrl-C withdraws the request on the way out; SIGKILL cannot, and the monitor sees the caller gone."""
     proc = caller(run_dir, timeout_s=60)
@@ -188,6 +190,7 @@ def test_a_request_taken_in_time_is_answered_after_its_timeout(run_dir):
     assert requests_left(run_dir) == set()
 
 
+@pytest.mark.integration  # child processes stand in for the monitor or the caller
 def test_a_monitor_that_has_exited_fails_the_call_at_once(run_dir, sleeper):
     proc = sleeper()
     gone = who(proc)
@@ -200,6 +203,7 @@ def test_a_monitor_that_has_exited_fails_the_call_at_once(run_dir, sleeper):
     assert requests_left(run_dir) == set()
 
 
+@pytest.mark.integration  # child processes stand in for the monitor or the caller
 def test_an_answer_nobody_reads_is_discarded_once_its_caller_would_have_stopped_waiting(run_dir):
     monitor = Monitor(run_dir)
     proc = caller(run_dir, timeout_s=1.0)
@@ -216,10 +220,10 @@ def test_an_answer_nobody_reads_is_discarded_once_its_caller_would_have_stopped_
 # -- claiming a deployment for a sweep ------------------------------------------------------------------------------
 
 def deployment(run_dir: Path, monitor: dict, *, trainers: int = 0, workers: int = 1) -> Deployment:
-    nodes = [Node(role="monitor", index=0, pid=monitor["pid"], create_time=monitor["create_time"])]
-    nodes += [Node(role="worker", index=i) for i in range(workers)]
+    nodes = [Node(role="worker", index=i) for i in range(workers)]
     nodes += [Node(role="trainer", index=i) for i in range(trainers)]
-    dep = Deployment(run_id="job-1", provider="local", run_dir=str(run_dir), status="up", nodes=nodes)
+    dep = Deployment(run_id="job-1", provider="local", run_dir=str(run_dir), status="up", nodes=nodes,
+                     monitor=ProcessRef(pid=monitor["pid"], create_time=monitor["create_time"]))
     dep.save()
     return dep
 
@@ -234,6 +238,7 @@ def busy(dep: Deployment) -> str:
     return msg
 
 
+@pytest.mark.integration  # child processes stand in for the monitor or the caller
 def test_claim_refuses_at_once_while_the_job_trains_and_asks_nothing(run_dir, sleeper):
     dep = deployment(run_dir, who(sleeper()), trainers=1)
     msg = busy(dep)
@@ -241,6 +246,7 @@ def test_claim_refuses_at_once_while_the_job_trains_and_asks_nothing(run_dir, sl
     assert files(run_dir) == set()
 
 
+@pytest.mark.integration  # child processes stand in for the monitor or the caller
 def test_claim_refuses_a_deployment_whose_monitor_is_gone(run_dir, sleeper):
     proc = sleeper()
     dep = deployment(run_dir, who(proc))
@@ -249,6 +255,7 @@ def test_claim_refuses_a_deployment_whose_monitor_is_gone(run_dir, sleeper):
     assert "the monitor of run job-1" in busy(dep) and "`dsctl down job-1`" in busy(dep)
 
 
+@pytest.mark.integration  # child processes stand in for the monitor or the caller
 def test_claim_gives_a_monitor_whose_job_just_ended_a_moment_to_start_serving(run_dir, sleeper):
     dep = deployment(run_dir, who(sleeper()))  # up, no trainers: the job has ended, serving comes next
     later = threading.Timer(0.5, lambda: Monitor(run_dir))
@@ -258,6 +265,7 @@ def test_claim_gives_a_monitor_whose_job_just_ended_a_moment_to_start_serving(ru
     later.join()
 
 
+@pytest.mark.integration  # child processes stand in for the monitor or the caller
 def test_one_sweep_at_a_time_and_a_release_puts_the_deployment_back(run_dir, sleeper):
     dep = deployment(run_dir, who(sleeper()), workers=1)
     monitor = Monitor(run_dir, stop_trainers=lambda: {}, scale=lambda workers: {"workers": workers})
@@ -272,6 +280,7 @@ def test_one_sweep_at_a_time_and_a_release_puts_the_deployment_back(run_dir, sle
     AttachedDeployment.claim(dep, "sweep-2").lock.release()
 
 
+@pytest.mark.integration  # child processes stand in for the monitor or the caller
 def test_a_sweep_that_cannot_put_the_deployment_back_leaves_that_to_the_monitor(run_dir, sleeper):
     monitor_proc = sleeper()
     dep = deployment(run_dir, who(monitor_proc))
@@ -301,6 +310,7 @@ class FakeHandle:
         self.workers = workers
 
 
+@pytest.mark.integration  # child processes stand in for the monitor or the caller
 def test_the_monitor_puts_back_a_deployment_whose_sweep_died_holding_it(run_dir, sleeper, monkeypatch):
     monkeypatch.setattr("dsctl.orchestrator.handles.ABANDONED_CHECK_S", 0.0)
     dep = deployment(run_dir, who(sleeper()), workers=1)

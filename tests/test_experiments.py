@@ -287,6 +287,7 @@ def test_cachew_autoscale_settles_at_the_knee_and_hpa_under_provisions(home, out
     assert not processes_under(home)
 
 
+@pytest.mark.integration  # dsctl as a subprocess
 def test_report_puts_every_section_on_one_page(home, out):
     proc = experiments_cli("report", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
@@ -303,6 +304,7 @@ def test_report_puts_every_section_on_one_page(home, out):
     assert write_report(out) == out / "report.md"
 
 
+@pytest.mark.integration  # dsctl as a subprocess
 def test_list_and_unknown_names(home, tmp_path):
     proc = experiments_cli("list", "--json")
     assert proc.returncode == 0, proc.stderr

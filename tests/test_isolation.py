@@ -10,6 +10,7 @@ machine on the host's network would reach it. Test traffic goes to those address
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -96,7 +97,8 @@ def _training(run_dir: Path) -> Deployment:
 
 
 def _isolation(dep: Deployment) -> dict:
-    return dep.by_role("launcher")[0].extra.get("isolation") or {}
+    isolation = dep.state.launcher and dep.state.isolation
+    return {k: v for k, v in dataclasses.asdict(isolation).items() if v is not None} if isolation else {}
 
 
 def _stop(up: subprocess.Popen) -> tuple[str, str]:
@@ -134,13 +136,13 @@ def test_no_one_outside_the_run_can_reach_the_service_or_register_a_worker(home,
         with open(rogue_log, "w") as log:
             rogue = subprocess.Popen(
                 outside.argv(sys.executable, "-m", "dsctl.runtime.worker", "--dispatcher",
-                             f"{outside.host_ip}:{dispatcher.extra['port']}", "--host", outside.client_ip,
+                             f"{outside.host_ip}:{dispatcher.state.port}", "--host", outside.client_ip,
                              "--ready-file", str(tmp_path / "rogue.json")),
                 stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"})
         dep = _training(run_dir)
         assert _isolation(dep)["isolated"] is True
         dispatcher, workers = dep.by_role("dispatcher")[0], dep.by_role("worker")
-        ports = {dispatcher.extra["port"], *(w.extra["port"] for w in workers)}
+        ports = {dispatcher.state.port, *(w.state.port for w in workers)}
         assert len(ports) == 3
 
         # The servers listen, in the run's own network namespace, and nowhere in the host's.
@@ -201,7 +203,7 @@ def test_where_namespaces_are_not_allowed_the_run_goes_on_and_says_its_ports_are
         isolation = _isolation(dep)
         assert isolation == {"isolated": False, "reason": isolation["reason"]}
         assert "No space left on device" in isolation["reason"]
-        port = dep.by_role("dispatcher")[0].extra["port"]
+        port = dep.by_role("dispatcher")[0].state.port
         assert wildcard_listeners({port}), "without a namespace, TensorFlow listens on every interface"
         assert outside.connect([port])[port] == "connected"
         [warning] = [e["message"] for e in RunStore().events(Path(dep.run_dir).name) if e["kind"] == "not-isolated"]
@@ -236,7 +238,7 @@ pipeline: {builtin: synthetic}
         prov.up(spec, dep, 1, lambda kind, message: events.append(kind))
         prov.wait_ready(dep, lambda kind, message: events.append(kind))
         assert _isolation(dep)["isolated"] is True
-        launcher, dispatcher = dep.by_role("launcher")[0], dep.by_role("dispatcher")[0]
+        launcher, dispatcher = dep.state.launcher, dep.by_role("dispatcher")[0]
         os.kill(launcher.pid, signal.SIGKILL)
         wait_for(lambda: not is_ours(launcher), what="the launcher to die")
         prov.scale_workers(dep, 2, lambda kind, message: events.append(kind))

@@ -279,7 +279,7 @@ def test_a_worker_whose_port_is_taken_waits_for_it_then_moves_and_the_job_goes_o
 
         def kill_holding_its_port(index: int):
             victim = Deployment.load(run_dir).by_role("worker")[index]
-            holder = hold_port(victim.extra["port"], enter_namespaces_of(victim.pid))
+            holder = hold_port(victim.state.port, enter_namespaces_of(victim.pid))
             holders.append(holder)
             os.kill(victim.pid, signal.SIGKILL)
             return victim, holder
@@ -293,24 +293,24 @@ def test_a_worker_whose_port_is_taken_waits_for_it_then_moves_and_the_job_goes_o
         holder.wait(timeout=10)
         wait_for(lambda: "worker-port-free" in kinds(), timeout=60, what="the worker to get its port back")
         back = Deployment.load(run_dir).by_role("worker")[1]
-        assert back.address == first.address and back.pid != first.pid and back.extra["ready"]
+        assert back.address == first.address and back.pid != first.pid and back.state.ready
 
         # Held for good: after the wait, the worker moves to a new port, registers there, and serves.
         second, _ = kill_holding_its_port(0)
         wait_for(lambda: "worker-moved" in kinds(), timeout=60, what="the worker to move")
         moved = Deployment.load(run_dir).by_role("worker")[0]
         # Ready means registered: a WorkerServer starts only once the dispatcher has taken it.
-        assert moved.address != second.address and moved.extra["ready"] and moved.pid != second.pid
+        assert moved.address != second.address and moved.state.ready and moved.pid != second.pid
         assert thread.is_alive(), f"the job goes on: {outcome}"
 
         # A (fault-tolerant) dispatcher cannot move: it waits for its port, then comes back from its journal.
         dispatcher = Deployment.load(run_dir).by_role("dispatcher")[0]
-        holder = hold_port(dispatcher.extra["port"], enter_namespaces_of(dispatcher.pid))
+        holder = hold_port(dispatcher.state.port, enter_namespaces_of(dispatcher.pid))
         holders.append(holder)
         os.kill(dispatcher.pid, signal.SIGKILL)
         wait_for(lambda: "dispatcher-port-taken" in kinds(), timeout=60, what="the dispatcher to find its port taken")
         holder.stdin.close()
-        wait_for(lambda: Deployment.load(run_dir).by_role("dispatcher")[0].extra.get("ready"), timeout=60,
+        wait_for(lambda: Deployment.load(run_dir).by_role("dispatcher")[0].state.ready, timeout=60,
                  what="the dispatcher to come back")
         restarted = Deployment.load(run_dir).by_role("dispatcher")[0]
         assert restarted.pid != dispatcher.pid and restarted.address == dispatcher.address
@@ -361,7 +361,7 @@ def test_a_new_worker_whose_port_is_taken_starts_at_another(home, monkeypatch):
         prov.up(spec, dep, 1, lambda kind, message: events.append((kind, message)))
         prov.wait_ready(dep, lambda kind, message: events.append((kind, message)))
         [worker] = dep.by_role("worker")
-        assert worker.extra["ready"] and worker.extra["port"] != port and worker.extra["port_picks"] == 1
+        assert worker.state.ready and worker.state.port != port and worker.state.port_picks == 1
         assert "already in use" in (run_dir / "logs" / "worker-0.log").read_text()
         [warning] = [m for k, m in events if k == "not-isolated"]
         assert "DSCTL_LOCAL_ISOLATION=none" in warning and "reachable from this machine's network" in warning

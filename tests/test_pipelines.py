@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.integration  # builds TensorFlow datasets and in-process tf.data servers (TensorFlow is imported when the file is)
+
 tf = pytest.importorskip("tensorflow")
 
 from dsctl.runtime.pipelines import (  # noqa: E402

@@ -109,6 +109,7 @@ def test_a_recorded_run_is_priced_as_its_spec_machines_on_measured_use(tmp_path)
     assert vm.service == pytest.approx(5 * 0.08)
 
 
+@pytest.mark.integration  # dsctl as a subprocess
 def test_cost_report_json_and_csv_agree_and_baseline_gives_speedup(home):
     store = RunStore()
     make_run(store, "svc", summary={"duration_s": 1800.0, "batches": 1000, "worker_cpu_cores": 1.0, "worker_mem_gb": 1.0,
@@ -136,6 +137,7 @@ pricing: gcp-us-central1-2025
 """).spec
 
 
+@pytest.mark.integration  # dsctl as a subprocess
 def test_cost_report_prices_a_runs_cache_by_the_month_apart_from_the_total(home):
     """50 GB sealed on Cloud Storage at the catalog's $0.020/GB-month: $1.00 a month, $0.01 over the job's
     7.3 h (a month is 730 h); the total is the same as the same run's without a cache."""

@@ -76,11 +76,13 @@ def refused(spec: Path, run: str) -> str:
 
 # -- refusals ----------------------------------------------------------------------------------------------------
 
+@pytest.mark.integration  # dsctl as a subprocess
 def test_refuses_a_run_that_does_not_exist(home, tmp_path):
     err = refused(job(tmp_path), "no-such-run")
     assert "no run 'no-such-run' is recorded" in err and "dsctl runs" in err
 
 
+@pytest.mark.integration  # dsctl as a subprocess
 def test_refuses_a_run_that_is_still_running(home, tmp_path):
     spec = job(tmp_path)
     ck = record(RunStore(), "fit-live", spec, status="running")
@@ -89,6 +91,7 @@ def test_refuses_a_run_that_is_still_running(home, tmp_path):
     assert "run fit-live is still running" in err and "dsctl down fit-live" in err
 
 
+@pytest.mark.integration  # dsctl as a subprocess
 def test_refuses_a_run_whose_spec_had_no_checkpoints(home, tmp_path):
     old = job(tmp_path, checkpoint="", name="old.yaml")
     record(RunStore(), "fit-nock", old)
@@ -96,6 +99,7 @@ def test_refuses_a_run_whose_spec_had_no_checkpoints(home, tmp_path):
     assert "run fit-nock wrote no checkpoints: its spec has no trainer.checkpoint section" in err
 
 
+@pytest.mark.integration  # dsctl as a subprocess
 def test_refuses_a_run_that_wrote_no_checkpoint(home, tmp_path):
     spec = job(tmp_path)
     ck = record(RunStore(), "fit-early", spec)
@@ -104,6 +108,7 @@ def test_refuses_a_run_that_wrote_no_checkpoint(home, tmp_path):
     assert "every 100 steps" in err
 
 
+@pytest.mark.integration  # dsctl as a subprocess
 def test_refuses_another_pipeline_naming_the_field_and_its_line(home, tmp_path):
     record(RunStore(), "fit-a", job(tmp_path, name="old.yaml"))
     spec = job(tmp_path, classes=5)
@@ -113,12 +118,14 @@ def test_refuses_another_pipeline_naming_the_field_and_its_line(home, tmp_path):
     assert "label_classes is 5 here but was 4 there" in err
 
 
+@pytest.mark.integration  # dsctl as a subprocess
 def test_refuses_another_trainer_count(home, tmp_path):
     record(RunStore(), "fit-b", job(tmp_path, name="old.yaml"))
     err = refused(job(tmp_path, count=2), "fit-b")
     assert "trainer.count is 2 here but was 1 there" in err
 
 
+@pytest.mark.integration  # dsctl as a subprocess
 def test_refuses_when_the_checkpoint_already_reached_the_steps(home, tmp_path):
     spec = job(tmp_path)
     save(record(RunStore(), "fit-done", spec, status="succeeded"), 0, 300)
@@ -128,6 +135,7 @@ def test_refuses_when_the_checkpoint_already_reached_the_steps(home, tmp_path):
 
 # -- what it restores --------------------------------------------------------------------------------------------
 
+@pytest.mark.integration  # dsctl as a subprocess
 def test_the_plan_says_it_resumes_and_from_which_step(home, tmp_path):
     spec = job(tmp_path)
     ck = record(RunStore(), "fit-cut", spec)
@@ -234,6 +242,7 @@ def test_on_google_cloud_checkpoints_must_go_to_cloud_storage():
     assert loaded.spec.trainer.checkpoint.dir == "gs://bkt/ck"
 
 
+@pytest.mark.integration  # dsctl as a subprocess
 def test_validate_reports_the_gcp_rule_as_one_paragraph(home, tmp_path):
     (tmp_path / "tinymodel.py").write_text(MODEL)
     spec = write_spec(tmp_path, spec_with("ck", provider="gcp"))

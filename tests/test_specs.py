@@ -56,6 +56,7 @@ def test_examples_folder_holds_exactly_the_documented_examples():
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
+@pytest.mark.integration  # the keras examples' entrypoints are checked in child processes that import TensorFlow
 def test_example_loads(name):
     loaded = load_spec(EXAMPLES_DIR / f"{name}.yaml")
     assert loaded.spec.name == name  # the file name and the job name agree
@@ -115,6 +116,7 @@ def test_gcp_resnet50_matches_the_paper_setup():
     assert (s.pricing, s.cost_basis) == ("paper-2023-06", "vm-hours")
 
 
+@pytest.mark.integration  # a child process
 def test_loading_specs_does_not_import_tensorflow():
     code = (
         "import sys, pathlib\n"
@@ -926,6 +928,11 @@ BAD_SPECS = [
         """,
         4, "trainer.framework", ["your own program"],
     ),
+]
+
+
+# A command is looked for where it runs, which the provider says: checked with the job (orchestrator.preflight).
+BAD_COMMANDS = [
     (
         "command-not-on-path",
         """
@@ -949,6 +956,20 @@ BAD_SPECS = [
         4, "trainer.command", ["no_such_train.py, which is not in the spec's folder"],
     ),
 ]
+
+
+@pytest.mark.parametrize("case_id, text, line, field, needles", BAD_COMMANDS, ids=[c[0] for c in BAD_COMMANDS])
+def test_a_command_that_cannot_run_is_explained(tmp_path, case_id, text, line, field, needles):
+    from dsctl.orchestrator.preflight import load_job
+
+    path = write(tmp_path, text)
+    with pytest.raises(SpecError) as info:
+        load_job(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:{line}: {field}: "), message
+    for needle in needles:
+        assert needle in message, f"{needle!r} not in {message!r}"
+    assert_readable(message)
 
 
 @pytest.mark.parametrize("case_id, text, line, field, needles", BAD_SPECS, ids=[c[0] for c in BAD_SPECS])
@@ -1212,6 +1233,7 @@ def test_a_file_that_never_ends_is_refused():
 # Entrypoints are checked in a child process; the price catalog is loaded with the job (orchestrator.preflight)
 
 
+@pytest.mark.integration  # entrypoint check in a child process
 def test_a_model_entrypoint_that_imports_passes_and_nothing_runs_here(tmp_path):
     (tmp_path / "mymodel.py").write_text("import sys\nsys.modules['__main__'].IMPORTED = True\n"
                                          "def step(batch):\n    pass\n")
@@ -1221,6 +1243,7 @@ def test_a_model_entrypoint_that_imports_passes_and_nothing_runs_here(tmp_path):
     assert "mymodel" not in sys.modules and not hasattr(sys.modules["__main__"], "IMPORTED")
 
 
+@pytest.mark.integration  # entrypoint check in a child process
 def test_entrypoints_can_be_left_unchecked(tmp_path):
     path = write(tmp_path, "name: a\ntrainer: {steps: 10}\npipeline: {entrypoint: 'nosuchmodule:make'}\n")
     assert load_spec(path, check_entrypoints=False).spec.pipeline.entrypoint == "nosuchmodule:make"

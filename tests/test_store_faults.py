@@ -209,6 +209,7 @@ def test_a_page_found_damaged_in_use_moves_the_file_aside_and_stops(home):
 
 
 @pytest.mark.skipif(not shutil.which("sqlite3"), reason="the sqlite3 shell is not installed (dsctl does not need it)")
+@pytest.mark.integration  # dsctl (or sqlite3) as a subprocess
 def test_the_recovery_the_notice_gives_copies_what_sqlite_can_still_read(home, notices):
     store = RunStore()
     make_run(store)
@@ -225,6 +226,7 @@ def test_the_recovery_the_notice_gives_copies_what_sqlite_can_still_read(home, n
 
 @pytest.mark.parametrize("command", [["runs"], ["runs", "show", "rec-1"], ["cost", "report", "--all"],
                                      ["logs", "rec-1"], ["down", "gone-1"]])
+@pytest.mark.integration  # dsctl (or sqlite3) as a subprocess
 def test_every_records_command_on_a_damaged_runs_db_says_so_in_one_paragraph(home, command):
     # A deployment whose processes are gone, for `down` to take down and then record.
     (home / "runs" / "gone-1").mkdir(parents=True)
@@ -238,6 +240,7 @@ def test_every_records_command_on_a_damaged_runs_db_says_so_in_one_paragraph(hom
     assert str(aside) in warning and f"sqlite3 {aside} '.dump --data-only' | sqlite3 {home / 'runs.db'}" in warning
 
 
+@pytest.mark.integration  # dsctl (or sqlite3) as a subprocess
 def test_status_reads_no_records_and_leaves_a_damaged_runs_db_alone(home):
     (home / "runs.db").write_bytes(GARBAGE)
     proc = dsctl("status")
@@ -245,6 +248,7 @@ def test_status_reads_no_records_and_leaves_a_damaged_runs_db_alone(home):
     assert (home / "runs.db").read_bytes() == GARBAGE
 
 
+@pytest.mark.integration  # dsctl (or sqlite3) as a subprocess
 def test_up_with_its_records_locked_says_so_and_starts_nothing(home, tmp_path):
     spec = write_spec(tmp_path, """
         name: locked

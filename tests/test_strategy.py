@@ -74,6 +74,7 @@ def test_the_launch_passes_accelerators_and_checkpoints_as_trainer_arguments(tmp
 
 
 @pytest.mark.parametrize("machine", ["a2-highgpu-2g", "a2-highgpu-1g"])
+@pytest.mark.integration  # imports TensorFlow in this process
 def test_gpu_machines_without_gpus_here_are_one_paragraph(machine):
     tf = pytest.importorskip("tensorflow")
     assert not tf.config.list_physical_devices("GPU"), "this test describes a machine without GPUs"
@@ -84,12 +85,14 @@ def test_gpu_machines_without_gpus_here_are_one_paragraph(machine):
     assert "\n" not in message and "Traceback" not in message
 
 
+@pytest.mark.integration  # imports TensorFlow in this process
 def test_cpu_machines_get_the_default_strategy():
     tf = pytest.importorskip("tensorflow")
     made = strategy.make(strategy.choose(*accelerator_of("n2-standard-8")))
     assert made is tf.distribute.get_strategy() and made.num_replicas_in_sync == 1
 
 
+@pytest.mark.integration  # imports TensorFlow in this process
 def test_on_a_tpu_batches_are_cut_to_one_static_size():
     """XLA compiles one shape: a finite pipeline's partial batches (one per worker's epoch under the service)
     are merged and cut to the batch size, the remainder dropped; other strategies get the dataset as it is."""

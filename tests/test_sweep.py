@@ -60,6 +60,7 @@ def test_local_sweep_finds_the_knee_and_records_every_point(home, tmp_path):
     assert len(report) == 8 and all(r["total"] > 0 for r in report)
 
 
+@pytest.mark.integration  # dsctl as a subprocess
 def test_simulated_m1_sweep_reproduces_the_papers_points(home):
     proc = dsctl("sweep", EXAMPLES / "gcp-resnet50.yaml", "--workers", "8..640", "--simulate",
                  "--calibration", EXAMPLES / "calibrations" / "paper-m1.yaml", "--json", check=True)
@@ -74,6 +75,7 @@ def test_simulated_m1_sweep_reproduces_the_papers_points(home):
     assert not any((home / "runs").glob("*/state.json"))
 
 
+@pytest.mark.integration  # dsctl as a subprocess
 def test_counts_this_machine_cannot_hold_are_refused_before_anything_starts(home, tmp_path):
     spec = write_spec(tmp_path, KNEE_SPEC)
     proc = dsctl("sweep", spec, "--workers", "8..640")
@@ -84,6 +86,7 @@ def test_counts_this_machine_cannot_hold_are_refused_before_anything_starts(home
 
 
 @pytest.mark.parametrize("bad", ["640..8", "0..4", "-1", "a,b", "", "1..6:0"])
+@pytest.mark.integration  # dsctl as a subprocess
 def test_bad_worker_counts_are_exit_2(home, tmp_path, bad):
     spec = write_spec(tmp_path, KNEE_SPEC)
     proc = dsctl("sweep", spec, "--workers", bad)
@@ -91,6 +94,7 @@ def test_bad_worker_counts_are_exit_2(home, tmp_path, bad):
     assert "--workers" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.integration  # dsctl as a subprocess
 def test_sweep_without_a_spec_or_a_detached_deployment_says_what_to_do(home):
     proc = dsctl("sweep", "--workers", "1..2")
     assert proc.returncode == 2
@@ -115,6 +119,7 @@ def test_ctrl_c_keeps_finished_points_and_leaves_nothing_running(home, tmp_path)
     assert [p["workers"] for p in record.summary["points"]][:1] == [1]
 
 
+@pytest.mark.integration  # dsctl as a subprocess
 def test_help_first_line_table_and_json_say_exactly_which_counts_run(home):
     """1..4 doubles (1, 2, 4): said before anything is measured, and where the results are read."""
     help_text = " ".join(dsctl("sweep", "--help", check=True).stdout.split())

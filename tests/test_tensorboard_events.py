@@ -58,6 +58,7 @@ def win(trainer: int, wall: float, batches: int, loss: float | None = None, **ex
             **extra}
 
 
+@pytest.mark.integration  # TensorBoard's loader imports TensorFlow in this process
 def test_each_window_becomes_scalars_at_the_global_step(tmp_path):
     record = recorded(RunStore(tmp_path / "runs.db"))
     board = RunBoard(tmp_path / "run", "fit-1", trainers=1)
@@ -83,6 +84,7 @@ def test_each_window_becomes_scalars_at_the_global_step(tmp_path):
     assert all(described[t].startswith("measured here") for t in ("loss", "batches_per_s", "input_stall_frac"))
 
 
+@pytest.mark.integration  # TensorBoard's loader imports TensorFlow in this process
 def test_sampled_utilization_prices_the_service_on_what_it_used(tmp_path):
     spec = SPEC.model_copy(update={"cost_basis": "utilization"})
     store = RunStore(tmp_path / "runs.db")
@@ -99,6 +101,7 @@ def test_sampled_utilization_prices_the_service_on_what_it_used(tmp_path):
     assert costs[1] > costs[0] > 0
 
 
+@pytest.mark.integration  # TensorBoard's loader imports TensorFlow in this process
 def test_several_trainers_get_their_own_tags(tmp_path):
     record = recorded(RunStore(tmp_path / "runs.db"), trainers=2)
     board = RunBoard(tmp_path / "run", "fit-1", trainers=2)
@@ -113,6 +116,7 @@ def test_several_trainers_get_their_own_tags(tmp_path):
     assert "loss" not in got
 
 
+@pytest.mark.integration  # TensorBoard's loader imports TensorFlow in this process
 def test_a_local_tensorboard_dir_gets_a_copy(tmp_path):
     record = recorded(RunStore(tmp_path / "runs.db"))
     board = RunBoard(tmp_path / "run", "fit-1", trainers=1, copy_to=str(tmp_path / "boards"))
@@ -132,6 +136,7 @@ def test_a_board_that_cannot_write_warns_once_and_lets_the_run_go_on(tmp_path):
     assert board.close() is None
 
 
+@pytest.mark.integration  # dsctl as a subprocess
 def test_a_run_whose_board_fails_is_still_torn_down_and_recorded(home):
     """The runner's own path: a window the board cannot write, then the run's end (teardown, then records)."""
     runner = JobRunner(load_spec(EXAMPLES / "quickstart.yaml"))
@@ -149,6 +154,7 @@ def test_a_run_whose_board_fails_is_still_torn_down_and_recorded(home):
     assert "no longer written" in proc.stderr and "\n" not in proc.stderr.strip()
 
 
+@pytest.mark.integration  # TensorBoard's loader imports TensorFlow in this process
 def test_the_runner_records_what_a_resumed_run_restored_and_puts_its_scalars_at_the_global_step(home):
     resume = Resume(run_id="fit-before", restore_from="/ck/fit-before", holder="fit-before", steps=(90,))
     runner = JobRunner(load_spec(EXAMPLES / "quickstart.yaml"), resume=resume)
@@ -163,6 +169,7 @@ def test_the_runner_records_what_a_resumed_run_restored_and_puts_its_scalars_at_
     assert summary["tensorboard"]["dir"] == str(runner.run_dir / "tensorboard")
 
 
+@pytest.mark.integration  # dsctl as a subprocess
 def test_tensorboard_refuses_runs_without_event_files(home):
     proc = dsctl("tensorboard")
     assert proc.returncode == 2 and "no runs are recorded yet" in proc.stderr

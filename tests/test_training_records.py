@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import sqlite3
 
+import pytest
+
 from dsctl.orchestrator.store import RunStore
 from dsctl.orchestrator.summary import summarize_run
 from dsctl.specs import load_spec_text, spec_hash
@@ -101,6 +103,7 @@ def test_loss_first_and_last_are_the_first_and_last_windows_with_a_loss(tmp_path
     assert "loss_first" not in summarize_run({}, [window(0, 1.0, None)], [], 0.0, 5.0)
 
 
+@pytest.mark.integration  # dsctl as a subprocess
 def test_runs_show_links_the_runs_and_shows_the_loss(home):
     store = RunStore()
     new_run(store, "first-run", 1.0, checkpoint_dir="/ck/first-run")

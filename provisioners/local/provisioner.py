@@ -3,7 +3,7 @@
 Every server listens on a loopback port, logs to the run dir, and is
 recorded in the state file the moment it starts. Workers are supervised: one
 that dies is restarted at its own port, because tf.data service clients wait
-for a lost worker's address forever (see README, "How dsctl runs a job").
+for a lost worker's address forever (see docs/architecture.md).
 
 The deployment runs in a network namespace of its own with only loopback up
 (the launcher makes it; everything it forks is inside): tf.data service has no
