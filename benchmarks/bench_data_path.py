@@ -409,7 +409,8 @@ def report(s: dict[str, dict], quick: bool) -> list[str]:
             + (f"{sup['up'] * 100:8.2f} {sup['launcher'] * 100:8.2f}" if own else f"{'-':>8} {'-':>8}"))
     lines.append("  total = dispatcher + workers + trainer; +dsctl adds `dsctl up` and its launcher; "
                  "wire = loopback bytes of the run's network namespace" +
-                 ("" if all(r["isolated_loopback"] for r in s.values()) else " (NOT isolated in some runs: includes other traffic)"))
+                 ("" if all(r["isolated_loopback"] for r in s.values())
+                  else " (NOT isolated in some runs: includes other traffic)"))
     lines.append("")
 
     def get(runner, mode, workers, dtype, comp=None, outstanding=None):

@@ -36,7 +36,8 @@ IMAGES_SPEC = """
 name: bench-images
 service: {workers: 1}
 trainer: {steps: %(steps)d, warmup_batches: 10, model: {step_time_ms: 1}}
-pipeline: {builtin: images, params: {batch_size: 32, num_files: 8, images_per_file: 64, image_size: 96, crop_size: 80, epochs: null}}
+pipeline: {builtin: images, params: {batch_size: 32, num_files: 8, images_per_file: 64, image_size: 96, crop_size: 80,
+                                     epochs: null}}
 """
 
 

@@ -56,7 +56,8 @@ def main() -> None:
     spec.write_text(SPEC)
     results = {s: run_sweep(home, spec, args.workers, args.window, s) for s in ("in-place", "restart")}
     for name, r in results.items():
-        print(f"{name:>8}: {r['points']} points, wall {r['wall_s']:.1f} s (baselines included), measured {r['measured_s']:.1f} s; "
+        print(f"{name:>8}: {r['points']} points, wall {r['wall_s']:.1f} s (baselines included), "
+              f"measured {r['measured_s']:.1f} s; "
               f"overhead of the points {r['points_overhead_s']:.1f} s ({r['overhead_per_point_s']:.1f} s/point), "
               f"of the whole sweep {r['overhead_s']:.1f} s; phases (s) {r['phases']}; batches/s {r['rates']}")
     ip, rs = results["in-place"], results["restart"]

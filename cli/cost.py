@@ -11,12 +11,22 @@ import csv
 import io
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-from dsctl.costmodel import (BASES, Catalog, Comparison, CostBreakdown, RunUsage, compare, describe_provisioning, estimate,
-                              load_catalog, provisioning_label, usage_from_spec)
+from dsctl.costmodel import (
+    BASES,
+    Catalog,
+    Comparison,
+    CostBreakdown,
+    RunUsage,
+    compare,
+    describe_provisioning,
+    estimate,
+    load_catalog,
+    provisioning_label,
+    usage_from_spec,
+)
 from dsctl.orchestrator.preflight import load_job
 from dsctl.orchestrator.pricing import stands_in
 from dsctl.specs.errors import SpecError
@@ -140,7 +150,8 @@ def render(rows: list[dict], fmt: str, title: str = "") -> str | None:
         shown = [_display(r) for r in rows]
         lines = [f"**{title}**", ""] if title else []
         lines += ["| | " + " | ".join(r["label"] for r in rows) + " |", "|---|" + "---|" * len(rows)]
-        for i, (name, _) in enumerate(max(shown, key=len)):
+        longest = max(shown, key=len)  # the row with the most names (speedup and cache are not in every row)
+        for i, (name, _) in enumerate(longest):
             lines.append(f"| {name} | " + " | ".join(s[i][1] if i < len(s) else "-" for s in shown) + " |")
         lines += [""] + [f"- {n}" for n in _notes(rows)]
         return "\n".join(lines).rstrip("\n")
@@ -157,7 +168,8 @@ def print_table(rows: list[dict], title: str) -> None:
     for row in rows:
         table.add_column(row["label"], justify="right")
     shown = [_display(r) for r in rows]
-    for i, (name, _) in enumerate(max(shown, key=len)):
+    longest = max(shown, key=len)
+    for i, (name, _) in enumerate(longest):
         emphasis = name in ("total", "cost saving")
         table.add_row(name, *(s[i][1] if i < len(s) else "-" for s in shown), style="bold" if emphasis else None)
     console = Console()
@@ -177,13 +189,13 @@ def estimate_cmd(
     spec_path: Path = typer.Argument(..., metavar="JOB.yaml", help="The job spec to price."),
     batches_per_sec: float = typer.Option(..., "--batches-per-sec", metavar="R",
                                           help="Training throughput to price, in batches per second."),
-    steps: Optional[int] = typer.Option(None, "--steps", metavar="N", help="Training steps (one batch each)."),
-    hours: Optional[float] = typer.Option(None, "--hours", metavar="H", help="Training time in hours."),
-    basis: Optional[str] = typer.Option(None, "--basis", help="utilization | vm-hours (default: the spec's cost_basis)."),
-    prices: Optional[str] = typer.Option(None, "--prices", metavar="NAME|FILE",
+    steps: int | None = typer.Option(None, "--steps", metavar="N", help="Training steps (one batch each)."),
+    hours: float | None = typer.Option(None, "--hours", metavar="H", help="Training time in hours."),
+    basis: str | None = typer.Option(None, "--basis", help="utilization | vm-hours (default: the spec's cost_basis)."),
+    prices: str | None = typer.Option(None, "--prices", metavar="NAME|FILE",
                                          help="Price catalog: a shipped name or a YAML path (default: the spec's pricing)."),
-    workers: Optional[int] = typer.Option(None, "--workers", metavar="N", help="Override service.workers; 0 = colocated."),
-    compare_colocated: Optional[float] = typer.Option(
+    workers: int | None = typer.Option(None, "--workers", metavar="N", help="Override service.workers; 0 = colocated."),
+    compare_colocated: float | None = typer.Option(
         None, "--compare-colocated", metavar="B0",
         help="Also price the same trainers without the service at B0 batches/s; print speedup and cost saving."),
     fmt: str = typer.Option("table", "--format", help="table | json | csv | markdown."),
@@ -223,7 +235,7 @@ def estimate_cmd(
         typer.echo(text)
 
 
-def _select_runs(store, runs: list[str], last: bool, all_: bool, since: Optional[str]):
+def _select_runs(store, runs: list[str], last: bool, all_: bool, since: str | None):
     """The records `cost report` covers (a sweep stands for its points); unknown ids and bad dates are bad input."""
     records = _selected(store, runs, last, all_, since)
     out = []
@@ -237,7 +249,7 @@ def _select_runs(store, runs: list[str], last: bool, all_: bool, since: Optional
     return out
 
 
-def _selected(store, runs: list[str], last: bool, all_: bool, since: Optional[str]):
+def _selected(store, runs: list[str], last: bool, all_: bool, since: str | None):
     import datetime as dt
 
     if runs:
@@ -267,10 +279,10 @@ def report_cmd(
     runs: list[str] = typer.Argument(None, metavar="[RUN]...", help="Run ids (or unique prefixes); default: the last run."),
     last: bool = typer.Option(False, "--last", help="The most recent run."),
     all_: bool = typer.Option(False, "--all", help="Every recorded run."),
-    since: Optional[str] = typer.Option(None, "--since", metavar="DATE", help="Runs started on or after DATE (ISO 8601)."),
-    basis: Optional[str] = typer.Option(None, "--basis", help="utilization | vm-hours (default: each run's spec)."),
-    prices: Optional[str] = typer.Option(None, "--prices", metavar="NAME|FILE", help="Price catalog (default: each run's spec)."),
-    baseline: Optional[str] = typer.Option(None, "--baseline", metavar="RUN",
+    since: str | None = typer.Option(None, "--since", metavar="DATE", help="Runs started on or after DATE (ISO 8601)."),
+    basis: str | None = typer.Option(None, "--basis", help="utilization | vm-hours (default: each run's spec)."),
+    prices: str | None = typer.Option(None, "--prices", metavar="NAME|FILE", help="Price catalog (default: each run's spec)."),
+    baseline: str | None = typer.Option(None, "--baseline", metavar="RUN",
                                            help="Compare each run with this one: speedup and cost saving (paper Figure 8)."),
     fmt: str = typer.Option("table", "--format", help="table | json | csv | markdown."),
 ) -> None:

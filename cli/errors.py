@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import signal
 import sys
 
@@ -11,10 +12,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from dsctl.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, DsctlError
+from dsctl.errors import EXIT_FAILED, EXIT_INTERRUPTED, DsctlError
 from dsctl.orchestrator import store
 from dsctl.orchestrator.outcome import Interrupted
-
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -66,6 +66,7 @@ def run_app(app: typer.Typer) -> None:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         where = f"{exc.filename}: " if exc.filename else ""
-        err_console.print(f"[bold red]error:[/] {escape(where + exc.strerror)}; free some space there and run the "
+        what = exc.strerror or os.strerror(exc.errno)  # None for an OSError raised without a message
+        err_console.print(f"[bold red]error:[/] {escape(where + what)}; free some space there and run the "
                           "command again (`dsctl status` shows anything still up).")
         sys.exit(EXIT_FAILED)

@@ -6,7 +6,6 @@ Mounted in cli/main.py with `app.add_typer(experiments_app, name="experiments")`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -44,7 +43,7 @@ def list_(json_out: bool = typer.Option(False, "--json", help="print the list as
 def run(
     name: str = typer.Argument(..., metavar="NAME", help="an experiment from `dsctl experiments list` (fig8 ... fig11), or all"),
     quick: bool = typer.Option(False, "--quick", help="shorter measurements and fewer points: a few minutes each"),
-    out: Optional[Path] = typer.Option(None, "--out", help=OUT_HELP),
+    out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
     json_out: bool = typer.Option(False, "--json", help="print the results as JSON"),
 ) -> None:
     """Run one experiment (or all): its jobs on this machine, its predictions, its comparison with the paper."""
@@ -65,7 +64,7 @@ def run(
     except KeyboardInterrupt:
         err_console.print("interrupted: every deployment the experiment started has been stopped; "
                           "the sections already finished are kept.")
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     if json_out:
         print_json(results[0].to_dict() if len(results) == 1 else [r.to_dict() for r in results])
         return
@@ -78,8 +77,8 @@ def run(
 
 
 @experiments_app.command("report")
-def report(out: Optional[Path] = typer.Option(None, "--out", help="the directory the experiments ran into "
-                                                                  "(default: $DSCTL_HOME/experiments); report.md goes there")) -> None:
+def report(out: Path | None = typer.Option(None, "--out", help="the directory the experiments ran into "
+                                           "(default: $DSCTL_HOME/experiments); report.md goes there")) -> None:
     """One markdown page with every experiment's table and plots, ours beside the paper's."""
     from dsctl.experiments import default_out_dir, write_report
 

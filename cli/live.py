@@ -33,7 +33,7 @@ class LiveView:
         self._last_event = ""
         self._last_print = 0.0
 
-    def __enter__(self) -> "LiveView":
+    def __enter__(self) -> LiveView:
         if self.interactive:
             self._live = Live(Text(""), console=self.console, refresh_per_second=4, transient=True)
             self._live.__enter__()

@@ -7,20 +7,20 @@ import shlex
 import signal
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 
+from dsctl.errors import EXIT_BAD_INPUT
 from dsctl.orchestrator.preflight import load_job
 from dsctl.specs.schema import MAX_WORKERS
 
 from .cost import cost_app
+from .errors import err_console, fail, run_app
 from .experiments import experiments_app
-from .sweep import sweep
-from .tensorboard import tensorboard
-from .errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, err_console, fail, run_app
 from .live import LiveView
 from .render import console, print_json, resume_line, runs_table, summary_table, sweep_table
+from .sweep import sweep
+from .tensorboard import tensorboard
 
 app = typer.Typer(
     name="dsctl",
@@ -86,16 +86,18 @@ class _Talk:
 @app.command()
 def up(
     spec: Path = typer.Argument(..., metavar="JOB.yaml", help="job spec YAML"),
-    workers: Optional[int] = typer.Option(None, "--workers", "-w", min=1, max=MAX_WORKERS, help="override service.workers"),
-    mode: str = typer.Option("service", "--mode", help="service | colocated (pipeline on the trainer) | ideal (input never stalls)"),
-    detach: bool = typer.Option(False, "--detach", "-d", help="leave the deployment running after the job (dsctl down removes it)"),
+    workers: int | None = typer.Option(None, "--workers", "-w", min=1, max=MAX_WORKERS, help="override service.workers"),
+    mode: str = typer.Option("service", "--mode",
+                             help="service | colocated (pipeline on the trainer) | ideal (input never stalls)"),
+    detach: bool = typer.Option(False, "--detach", "-d",
+                                help="leave the deployment running after the job (dsctl down removes it)"),
     json_out: bool = typer.Option(False, "--json", help="print the run record as JSON"),
-    autoscale: Optional[str] = typer.Option(None, "--autoscale", help="scale workers while it runs: cachew | cpu"),
+    autoscale: str | None = typer.Option(None, "--autoscale", help="scale workers while it runs: cachew | cpu"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan and its price; create nothing"),
     yes: bool = typer.Option(False, "--yes", "-y", help="create cloud machines without asking"),
-    resume: Optional[str] = typer.Option(None, "--resume", metavar="RUN",
+    resume: str | None = typer.Option(None, "--resume", metavar="RUN",
                                          help="restore each trainer from RUN's latest checkpoint and train the steps left"),
-    run_id: Optional[str] = typer.Option(None, "--run-id", hidden=True),
+    run_id: str | None = typer.Option(None, "--run-id", hidden=True),
     detached_child: bool = typer.Option(False, "--detached-child", hidden=True),
 ) -> None:
     """Provision the service, run the trainers, measure, record the run, tear everything down."""
@@ -122,12 +124,14 @@ def up(
             print_json(result.latest)
             return
         rid = result.run_id
+        assert result.max_duration_s is not None, "a handed-off run has a time limit"
         console.print(f"run {rid} is training on the cloud, supervised by one of its own machines; this machine is no "
                       f"longer needed. It tears itself down when the job ends or fails, or after "
                       f"{result.max_duration_s / 3600:g} h (gcp.max_duration_s). Follow it with `dsctl logs {rid} "
                       f"--follow`, see it with `dsctl runs show {rid}`, stop it with `dsctl down {rid}` (from any "
                       "machine: add --project P --zone Z).")
     elif result.outcome == "finished" and not detached_child:
+        assert result.record is not None, "a finished run is recorded"
         if json_out:
             print_json(result.record.as_dict())
         else:
@@ -172,15 +176,14 @@ def status(json_out: bool = typer.Option(False, "--json")) -> None:
 
 @app.command()
 def down(
-    run: Optional[str] = typer.Argument(None, help="run id (or a unique prefix); default: the only deployment up"),
+    run: str | None = typer.Argument(None, help="run id (or a unique prefix); default: the only deployment up"),
     all_: bool = typer.Option(False, "--all", help="take down every deployment that is up"),
-    project: Optional[str] = typer.Option(None, "--project", help="Google Cloud project to search when RUN has no local state"),
-    zone: Optional[str] = typer.Option(None, "--zone", help="Google Cloud zone to search when RUN has no local state"),
-    bucket: Optional[str] = typer.Option(None, "--bucket", help="its staging bucket, if not <project>-dsctl (no local state)"),
+    project: str | None = typer.Option(None, "--project", help="Google Cloud project to search when RUN has no local state"),
+    zone: str | None = typer.Option(None, "--zone", help="Google Cloud zone to search when RUN has no local state"),
+    bucket: str | None = typer.Option(None, "--bucket", help="its staging bucket, if not <project>-dsctl (no local state)"),
 ) -> None:
     """Stop and remove everything a run started, even if `dsctl up` was killed or its state is gone."""
-    from dsctl.orchestrator.deployments import UNREADABLE, active_deployments, down_by_label, find, take_down
-    from dsctl.orchestrator.deployments import Where
+    from dsctl.orchestrator.deployments import UNREADABLE, Where, active_deployments, down_by_label, find, take_down
 
     if run:
         dep = find(run)
@@ -205,7 +208,8 @@ def down(
 
 
 @runs_app.callback()
-def runs(ctx: typer.Context, limit: int = typer.Option(20, "--limit", "-n"), json_out: bool = typer.Option(False, "--json")) -> None:
+def runs(ctx: typer.Context, limit: int = typer.Option(20, "--limit", "-n"),
+         json_out: bool = typer.Option(False, "--json")) -> None:
     """List recorded runs, newest first."""
     if ctx.invoked_subcommand:
         return
@@ -225,14 +229,13 @@ def runs_show(
     run: str = typer.Argument(..., help="run id or unique prefix"),
     json_out: bool = typer.Option(False, "--json"),
     timeline: bool = typer.Option(False, "--timeline", help="plot workers and batch time over time (PNG)"),
-    out: Optional[Path] = typer.Option(None, "--out", help="where --timeline writes its PNG (default: the run dir)"),
-    project: Optional[str] = typer.Option(None, "--project", help="read a cloud-supervised run's record from this project"),
-    bucket: Optional[str] = typer.Option(None, "--bucket", help="... and bucket, if not <project>-dsctl"),
+    out: Path | None = typer.Option(None, "--out", help="where --timeline writes its PNG (default: the run dir)"),
+    project: str | None = typer.Option(None, "--project", help="read a cloud-supervised run's record from this project"),
+    bucket: str | None = typer.Option(None, "--bucket", help="... and bucket, if not <project>-dsctl"),
 ) -> None:
     """One run: its summary, events and per-window metrics; --timeline plots them."""
-    from dsctl.orchestrator.deployments import sync_record
+    from dsctl.orchestrator.deployments import Where, sync_record
     from dsctl.orchestrator.store import RunStore
-    from dsctl.orchestrator.deployments import Where
 
     store = RunStore()
     sync_record(store, run, Where(project=project, bucket=bucket))
@@ -261,18 +264,17 @@ def runs_show(
 def logs(
     run: str = typer.Argument(..., help="run id or unique prefix"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the run ends"),
-    project: Optional[str] = typer.Option(None, "--project", help="read a cloud-supervised run's record from this project"),
-    bucket: Optional[str] = typer.Option(None, "--bucket", help="... and bucket, if not <project>-dsctl"),
+    project: str | None = typer.Option(None, "--project", help="read a cloud-supervised run's record from this project"),
+    bucket: str | None = typer.Option(None, "--bucket", help="... and bucket, if not <project>-dsctl"),
     interval: float = typer.Option(2.0, "--interval", min=0.2, max=600, help="seconds between looks with --follow"),
     output: bool = typer.Option(True, "--output/--events-only", help="also print what the trainers printed (their "
                                                                      "stdout and stderr: your command's output)"),
 ) -> None:
     """A run's events (workers restarted, VMs stopped, outages, scaling) and what its trainers printed; --follow until
     it ends."""
-    from dsctl.orchestrator.deployments import record_objects, sync_record
-    from dsctl.orchestrator.store import RunStore
+    from dsctl.orchestrator.deployments import Where, record_objects, sync_record
+    from dsctl.orchestrator.store import RunRecord, RunStore
     from dsctl.orchestrator.tail import OutputTail, trainer_outputs
-    from dsctl.orchestrator.deployments import Where
     from dsctl.specs import SpecError
 
     store = RunStore()
@@ -280,7 +282,7 @@ def logs(
     shown: set[tuple] = set()
     outputs: dict[Path, OutputTail] = {}
 
-    def show() -> object:
+    def show() -> RunRecord:
         sync_record(store, run, where)
         record = store.get(run)
         if record is None:
@@ -336,7 +338,7 @@ def _follow_cloud(objects, record, shown: set, interval: float) -> None:
         time.sleep(interval)
 
 
-def _timeline(store, record, out: Optional[Path]) -> None:
+def _timeline(store, record, out: Path | None) -> None:
     from dsctl.orchestrator.timeline import plot_timeline, scaling_changes
 
     windows = store.windows(record.id)

@@ -61,16 +61,19 @@ def summary_table(record, resumed_by: list[str] | None = None) -> Table:
     t.add_column(style="bold")
     t.add_column()
     rows = [
-        ("throughput", f"{fmt(s.get('batches_per_s'))} batches/s per trainer ({record.trainers} trainer(s), {record.workers} worker(s))"),
+        ("throughput", f"{fmt(s.get('batches_per_s'))} batches/s per trainer "
+                       f"({record.trainers} trainer(s), {record.workers} worker(s))"),
         ("batches", fmt(s.get("batches"))),
         ("input stall", pct(s.get("input_stall_frac"))),
         ("duration", fmt(s.get("duration_s"), " s", 1)),
         ("first batch after", fmt(s.get("time_to_first_batch_s"), " s", 1)),
     ]
     if "worker_cpu_cores" in s:
-        rows.append(("worker CPU", f"{fmt(s['worker_cpu_cores'])} cores, {fmt(s['worker_mem_gb'])} GB resident (mean per worker)"))
+        rows.append(("worker CPU",
+                     f"{fmt(s['worker_cpu_cores'])} cores, {fmt(s['worker_mem_gb'])} GB resident (mean per worker)"))
     if "trainer_cpu_cores" in s:
-        rows.append(("trainer CPU", f"{fmt(s['trainer_cpu_cores'])} cores, {fmt(s['trainer_mem_gb'])} GB resident (mean per trainer)"))
+        rows.append(("trainer CPU",
+                     f"{fmt(s['trainer_cpu_cores'])} cores, {fmt(s['trainer_mem_gb'])} GB resident (mean per trainer)"))
     if s.get("padded_token_frac") is not None:
         rows.append(("padded tokens", pct(s["padded_token_frac"])))
     if "elements_expected" in s:
@@ -121,7 +124,8 @@ def training_rows(record, resumed_by: list[str]) -> list[tuple[str, str]]:
             where = f"none in {board['dir']}"
         if board.get("error"):
             where += f"; stopped: {board['error']}"
-        rows.append(("tensorboard", where + (f"; `dsctl tensorboard {record.id}` shows them" if files or board.get("copy") else "")))
+        shown = f"; `dsctl tensorboard {record.id}` shows them" if files or board.get("copy") else ""
+        rows.append(("tensorboard", where + shown))
     return rows
 
 
@@ -175,11 +179,11 @@ def sweep_table(record) -> Table:
     colo, ideal = base.get("colocated", {}), base.get("ideal", {})
     given = colo.get("given") or ideal.get("given")
     counts = f"worker counts: {worker_counts(s['counts'], s.get('workers_asked'))}\n" if s.get("counts") else ""
+    caption = (f"{counts}colocated {fmt(colo.get('batches_per_s'))} b/s, ideal {fmt(ideal.get('batches_per_s'))} b/s "
+               f"({'given: ' + given if given else 'measured here'}); source: measured here, fitted (the model "
+               "at a count it was fitted on: its input back), or predicted (* in the workers column)")
     t = Table(title=f"sweep {record.id} ({record.status}; window {s.get('window')}, warm-up {s.get('warmup_s')} s)",
-              title_justify="left", caption_justify="left",
-              caption=f"{counts}colocated {fmt(colo.get('batches_per_s'))} b/s, ideal {fmt(ideal.get('batches_per_s'))} b/s "
-                      f"({'given: ' + given if given else 'measured here'}); source: measured here, fitted (the model "
-                      "at a count it was fitted on: its input back), or predicted (* in the workers column)")
+              title_justify="left", caption_justify="left", caption=caption)
     for col in ("workers", "batches/s", "speedup", "of ideal", "$/1k batches", "cost saving", "source"):
         t.add_column(col, justify="right", no_wrap=True)
     for p in s.get("points", []):
@@ -195,7 +199,8 @@ def sweep_table(record) -> Table:
             lines.append(f"cheapest: {rec['cheapest']['workers']} worker(s): {rec['cheapest']['reason']}")
         if rec.get("warning"):
             lines.append(f"warning: {rec['warning']}")
-        t.caption += "\n" + "\n".join(lines)
+        caption += "\n" + "\n".join(lines)
     if s.get("plots"):
-        t.caption += "\nplots: " + ", ".join(s["plots"])
+        caption += "\nplots: " + ", ".join(s["plots"])
+    t.caption = caption
     return t

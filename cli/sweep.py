@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -16,29 +15,29 @@ from .errors import EXIT_INTERRUPTED, err_console
 from .live import LiveView
 from .render import console, print_json, sweep_plan_line, sweep_table
 
-
 WORKERS_HELP = ("worker counts; the end is always included. 8..640 doubles: 8,16,...,512,640 (the paper's Figure 9); "
                 "1..4 gives 1,2,4 and 1..4:1 every count; 1..6:2 steps by 2: 1,3,5,6; 8,16,64 is a list. The sweep "
                 "prints the counts before it measures.")
 
 
 def sweep(
-    spec: Optional[Path] = typer.Argument(None, metavar="[JOB.yaml]",
+    spec: Path | None = typer.Argument(None, metavar="[JOB.yaml]",
                                           help="job spec; default: the deployment `dsctl up --detach` left running"),
     workers: str = typer.Option(..., "--workers", "-w", help=WORKERS_HELP),
     simulate: bool = typer.Option(False, "--simulate", help="predict counts this machine cannot hold with the calibrated model"),
     window: str = typer.Option("5s", "--window", help="measurement per point: batches (200) or seconds (5s)"),
     warmup: float = typer.Option(2.0, "--warmup", min=0, help="seconds discarded after each change of worker count"),
-    tolerance: float = typer.Option(0.03, "--tolerance", min=0, max=1, help="recommend the smallest count within this of the best"),
-    out: Optional[Path] = typer.Option(None, "--out", help="directory for the plots (default: the sweep's run dir)"),
-    calibration: Optional[Path] = typer.Option(None, "--calibration", metavar="FILE",
-                                               help="with --simulate: predict every count from measured rates in FILE, run nothing"),
+    tolerance: float = typer.Option(0.03, "--tolerance", min=0, max=1,
+                                    help="recommend the smallest count within this of the best"),
+    out: Path | None = typer.Option(None, "--out", help="directory for the plots (default: the sweep's run dir)"),
+    calibration: Path | None = typer.Option(None, "--calibration", metavar="FILE",
+                                            help="with --simulate: predict every count from measured rates in FILE, "
+                                                 "run nothing"),
     json_out: bool = typer.Option(False, "--json", help="print the sweep record as JSON"),
     strategy: str = typer.Option("in-place", "--strategy", hidden=True, help="in-place | restart"),
 ) -> None:
     """Run one job over several worker counts and find where more workers stop paying off (paper Figure 9)."""
     from dsctl.orchestrator.sweep import SweepOptions, SweepRunner, Window
-
     from dsctl.specs.calibration import load_calibration
 
     counts = parse_worker_counts(workers)
@@ -63,8 +62,8 @@ def sweep(
     except KeyboardInterrupt:
         err_console.print(f"interrupted: sweep {runner.sweep_id} keeps the points it finished "
                           f"(`dsctl runs show {runner.sweep_id}`); nothing it started is left running.")
-        raise typer.Exit(EXIT_INTERRUPTED)
-    record = runner.store.get(runner.sweep_id)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    record = runner.store.recorded(runner.sweep_id)
     if json_out:
         print_json(record.as_dict())
         return

@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-from typing import Optional
 
 import typer
 
@@ -16,8 +15,8 @@ DEFAULT_PORT = 6006
 
 
 def tensorboard(
-    runs: Optional[list[str]] = typer.Argument(None, metavar="[RUN...]", help="run ids or unique prefixes; default: the latest run"),
-    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help=f"default {DEFAULT_PORT}, or a free one if taken"),
+    runs: list[str] | None = typer.Argument(None, metavar="[RUN...]", help="run ids or unique prefixes; default: the latest run"),
+    port: int | None = typer.Option(None, "--port", min=1, max=65535, help=f"default {DEFAULT_PORT}, or a free one if taken"),
     host: str = typer.Option("localhost", "--host", help="address TensorBoard listens on"),
 ) -> None:
     """Start TensorBoard on runs' event files (loss, batches/s, input stall, workers, cost so far); Ctrl-C stops it."""
@@ -40,7 +39,7 @@ def tensorboard(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     if code:
         raise typer.Exit(1)
 

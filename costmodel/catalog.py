@@ -32,7 +32,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
@@ -66,9 +66,9 @@ class _Strict(BaseModel):
 
 
 class FamilyRates(_Strict):
-    vcpu_hour: Optional[Price] = Field(None, description="$ per vCPU-hour (C_CPU)")
-    gb_hour: Optional[Price] = Field(None, description="$ per GB-hour of memory (C_MEM)")
-    accelerator_hour: Optional[Price] = Field(None, description="$ per accelerator-hour (C_ACC)")
+    vcpu_hour: Price | None = Field(None, description="$ per vCPU-hour (C_CPU)")
+    gb_hour: Price | None = Field(None, description="$ per GB-hour of memory (C_MEM)")
+    accelerator_hour: Price | None = Field(None, description="$ per accelerator-hour (C_ACC)")
 
 
 class PriceList(_Strict):
@@ -83,10 +83,10 @@ class CatalogFile(_Strict):
     date: str = Field(description="when the prices were valid: YYYY-MM or YYYY-MM-DD")
     source: str = Field(min_length=1, description="where the numbers come from")
     currency: str
-    region: Optional[str] = None
+    region: str | None = None
     rates: dict[str, FamilyRates] = Field(default_factory=dict, description="on-demand per-resource rates")
     machines: dict[str, Price] = Field(default_factory=dict, description="on-demand whole-machine prices")
-    spot: Optional[PriceList] = Field(None, description="Spot prices: rates and machines, as at the top level")
+    spot: PriceList | None = Field(None, description="Spot prices: rates and machines, as at the top level")
     storage: dict[Literal["local-disk", "persistent-disk", "gcs"], Price] = Field(
         default_factory=dict, description="$ per GB-month of cache storage, per storage kind (autocache)")
 
@@ -157,7 +157,7 @@ class ProvisioningError(SpecError):
         self.available = "spot" if asked == "standard" else "standard"
         super().__init__(self._text())
 
-    def for_field(self, field: str, what: str) -> "ProvisioningError":
+    def for_field(self, field: str, what: str) -> ProvisioningError:
         """The same error, telling users to set `field` (e.g. service.provisioning) to price `what` differently."""
         other = self.available
         hint = (f"set {field}: {other} to price {what} as "
@@ -270,18 +270,18 @@ class Catalog:
         """split() for one model only; a missing price is the plain 'no price for ...' error."""
         r = self.rates_for(m, provisioning)
         price = self.prices(provisioning).machines.get(m.name)
-        host_rated = r is not None and r.vcpu_hour is not None and r.gb_hour is not None
         if price is None:
             need = [("vcpu_hour", m.vcpus), ("gb_hour", m.memory_gb), ("accelerator_hour", m.accelerators)]
             for key, amount in need:
                 if amount and (r is None or getattr(r, key) is None):
                     raise self._missing(key, m, provisioning, needed_by)
+            rates = r or FamilyRates()  # no rates at all: the machine has none of the three to charge
             return MachineSplit(
-                m.vcpus * (r.vcpu_hour or 0.0),
-                m.memory_gb * (r.gb_hour or 0.0),
-                m.accelerators * (r.accelerator_hour or 0.0),
+                m.vcpus * (rates.vcpu_hour or 0.0),
+                m.memory_gb * (rates.gb_hour or 0.0),
+                m.accelerators * (rates.accelerator_hour or 0.0),
             )
-        if host_rated:
+        if r is not None and r.vcpu_hour is not None and r.gb_hour is not None:  # host-rated
             cpu, mem = m.vcpus * r.vcpu_hour, m.memory_gb * r.gb_hour
             if m.accelerators and cpu + mem <= price:
                 return MachineSplit(cpu, mem, price - cpu - mem)

@@ -78,7 +78,7 @@ class CostBreakdown:
 def equation_1(
     t_s: float,
     *,
-    n_w: int,
+    n_w: float,  # workers held on average: fewer than the count when some were stopped part of the time
     avg_cpu_w: float,
     avg_mem_w: float,
     n_t: int,
@@ -117,7 +117,7 @@ def equation_1(
 def vm_hours(
     t_s: float,
     *,
-    n_w: int,
+    n_w: float,  # workers held on average: fewer than the count when some were stopped part of the time
     worker_vm_hour: float,
     dispatcher_vm_hour: float,
     n_t: int,

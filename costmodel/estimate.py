@@ -8,8 +8,9 @@ dispatcher are charged for their whole machines on the utilization basis (noted)
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 from dsctl.specs import JobSpec
 from dsctl.specs.errors import SpecError

@@ -145,15 +145,17 @@ def price(usage: RunUsage, catalog: Catalog, basis: str = "utilization") -> Cost
                      + (f" (on-demand prices for the {on_demand[0]})" if on_demand else "")
                      + ": Spot VMs can be preempted at any time, and what preemptions cost (restarts, lost steps) "
                      "is not priced.")
-    models = dict(service_provisioning=svc_p if has_service else None, trainer_provisioning=trn_p)
+    svc_model = svc_p if has_service else None
     n_w, n_d = held(usage)
     if usage.worker_stopped_s or usage.dispatcher_stopped_s:
-        notes.append(f"the service is charged for the VM-hours it held: {(usage.worker_stopped_s + usage.dispatcher_stopped_s) / 3600:.3g} "
+        stopped_h = (usage.worker_stopped_s + usage.dispatcher_stopped_s) / 3600
+        notes.append(f"the service is charged for the VM-hours it held: {stopped_h:.3g} "
                      "VM-hours stopped (e.g. preempted Spot VMs before they ran again) are not charged.")
 
     if basis == "vm-hours":
         if n_acc < t_machine.accelerators:
-            notes.append(f"trainers use {n_acc} of the {t_machine.accelerators} accelerators of a {t_machine.name}; the vm-hours basis charges the whole machine.")
+            notes.append(f"trainers use {n_acc} of the {t_machine.accelerators} accelerators of a {t_machine.name}; "
+                         "the vm-hours basis charges the whole machine.")
         b = vm_hours(
             usage.job_time_s,
             n_w=n_w,
@@ -167,10 +169,12 @@ def price(usage: RunUsage, catalog: Catalog, basis: str = "utilization") -> Cost
             trainer_memory_hour=split.memory,
             trainer_accelerators_hour=split.accelerators,
         )
-        return replace(b, batches=usage.batches, notes=tuple(notes), **models)
+        return replace(b, batches=usage.batches, notes=tuple(notes), service_provisioning=svc_model,
+                       trainer_provisioning=trn_p)
 
     if n_acc < t_machine.accelerators:
-        notes.append(f"trainers use {n_acc} of the {t_machine.accelerators} accelerators of a {t_machine.name}; Equation 1 charges the {n_acc} used (n_ACC/T).")
+        notes.append(f"trainers use {n_acc} of the {t_machine.accelerators} accelerators of a {t_machine.name}; "
+                     f"Equation 1 charges the {n_acc} used (n_ACC/T).")
     trainer_rates = Rates(
         cpu=split.cpu / t_machine.vcpus if t_machine.vcpus else 0.0,
         mem=split.memory / t_machine.memory_gb if t_machine.memory_gb else 0.0,
@@ -179,6 +183,7 @@ def price(usage: RunUsage, catalog: Catalog, basis: str = "utilization") -> Cost
     whole = []
     w_rates, w_cpu, w_mem = trainer_rates, 0.0, 0.0
     if usage.n_workers:
+        assert usage.worker_machine is not None, "_check: workers come with their machine type"
         w_rates, w_cpu, w_mem, w_whole = _service_use(
             catalog, usage.worker_machine, usage.worker_avg_cpu_cores, usage.worker_avg_mem_gb, "workers", svc_p)
         if w_whole:
@@ -202,4 +207,5 @@ def price(usage: RunUsage, catalog: Catalog, basis: str = "utilization") -> Cost
         rates=trainer_rates, dispatcher_cpu=n_d * d_cpu, dispatcher_mem=n_d * d_mem,
         worker_rates=w_rates, dispatcher_rates=d_rates,
     )
-    return replace(b, batches=usage.batches, notes=tuple(notes), **models)
+    return replace(b, batches=usage.batches, notes=tuple(notes), service_provisioning=svc_model,
+                   trainer_provisioning=trn_p)

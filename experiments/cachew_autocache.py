@@ -48,7 +48,8 @@ TIMELINE_JOB = """
 name: {name}
 service: {{workers: 1}}
 trainer: {{steps: {steps}, warmup_batches: 0, window_s: 0.25, model: {{kind: synthetic, step_time_ms: 2}}}}
-pipeline: {{builtin: synthetic, params: {{elements: {elements}, shards: 4, batch_size: 16, cpu_work: 30, feature_size: 16, epochs: null}}}}
+pipeline: {{builtin: synthetic, params: {{elements: {elements}, shards: 4, batch_size: 16, cpu_work: 30, feature_size: 16,
+                                         epochs: null}}}}
 autocache: {{mode: auto, profile_s: 1.0, cache_dir: {cache}}}
 autoscale: {{policy: cachew, max_workers: 3, settings: {{window_batches: 8, pause_batches: 4, recheck_batches: 32}}}}
 """
@@ -99,7 +100,7 @@ def _case(name: str, bench: dict, by_construction: str) -> dict:
     hints = hints_from_points(points, prof["hints"])
     decision = decide(points["end"]["s_per_element"], hints, model, n_elements=1, gb_month=0.08, tolerance=TOLERANCE)
     measured = {mode: m["s_per_element"] for mode, m in bench["modes"].items()}
-    best = min(measured, key=measured.get)
+    best = min(measured, key=lambda mode: measured[mode])
     return {"choice": decision.choice, "best": best, "by_construction": by_construction,
             "choice_ok": measured[decision.choice] <= measured[best] * (1 + TOLERANCE),
             "measured": measured, "predicted": {o.choice: o.projected_s for o in decision.options},

@@ -54,11 +54,11 @@ CACHEW = """autoscale:
 
 # HPA's periods (15 s sync, 30 s pause, 300 s downscale stabilization) shortened to fit a short run;
 # the target and the formula are HPA's.
-CPU = """autoscale:
+CPU = f"""autoscale:
   policy: cpu
   max_workers: 8
-  settings: {target_util: %s, sync_period_s: 3, pause_after_change_s: 4, downscale_stabilization_s: 20}
-""" % CPU_TARGET
+  settings: {{target_util: {CPU_TARGET}, sync_period_s: 3, pause_after_change_s: 4, downscale_stabilization_s: 20}}
+"""
 
 
 def run(out_dir: Path, quick: bool = False, log: Log | None = None) -> ExperimentResult:
@@ -84,7 +84,8 @@ def run(out_dir: Path, quick: bool = False, log: Log | None = None) -> Experimen
 
     res.data = {"sweep_id": runner.sweep_id, "knee_by_construction": KNEE,
                 "sweep_recommendation": sweep["recommendation"]["smallest"]["workers"], "sweep_tolerance": tolerance,
-                "curve": [{k: curve[n].get(k) for k in ("workers", "batches_per_s", "cost_per_1000_batches")} for n in sorted(curve)],
+                "curve": [{k: curve[n].get(k) for k in ("workers", "batches_per_s", "cost_per_1000_batches")}
+                          for n in sorted(curve)],
                 "policies": policies}
     res.data["verdict"] = verdict(res.data)
     for n in sorted(curve):
@@ -109,7 +110,7 @@ def _policy_result(run_id: str, spec, curve: dict) -> dict:
     catalog = load_catalog(spec.pricing)
     from dsctl.costmodel import RunUsage
 
-    summary = store.get(run_id).summary
+    summary = store.recorded(run_id).summary
     point = curve.get(final, {})
     usage = RunUsage(job_time_s=STEPS_PRICED / bps, batches=STEPS_PRICED, trainer_machine=spec.trainer.machine,
                      n_workers=final, worker_machine=spec.service.worker_machine,
@@ -193,7 +194,8 @@ def _conclusion(d: dict) -> str:
                 f"throughput{sweep}." if v["cpu_below_target"] else
                 f"although its workers reached the target, stopping short of the sweep's choice{sweep}."))
     else:
-        cpu += ": it does not settle below the sweep's choice with less throughput than Cachew's, so this run does not show HPA under-provisioning."
+        cpu += (": it does not settle below the sweep's choice with less throughput than Cachew's, "
+                "so this run does not show HPA under-provisioning.")
     out.append(cpu)
     out.append(f"With the CPU policy's choice, 100,000 steps take {v['slower']:.2f}× as long and cost {v['dearer']:.2f}× as "
                "much as with Cachew's (cost model, paper prices, vm-hours).")

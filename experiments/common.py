@@ -20,16 +20,17 @@ import math
 import textwrap
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from dsctl.orchestrator.preflight import load_job
 from dsctl.orchestrator.run import JobRunner, Progress
 from dsctl.orchestrator.store import RunStore, dsctl_home
-from dsctl.orchestrator.preflight import load_job
 from dsctl.specs import LoadedSpec
 
 Log = Callable[[str], None]
@@ -224,7 +225,7 @@ def run_job(loaded: LoadedSpec, *, mode: str = "service", workers: int | None = 
             + f" (run {runner.run_id})")
     runner.run()
     store = runner.store
-    record = store.get(runner.run_id)
+    record = store.recorded(runner.run_id)
     outcome = JobOutcome(run_id=runner.run_id, mode=mode, summary=record.summary,
                          trainer_results=store.trainer_results(runner.run_id), run_dir=runner.run_dir)
     if log:
@@ -265,7 +266,9 @@ def run_concurrently(jobs: list[Callable[[threading.Event], JobOutcome]]) -> lis
         raise failures[0]
     if any(isinstance(e, StopRequested) for e in errors):
         raise KeyboardInterrupt
-    return results  # type: ignore[return-value]
+    done = [r for r in results if r is not None]
+    assert len(done) == len(results), "every job returned or raised"
+    return done
 
 
 def experiment_id(name: str) -> str:
@@ -328,7 +331,7 @@ def steady_state(outcomes: list[JobOutcome], role: str = "worker", settle_s: flo
     concurrent = b - a >= 2.0
     rates: list[float] = []
     cores = 0.0
-    for o, windows, ra, rb, util in per_run:
+    for _o, windows, ra, rb, util in per_run:
         lo, hi = (a, b) if concurrent else (ra, rb)
         for rows in windows.values():
             inside = [(s, e, n) for s, e, n in rows if s >= lo - 1e-6 and e <= hi + 1e-6]

@@ -18,10 +18,27 @@ The paper's worst case with sharing is k·C − (k−1)·(cache size / dataset s
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
-from .common import (ExperimentResult, Log, experiment_id, finish_axes, fmt, md_images, md_table, new_figure, run_concurrently,
-                     run_job, steady_state, write_spec)
+from dsctl.specs import LoadedSpec
+
+from .common import (
+    ExperimentResult,
+    JobOutcome,
+    Log,
+    experiment_id,
+    finish_axes,
+    fmt,
+    md_images,
+    md_table,
+    new_figure,
+    run_concurrently,
+    run_job,
+    steady_state,
+    write_spec,
+)
 
 NAME = "fig10"
 TITLE = "Figure 10: ephemeral data sharing"
@@ -79,6 +96,12 @@ def worst_case_sharing(k: int, cache_mb: float, dataset_size_mb: float) -> float
     return k - (k - 1) * min(cache_mb / dataset_size_mb, 1.0)
 
 
+def _job(loaded: LoadedSpec, parent: str, duration: float, log: Log | None,
+         label: str) -> Callable[[threading.Event], JobOutcome]:
+    """One of mode C's concurrent jobs, for run_concurrently (which gives it the event that stops it)."""
+    return lambda stop: run_job(loaded, parent_id=parent, stop=stop, duration_s=duration, log=log, label=label)
+
+
 def run(out_dir: Path, quick: bool = False, log: Log | None = None) -> ExperimentResult:
     res = ExperimentResult(NAME, TITLE, quick, out_dir)
     parent = experiment_id(NAME)
@@ -94,8 +117,7 @@ def run(out_dir: Path, quick: bool = False, log: Log | None = None) -> Experimen
                 log(f"fig10: mode {mode} ({MODES[mode]}), k = {k}")
             if mode == "C":
                 specs = [_spec(out_dir, "C", k, duration, suffix=f"-job{i}") for i in range(k)]
-                jobs = [lambda stop, s=s, i=i: run_job(s, parent_id=parent, stop=stop, duration_s=duration, log=log,
-                                                       label=f"fig10 C job {i}") for i, s in enumerate(specs)]
+                jobs = [_job(s, parent, duration, log, f"fig10 C job {i}") for i, s in enumerate(specs)]
                 outcomes = run_concurrently(jobs)
             else:
                 outcomes = [run_job(_spec(out_dir, mode, k, duration), parent_id=parent, duration_s=duration, log=log,
@@ -115,7 +137,8 @@ def run(out_dir: Path, quick: bool = False, log: Log | None = None) -> Experimen
             "mode": mode, "k": k, "per_job_bps": m["per_job_bps"],
             "slowdown": one["per_job_bps"] / m["per_job_bps"] if m["per_job_bps"] else None,
             "worker_cores": m["worker_cores"], "worker_cpu_s_per_batch": cpb,
-            "normalized_processing_cost": k * cpb / one["worker_cpu_s_per_batch"] if cpb and one["worker_cpu_s_per_batch"] else None,
+            "normalized_processing_cost": (k * cpb / one["worker_cpu_s_per_batch"]
+                                           if cpb and one["worker_cpu_s_per_batch"] else None),
             "worst_case_with_sharing": worst_case_sharing(k, CACHE_MB, ds_mb) if mode == "A" else None,
             "no_sharing_cost": float(k), "interval_s": m["interval_s"], "concurrent": m["concurrent"],
             "run_ids": " ".join(m["run_ids"]),

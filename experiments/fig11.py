@@ -125,7 +125,7 @@ def run(out_dir: Path, quick: bool = False, log: Log | None = None) -> Experimen
                          "mean_consumer_step_ms": 1e3 * r["mean_consumer_step_s"],
                          "straggler_overhead": r["straggler_overhead"], "speedup": r["speedup"],
                          "measured_bps_per_trainer": r["measured_bps"], "run_id": r["run_id"]})
-    for m, acc, workers, width, b0, b1, sp in PAPER:
+    for m, _acc, _workers, width, b0, b1, sp in PAPER:
         res.rows.append({"config": f"paper {m}", "bucket_width": width, "paper_without_bps": b0,
                          "paper_with_bps": b1, "speedup": sp})
     _plots(res, results)

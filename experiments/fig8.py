@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -36,8 +37,19 @@ from dsctl.costmodel import compare, estimate, load_catalog, price
 from dsctl.costmodel.estimate import usage_from_spec
 from dsctl.specs import load_spec_text
 
-from .common import (MEASURED, ExperimentResult, Log, experiment_id, fmt, md_images, md_table, money, new_figure, run_job,
-                     write_spec)
+from .common import (
+    MEASURED,
+    ExperimentResult,
+    Log,
+    experiment_id,
+    fmt,
+    md_images,
+    md_table,
+    money,
+    new_figure,
+    run_job,
+    write_spec,
+)
 
 NAME = "fig8"
 TITLE = "Figure 8: horizontal scale-out"
@@ -205,7 +217,7 @@ def run(out_dir: Path, quick: bool = False, log: Log | None = None) -> Experimen
     runs: dict[str, list] = {m: [] for m in MODES}
     for mode in order:
         runs[mode].append(run_job(loaded, mode=mode, parent_id=parent, log=log, label="fig8"))
-    local = {}
+    local: dict[str, dict[str, Any]] = {}
     for mode, outcomes in runs.items():
         merged = {k: _mean([o.get(k) for o in outcomes]) for k in (
             "batches_per_s", "input_stall_frac", "trainer_cpu_cores", "worker_cpu_cores", "worker_mem_gb",
@@ -224,12 +236,13 @@ def run(out_dir: Path, quick: bool = False, log: Log | None = None) -> Experimen
                 "fraction_of_ideal": b1 / bi if b1 and bi else None, "paper_rows": rows}
 
     for mode in ("colocated", "service", "ideal"):
-        l = local[mode]
-        res.rows.append({"part": "measured", "case": mode, "batches_per_s": l["batches_per_s"],
-                         "speedup": (l["batches_per_s"] / b0) if l["batches_per_s"] and b0 else None,
-                         "cost_per_1000_batches": l["cost_per_1000_batches"],
-                         "cost_saving": (c0 / l["cost_per_1000_batches"]) if c0 and l["cost_per_1000_batches"] and mode != "ideal" else None,
-                         "input_stall_frac": l["input_stall_frac"], "run_id": l["run_id"]})
+        m = local[mode]
+        res.rows.append({"part": "measured", "case": mode, "batches_per_s": m["batches_per_s"],
+                         "speedup": (m["batches_per_s"] / b0) if m["batches_per_s"] and b0 else None,
+                         "cost_per_1000_batches": m["cost_per_1000_batches"],
+                         "cost_saving": ((c0 / m["cost_per_1000_batches"])
+                                         if c0 and m["cost_per_1000_batches"] and mode != "ideal" else None),
+                         "input_stall_frac": m["input_stall_frac"], "run_id": m["run_id"]})
     for mode, k in keras["modes"].items():
         res.rows.append({"part": KERAS_PART, "case": mode, "source": MEASURED, "steps": k["steps"],
                          "batches_per_s": k["batches_per_s"],

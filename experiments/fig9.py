@@ -35,8 +35,21 @@ from dsctl.costmodel import RunUsage, ThroughputModel, load_catalog, price
 from dsctl.costmodel.throughput import hold_out
 from dsctl.orchestrator.sweep import SweepOptions, SweepRunner, Window
 
-from .common import (FITTED, MEASURED, PAPER, PREDICTED, ExperimentResult, Log, finish_axes, fmt, md_images, md_table,
-                     money, new_figure, write_spec)
+from .common import (
+    FITTED,
+    MEASURED,
+    PAPER,
+    PREDICTED,
+    ExperimentResult,
+    Log,
+    finish_axes,
+    fmt,
+    md_images,
+    md_table,
+    money,
+    new_figure,
+    write_spec,
+)
 from .fig8 import PAPER_ROWS
 
 NAME = "fig9"
@@ -153,6 +166,7 @@ def m1_costs(model: ThroughputModel) -> dict:
     points = []
     for n in SIMULATED:
         s = model.speedup(n)
+        assert s is not None, "the M1 model is calibrated with the paper's colocated rate"
         points.append({"workers": n, "speedup": s, "cost_saving": s * trainers / _m1_per_hour(n),
                        "cost_saving_implied_prices": s / (1 + (n + 1) * implied)})
     at = {p["workers"]: p for p in points}

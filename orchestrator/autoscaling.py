@@ -9,11 +9,11 @@ rather than being outvoted by the others, which is what a synchronous job feels 
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import cast
 
 from dsctl.specs.schema import JobSpec
 
-from .policies import Observation, ScalingPolicy
+from .policies import CachewPolicy, Observation, ScalingPolicy
 
 
 class TrainerWindows:
@@ -32,7 +32,7 @@ class TrainerWindows:
         """Stop waiting for a trainer that exited."""
         self._pending.pop(index, None)
 
-    def add(self, index: int, window: dict, *, workers: int, worker_cpu_util: float | None) -> Optional[Observation]:
+    def add(self, index: int, window: dict, *, workers: int, worker_cpu_util: float | None) -> Observation | None:
         elapsed = window["t_end"] - window["t_start"]
         if index not in self._pending or not window.get("batches") or elapsed <= 0:
             return None
@@ -76,8 +76,9 @@ def leave_queue_room(spec: JobSpec, policy: ScalingPolicy) -> JobSpec:
     """
     if policy.name != "cachew":
         return spec
-    room = spec.service.max_outstanding_requests or max(QUEUE_ROOM, policy.config.max_workers)
+    cachew = cast(CachewPolicy, policy)
+    room = spec.service.max_outstanding_requests or max(QUEUE_ROOM, cachew.config.max_workers)
     # The policy is told the buffer's size, to know when the queue is too full to rise (see cachew.py).
-    policy.config = policy.config.model_copy(update={"queue_capacity": room})
+    cachew.config = cachew.config.model_copy(update={"queue_capacity": room})
     service = spec.service.model_copy(update={"max_outstanding_requests": room})
     return spec.model_copy(update={"service": service})

@@ -152,6 +152,7 @@ def _wait_profile(ctx: RunContext, dep: Deployment, tail: JsonlTail) -> dict:
 
 def _with_mode(ctx: RunContext, mode: str, name: str = "spec-trainers.json") -> Path:
     spec = ctx.spec
+    assert spec.autocache is not None, "only a job with autocache: profiles and decides"
     out = spec.model_copy(update={"autocache": spec.autocache.model_copy(update={"mode": mode})})
     path = ctx.run_dir / name
     path.write_text(out.model_dump_json(indent=1))

@@ -99,4 +99,5 @@ def saved_step(base: str | None, count: int, note_only: bool = False) -> int | N
     if not base:
         return None
     steps = [latest(d, note_only).step for d in trainer_dirs(base, count)]
-    return None if not steps or None in steps else min(steps)
+    known = [s for s in steps if s is not None]
+    return None if not steps or len(known) < len(steps) else min(known)

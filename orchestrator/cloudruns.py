@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import TypeGuard
 
 from dsctl.provisioners import Deployment, HandsOff, get_provider
 
@@ -43,8 +44,10 @@ def sync(store: RunStore, objects, run_id: str, run_dir: Path | None = None) -> 
     return latest
 
 
-def ended(latest: dict | None) -> bool:
-    return bool(latest) and (latest.get("run") or {}).get("status") not in (None, "running")
+def ended(latest: dict | None) -> TypeGuard[dict]:
+    if not latest:
+        return False
+    return (latest.get("run") or {}).get("status") not in (None, "running")
 
 
 def refresh(store: RunStore, dep: Deployment, events: Callable[[str, str], None] = lambda k, m: None) -> dict | None:

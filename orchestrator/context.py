@@ -7,9 +7,9 @@ else of the runner.)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from dsctl.provisioners import EventSink, Provider
 from dsctl.specs import JobSpec, LoadedSpec

@@ -28,8 +28,9 @@ import fcntl
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Any, TypeGuard
 
 import psutil
 
@@ -60,7 +61,7 @@ def _me() -> dict:
     return {"pid": os.getpid(), "create_time": psutil.Process().create_time()}
 
 
-def process_alive(who: dict | None) -> bool:
+def process_alive(who: dict | None) -> TypeGuard[dict]:
     """True while the process {pid, create_time} named in a control file still runs (the same one, not a reused pid)."""
     if not who or not who.get("pid"):
         return False
@@ -169,7 +170,9 @@ class ControlServer:
             taken.unlink(missing_ok=True)
             self.events("request-expired", f"ignored the request '{request.get('op')}': {stale}")
             return
-        handler = self.handlers.get(request.get("op"))
+        op = request.get("op")
+        handler = self.handlers.get(op) if isinstance(op, str) else None  # JSON: an op may be a list (unhashable)
+        answer: dict[str, Any]
         try:
             if handler is None:
                 raise ControlError(f"unknown request '{request.get('op')}'")

@@ -12,12 +12,22 @@ from __future__ import annotations
 import errno
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import cast
 
-from dsctl.provisioners import (STATE_FILE, Deployment, FindsByLabel, HandsOff, Node, RunObjects, Where, get_provider,
-                                providers_with)
+from dsctl.provisioners import (
+    STATE_FILE,
+    Deployment,
+    FindsByLabel,
+    HandsOff,
+    Node,
+    RunObjects,
+    Where,
+    get_provider,
+    providers_with,
+)
 from dsctl.provisioners.processes import is_ours, stop_groups
 from dsctl.specs import LoadedSpec, SpecError
 
@@ -26,7 +36,6 @@ from . import store as records
 from .pricing import cost_summary
 from .store import RunStore, StoreError, dsctl_home
 from .summary import summarize_run
-
 
 UNREADABLE = "state unreadable"  # the status of a deployment rebuilt from its processes
 
@@ -58,7 +67,7 @@ def recovered(run_dir: Path) -> Deployment:
 
     run_dir = Path(run_dir)
     needles = {str(run_dir), str(run_dir.resolve())}
-    nodes = []
+    nodes: list[Node] = []
     for proc in psutil.process_iter(["pid", "cmdline", "create_time", "status"]):
         try:
             cmd = " ".join(proc.info["cmdline"] or [])
@@ -182,7 +191,8 @@ def status_rows() -> tuple[list[dict], list[Deployment]]:
 
 def _finder(where: Where) -> FindsByLabel | None:
     """The provider whose resources `where` (or the environment) names a place to look in, if any."""
-    return next((p for p in providers_with(FindsByLabel) if p.looks_there(where)), None)
+    finders = cast("list[FindsByLabel]", providers_with(FindsByLabel))  # the providers that are FindsByLabel
+    return next((p for p in finders if p.looks_there(where)), None)
 
 
 def record_objects(run: str, where: Where) -> tuple[RunObjects | None, Deployment | None]:

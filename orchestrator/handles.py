@@ -7,6 +7,7 @@ itself and one that `dsctl up --detach` left running with the same code.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from dsctl.runtime.sampler import Sample
 
 from .control import ControlClient, ControlServer, DeploymentBusy, SweepLock, process_alive, serving
 from .supervision import Supervisor
+from .tail import trainer_metrics
 
 STARTS_S = 300.0  # how long the monitor may act on what starts processes (workers, trainers) once it took it
 SERVING_GRACE_S = 10.0  # between its job's end and serving requests, a monitor records the run
@@ -36,7 +38,7 @@ class OwnedDeployment:
 
     def start_trainers(self, launch: TrainerLaunch, events: EventSink) -> dict[int, str]:
         self.provisioner.start_trainers(self.dep, launch, events)
-        return {n.index: n.metrics for n in self.dep.by_role("trainer")}
+        return trainer_metrics(self.dep)
 
     def poll(self, events: EventSink) -> TrainerState:
         return self.supervisor.poll()
@@ -64,7 +66,7 @@ class AttachedDeployment:
         self.original_workers = len(dep.by_role("worker"))
 
     @classmethod
-    def claim(cls, dep: Deployment, sweep_id: str) -> "AttachedDeployment":
+    def claim(cls, dep: Deployment, sweep_id: str) -> AttachedDeployment:
         """The deployment, held for this sweep alone until release(). DeploymentBusy (exit 1) if its monitor is
         gone, its own job has not ended, or another sweep holds it; nothing is asked of the monitor before."""
         run, log = dep.run_id, Path(dep.run_dir) / "up.log"
@@ -159,12 +161,20 @@ def serve_control(provisioner: Provider, supervisor: Supervisor, dep: Deployment
     def poll() -> dict:
         return asdict(handle.poll(events))
 
-    handlers = {
-        "scale": lambda workers: (handle.scale(workers, events), {"workers": workers})[1],
+    def scale(workers: int) -> dict:
+        handle.scale(workers, events)
+        return {"workers": workers}
+
+    def stop_trainers() -> dict:
+        handle.stop_trainers()
+        return {}
+
+    handlers: dict[str, Callable[..., dict]] = {
+        "scale": scale,
         "start_trainers": start_trainers,
         "poll": poll,
         "sample": lambda: {"samples": [asdict(s) for s in handle.sample()]},
-        "stop_trainers": lambda: (handle.stop_trainers(), {})[1],
+        "stop_trainers": stop_trainers,
     }
     return ControlServer(dep.run_dir, handlers, events, housekeeping=_AbandonedSweeps(handle, events).check)
 

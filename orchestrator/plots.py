@@ -9,8 +9,9 @@ hollow markers on dashed lines, labelled "predicted"; measured ones are filled a
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -70,8 +71,8 @@ def _figure(series: list[tuple[int, float, bool]], title: str, ylabel: str, idea
     for predicted, label in ((False, "measured"), (True, "predicted")):
         mine = [(n, y) for n, y, p in series if p == predicted]
         if mine:
-            style = dict(color=COLOR, marker="o", markersize=6, markerfacecolor="white" if predicted else COLOR,
-                         linestyle="--" if predicted else "-", linewidth=1.5, label=label)
+            style: dict[str, Any] = dict(color=COLOR, marker="o", markersize=6, markerfacecolor="white" if predicted else COLOR,
+                                         linestyle="--" if predicted else "-", linewidth=1.5, label=label)
             ax.plot([n for n, _ in mine], [y for _, y in mine], **{**style, "linestyle": "none", "label": None})
             handles.append(Line2D([], [], **style))  # the legend shows marker and line style together
     if ideal is not None:
@@ -108,7 +109,7 @@ def _worker_axis(ax, counts: list[int]) -> None:
 
 
 def _row(p: Any) -> tuple[int, float | None, bool, float | None]:
-    get = p.get if isinstance(p, dict) else (lambda k, d=None: getattr(p, k, d))
+    get: Callable[..., Any] = p.get if isinstance(p, dict) else (lambda k, d=None: getattr(p, k, d))
     bps, cs = get("batches_per_s"), get("cost_saving")
     return (int(get("workers")), None if bps is None else float(bps), bool(get("predicted", False)),
             None if cs is None else float(cs))

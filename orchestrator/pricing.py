@@ -34,7 +34,8 @@ def stands_in(provider: str) -> bool:
     return bool(cls is not None and cls.stands_in)
 
 
-def price_record(record: RunRecord, catalog: Catalog | None = None, basis: str | None = None) -> tuple[RunUsage, CostBreakdown, Catalog]:
+def price_record(record: RunRecord, catalog: Catalog | None = None,
+                 basis: str | None = None) -> tuple[RunUsage, CostBreakdown, Catalog]:
     spec = JobSpec.model_validate_json(record.spec_json)
     # A relative catalog path is relative to the spec's folder, as `dsctl validate` resolved it.
     base_dir = Path(record.spec_path).parent if record.spec_path else None

@@ -15,8 +15,9 @@ than the tolerance, the pick rests on noise, and the recommendation says so (`wa
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def recommend(points: Iterable[Any], *, tolerance: float = 0.03, ideal_bps: floa
     """
     if not 0 <= tolerance < 1:
         raise ValueError(f"tolerance must be a fraction in [0, 1), not {tolerance!r}")
-    pts = sorted((p for p in map(_point, points) if p.bps is not None and p.bps > 0), key=lambda p: p.workers)
+    pts = sorted((p for p in map(_point, points) if p is not None and p.bps > 0), key=lambda p: p.workers)
     if not pts:
         raise ValueError("no sweep point has a throughput to recommend from")
 
@@ -112,24 +113,31 @@ def _smallest_reason(pick: _Point, pts: list[_Point], best: _Point, bar: float, 
     where = (f"the ideal {_bps(bar)} (the fastest point, {_bps(best.bps)} at {_n(best.workers)}, is above "
              f"ideal, which only noise can do)") if capped else \
         f"the best, {_bps(best.bps)} at {_n(best.workers)} ({best.kind})"
-    return f"{_n(pick.workers)} {_verb(pick.workers, 'reach')} {_bps(pick.bps)} ({pick.kind}), within {tol * 100:g}% of {where}; {below}."
+    return (f"{_n(pick.workers)} {_verb(pick.workers, 'reach')} {_bps(pick.bps)} ({pick.kind}), "
+            f"within {tol * 100:g}% of {where}; {below}.")
 
 
 def _cheapest(pts: list[_Point]) -> Pick | None:
     priced = [p for p in pts if p.cost is not None and math.isfinite(p.cost)]
     if not priced:
         return None
-    low = min(p.cost for p in priced)
+    low = min(_cost(p) for p in priced)
     # Equal cost per batch: the faster one finishes sooner for the same money, then fewer machines.
-    tied = [p for p in priced if math.isclose(p.cost, low, rel_tol=1e-9, abs_tol=1e-12)]
+    tied = [p for p in priced if math.isclose(_cost(p), low, rel_tol=1e-9, abs_tol=1e-12)]
     pick = max(tied, key=lambda p: (p.bps, -p.workers))
-    others = sorted((p for p in priced if p is not pick), key=lambda p: p.cost)
+    others = sorted((p for p in priced if p is not pick), key=_cost)
     cost = f"{_n(pick.workers)} {_verb(pick.workers, 'cost')} ${pick.cost:.4g} per 1,000 batches ({pick.kind})"
     if not others:
         return _pick(pick, f"{cost}, the only priced point.")
     nxt = others[0]
     return _pick(pick, f"{cost}, the lowest of {len(priced)} priced points; next is {_n(nxt.workers)} "
                        f"at ${nxt.cost:.4g} ({nxt.kind}).")
+
+
+def _cost(p: _Point) -> float:
+    """A priced point's cost per 1,000 batches."""
+    assert p.cost is not None, "only priced points are compared by cost"
+    return p.cost
 
 
 def _bps(x: float) -> str:
@@ -150,9 +158,10 @@ def _verb(workers: int, verb: str) -> str:
     return verb + ("es" if verb.endswith("h") else "s") if workers == 1 else verb
 
 
-def _point(p: Any) -> _Point:
-    get = p.get if isinstance(p, dict) else (lambda k, d=None: getattr(p, k, d))
+def _point(p: Any) -> _Point | None:
+    """A point to recommend from; None for one without a throughput (a failed run)."""
+    get: Callable[..., Any] = p.get if isinstance(p, dict) else (lambda k, d=None: getattr(p, k, d))
     cost = get("cost_per_1000_batches")
     bps = get("batches_per_s")
-    return _Point(workers=int(get("workers")), bps=None if bps is None else float(bps),
-                  cost=None if cost is None else float(cost), predicted=bool(get("predicted", False)))
+    workers, cost, predicted = int(get("workers")), None if cost is None else float(cost), bool(get("predicted", False))
+    return None if bps is None else _Point(workers=workers, bps=float(bps), cost=cost, predicted=predicted)

@@ -35,13 +35,14 @@ class Resume:
     @property
     def step(self) -> int | None:
         """The step training continues from, when every trainer's is known (the lowest, if they differ)."""
-        return min(self.steps) if self.steps and None not in self.steps else None
+        known = [s for s in self.steps if s is not None]
+        return min(known) if self.steps and len(known) == len(self.steps) else None
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "Resume | None":
+    def from_dict(cls, d: dict | None) -> Resume | None:
         return cls(**{**d, "steps": tuple(d.get("steps") or ())}) if d else None
 
 
@@ -86,7 +87,7 @@ def _same_job(old: JobSpec, loaded: LoadedSpec, rid: str) -> None:
                                "without --resume.")
 
 
-def _at(d: dict, path: tuple) -> object:
+def _at(d: object, path: tuple) -> object:
     for part in path:
         d = d.get(part) if isinstance(d, dict) else None
     return d
@@ -125,13 +126,14 @@ def _latest_in_chain(store: RunStore, record: RunRecord, count: int) -> Resume:
         base = _checkpoint_base(current)
         note_only = bool(JobSpec.model_validate_json(current.spec_json).trainer.command)
         found: list[Latest] = [latest(d, note_only) for d in trainer_dirs(base, count)] if base else []
-        if found and all(f.found is not False for f in found):
+        if base and found and all(f.found is not False for f in found):
             return Resume(run_id=record.id, restore_from=base, holder=current.id, steps=tuple(f.step for f in found))
         current = store.get(current.resumed_from) if current.resumed_from else None
     base = _checkpoint_base(record)
     where = f" in {base}/trainer-<i>" if base else ""
     chain = f" (nor did the run(s) it resumed: {', '.join(looked[1:])})" if len(looked) > 1 else ""
     trainer = JobSpec.model_validate_json(record.spec_json).trainer
+    assert trainer.checkpoint is not None, "plan_resume refuses a run without trainer.checkpoint"
     when = (f"(every {trainer.checkpoint.every_steps} steps)" if trainer.command is None else
             "(a command's save counts once it calls dsctl.train.checkpoint_saved(step))")
     raise SpecError(f"--resume {record.id}: run {record.id} wrote no checkpoint for every trainer{where}{chain}: its "

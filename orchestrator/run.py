@@ -12,15 +12,15 @@ import secrets
 import shutil
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 from dsctl.provisioners import Deployment, HandsOff, ProcessRef, Provider, TrainerLaunch, get_provider
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 
-from .accelerators import trainer_accelerators
 from . import caching
+from .accelerators import trainer_accelerators
 from .autoscaling import TrainerWindows, leave_queue_room
 from .checkpoints import run_checkpoint_dir, saved_step
 from .context import RunContext
@@ -30,9 +30,9 @@ from .preflight import check_autoscale
 from .pricing import cost_summary
 from .resume import Resume
 from .store import RunStore, dsctl_home
-from .supervision import Supervisor
 from .summary import summarize_run
-from .tail import JsonlTail
+from .supervision import Supervisor
+from .tail import JsonlTail, trainer_metrics
 from .tbevents import RunBoard
 
 POLL_S = 0.2
@@ -185,7 +185,7 @@ class JobRunner:
     def run(self, keep_up: bool = False) -> dict:
         """Run to the end; returns the summary. Raises RunFailed, SpecError or KeyboardInterrupt."""
         dep = self.prepare()
-        started = self.store.get(self.run_id).created_at
+        started = self.store.recorded(self.run_id).created_at
         outcome = Outcome()
         try:
             with outcome.classify(self.run_id):
@@ -213,7 +213,7 @@ class JobRunner:
         from . import cloudrecord
 
         dep = self.prepare()
-        started = self.store.get(self.run_id).created_at
+        started = self.store.recorded(self.run_id).created_at
         outcome = Outcome()
         try:
             with outcome.classify(self.run_id):
@@ -292,7 +292,7 @@ class JobRunner:
         except TimeoutError as exc:
             raise RunFailed(str(exc), self.run_id) from None
         cloudruns.refresh(self.store, dep)
-        record = self.store.get(self.run_id)
+        record = self.store.recorded(self.run_id)
         self.summary = record.summary
         if record.status != "succeeded":
             raise RunFailed(f"the run {record.status}: {record.error}", self.run_id)
@@ -302,7 +302,7 @@ class JobRunner:
         """On the supervising VM: the job of a deployment provisioned elsewhere and handed over, to its end."""
         self.deployment = dep
         self.supervisor = Supervisor(self.provisioner, dep, self.spec.service.fault_tolerant, self._event)
-        started = self.store.get(self.run_id).created_at
+        started = self.store.recorded(self.run_id).created_at
         outcome = Outcome()
         try:
             with outcome.classify(self.run_id):
@@ -375,11 +375,14 @@ class JobRunner:
         if self.policy is not None:
             summary.update(self._scaling_summary())
         if self.autocache_summary is not None or self.cache is not None:
-            summary["autocache"] = {**(self.autocache_summary or {"choice": self.spec.autocache.mode}),
-                                    "cache": self.cache}
+            chosen = self.autocache_summary
+            if not chosen:
+                assert self.spec.autocache is not None, "trainers report a cache only under autocache:"
+                chosen = {"choice": self.spec.autocache.mode}
+            summary["autocache"] = {**chosen, "cache": self.cache}
         summary.update(self._training_summary())
         store.update_run(self.run_id, status=status, ended_at=ended, error=error, summary=summary)
-        record = replace(store.get(self.run_id), status=status, ended_at=ended, error=error, summary=summary)
+        record = replace(store.recorded(self.run_id), status=status, ended_at=ended, error=error, summary=summary)
         summary["cost"] = cost_summary(record)
         store.update_run(self.run_id, summary=summary)
         self.summary = summary
@@ -411,7 +414,7 @@ class JobRunner:
         self.provisioner.start_trainers(dep, launch, self._event)
 
     def _train(self, dep: Deployment) -> None:
-        tails = {n.index: JsonlTail(n.metrics) for n in dep.by_role("trainer")}
+        tails = {i: JsonlTail(path) for i, path in trainer_metrics(dep).items()}
         self._windows = TrainerWindows(list(tails))
         batches: dict[int, int] = {i: 0 for i in tails}
         rates: dict[int, float] = {}
@@ -504,6 +507,7 @@ class JobRunner:
 
     def _autoscale(self, obs: Observation) -> None:
         """Feed the trainers' joined windows to the policy; apply an add or remove, and record why."""
+        assert self.policy is not None, "called for autoscaled runs only"
         decision = self.policy.observe(obs)
         if decision.action == "hold" or decision.target == self.workers:
             return
@@ -521,8 +525,9 @@ class JobRunner:
         elif self.resume is not None and self.resume.step is not None:
             out["restored_step"] = self.resume.step  # its trainers never said (they failed before starting)
         saved = [r.get("checkpoint_step") for r in self._results.values()]
-        if len(saved) == self.spec.trainer.count and None not in saved:
-            out["checkpoint_step"] = min(saved)  # every trainer can resume from here
+        known = [s for s in saved if s is not None]
+        if len(saved) == self.spec.trainer.count and len(known) == len(saved):
+            out["checkpoint_step"] = min(known)  # every trainer can resume from here
         elif self.checkpoint_dir and (step := saved_step(self.checkpoint_dir, self.spec.trainer.count,
                                                               note_only=bool(self.spec.trainer.command))) is not None:
             out["checkpoint_step"] = step  # a trainer never said (killed): what its folder holds
@@ -552,6 +557,7 @@ class JobRunner:
         total = sum(w["t_end"] - w["t_start"] for w in windows)
         mean_workers = held / total if total else self.workers
         self.store.update_run(self.run_id, workers=max(1, round(mean_workers)))
+        assert self.policy is not None, "called for autoscaled runs only"
         return {"autoscale_policy": self.policy.name, "mean_workers": mean_workers, "final_workers": self.workers}
 
     def _check_exits(self, codes: dict[int, int], errors: dict[int, dict]) -> None:
@@ -559,7 +565,8 @@ class JobRunner:
             if code == 0:
                 continue
             err = errors.get(index, {})
-            message = err.get("message") or f"trainer {index} exited with code {code}; see {self.run_dir}/metrics/trainer-{index}.log"
+            message = err.get("message") or (f"trainer {index} exited with code {code}; "
+                                             f"see {self.run_dir}/metrics/trainer-{index}.log")
             if err.get("kind") == "user" or code == 2:
                 field, _, rest = message.partition(": ")
                 if field in LOCATABLE:  # the runtime names the spec's field: point at its line

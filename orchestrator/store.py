@@ -18,6 +18,7 @@ StoreError paragraph naming the file and what to do.
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import os
@@ -26,10 +27,10 @@ import shutil
 import sqlite3
 import stat
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 from dsctl.errors import DsctlError
 
@@ -313,7 +314,8 @@ class RunStore:
         metrics = window.get("metrics")
         values[WINDOW_FIELDS.index("metrics")] = json.dumps(metrics) if metrics else None
         self._write(
-            f"INSERT INTO windows (run_id, {', '.join(WINDOW_FIELDS)}, workers) VALUES ({', '.join('?' * (len(WINDOW_FIELDS) + 2))})",
+            f"INSERT INTO windows (run_id, {', '.join(WINDOW_FIELDS)}, workers) "
+            f"VALUES ({', '.join('?' * (len(WINDOW_FIELDS) + 2))})",
             [(run_id, *values, workers)],
         )
 
@@ -435,6 +437,13 @@ class RunStore:
             rows = self._rows("SELECT * FROM runs WHERE id LIKE ? ORDER BY created_at DESC", (run_id + "%",))
         return self._record(rows[0]) if len(rows) == 1 else None
 
+    def recorded(self, run_id: str) -> RunRecord:
+        """get() for a run this process has recorded; StoreError if its record is not there (deleted meanwhile)."""
+        record = self.get(run_id)
+        if record is None:
+            raise StoreError(f"run {run_id} is not recorded in {self.path} (`dsctl runs` lists the runs there).")
+        return record
+
     def list(self, limit: int | None = None, kinds: tuple[str, ...] = ("job", "sweep"), since: float | None = None,
              parent_id: str | None = None) -> list[RunRecord]:
         sql = f"SELECT * FROM runs WHERE kind IN ({', '.join('?' * len(kinds))})"
@@ -450,10 +459,10 @@ class RunStore:
             sql += f" LIMIT {int(limit)}"
         return [self._record(r) for r in self._rows(sql, args)]
 
-    def ids(self) -> list[str]:
+    def ids(self) -> builtins.list[str]:
         return [r[0] for r in self._rows("SELECT id FROM runs ORDER BY created_at DESC")]
 
-    def windows(self, run_id: str) -> list[dict]:
+    def windows(self, run_id: str) -> builtins.list[dict]:
         """The run's windows by end time; `metrics` decoded (a dict, or None)."""
         stored = [dict(r) for r in self._rows("SELECT * FROM windows WHERE run_id = ? ORDER BY t_end", (run_id,))]
         pending = self._pending("windows", run_id)
@@ -462,7 +471,7 @@ class RunStore:
             w["metrics"] = json.loads(w["metrics"]) if w.get("metrics") else None
         return out
 
-    def resumed_by(self, run_id: str) -> list[str]:
+    def resumed_by(self, run_id: str) -> builtins.list[str]:
         """The runs that restored this run's checkpoints (`dsctl up --resume RUN`), oldest first."""
         return [r[0] for r in self._rows("SELECT id FROM runs WHERE resumed_from = ? ORDER BY created_at", (run_id,))]
 
@@ -470,12 +479,12 @@ class RunStore:
         rows = self._rows("SELECT trainer, result_json FROM trainer_results WHERE run_id = ?", (run_id,))
         return {r[0]: json.loads(r[1]) for r in rows}
 
-    def utilization(self, run_id: str) -> list[dict]:
+    def utilization(self, run_id: str) -> builtins.list[dict]:
         stored = [dict(r) for r in self._rows("SELECT * FROM utilization WHERE run_id = ? ORDER BY t", (run_id,))]
         pending = self._pending("utilization", run_id)
         return sorted(stored + pending, key=lambda u: u["t"]) if pending else stored
 
-    def events(self, run_id: str) -> list[dict]:
+    def events(self, run_id: str) -> builtins.list[dict]:
         return [dict(r) for r in self._rows("SELECT * FROM events WHERE run_id = ? ORDER BY t", (run_id,))]
 
     # -- copying a run's record between stores (orchestrator/cloudrecord.py) -------------------
@@ -485,7 +494,7 @@ class RunStore:
         rows = self._rows("SELECT * FROM runs WHERE id = ?", (run_id,))
         return dict(rows[0]) if rows else None
 
-    def rows_after(self, table: str, run_id: str, rowid: int) -> tuple[list[dict], int]:
+    def rows_after(self, table: str, run_id: str, rowid: int) -> tuple[builtins.list[dict], int]:
         """A copied table's rows of the run written after `rowid`, and the last rowid seen."""
         if table not in self.COPIED:
             raise ValueError(f"not a copied table: {table}")
@@ -504,7 +513,7 @@ class RunStore:
         self._write(f"INSERT OR REPLACE INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
                     [tuple(cols.values())])
 
-    def add_rows(self, table: str, rows: list[dict]) -> None:
+    def add_rows(self, table: str, rows: builtins.list[dict]) -> None:
         """Append rows of a copied table as another store had them."""
         if table not in self.COPIED:
             raise ValueError(f"not a copied table: {table}")

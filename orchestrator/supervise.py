@@ -74,7 +74,7 @@ class _Watchdog(threading.Thread):
                         self._end(store, f"stopped by {asked}")
                     elif time.time() > self.deadline:
                         self._end(store, "the run reached gcp.max_duration_s and was stopped")
-                    elif unheard is not None and unheard > self.attached_limit_s:
+                    elif unheard is not None and self.attached_limit_s is not None and unheard > self.attached_limit_s:
                         self._end(store, f"the attached `dsctl up` has not been heard from for {unheard:.0f} s "
                                          "(gcp.outage_limit_s), so nobody follows the run; it was stopped")
             except Exception:  # noqa: BLE001 - a publish that fails now is made again at the next one

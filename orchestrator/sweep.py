@@ -12,11 +12,12 @@ machine cannot hold are predicted by the calibrated throughput model
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean
-from typing import Callable
+from typing import Any
 
 from dsctl.costmodel import RunUsage, ThroughputModel, load_catalog, price
 from dsctl.costmodel.estimate import usage_from_spec
@@ -26,14 +27,14 @@ from dsctl.specs.calibration import Calibration
 
 from .accelerators import trainer_accelerators
 from .handles import AttachedDeployment, OwnedDeployment
+from .outcome import Outcome, RunFailed
 from .plots import plot_sweep
 from .pricing import price_record
 from .recommend import recommend
-from .outcome import Outcome, RunFailed
 from .run import JobRunner, Progress, new_run_id
 from .store import RunRecord, RunStore, dsctl_home
-from .supervision import Supervisor
 from .summary import utilization_summary
+from .supervision import Supervisor
 from .tail import JsonlTail
 
 POLL_S = 0.1
@@ -49,7 +50,7 @@ class Window:
     batches: int | None = None
 
     @classmethod
-    def parse(cls, text: str) -> "Window":
+    def parse(cls, text: str) -> Window:
         t = text.strip().lower()
         try:
             if t.endswith("s"):
@@ -66,7 +67,10 @@ class Window:
                         f"got '{text}'.", field="--window")
 
     def done(self, seconds: float, batches: int) -> bool:
-        return seconds >= self.seconds if self.seconds is not None else batches >= self.batches
+        if self.seconds is not None:
+            return seconds >= self.seconds
+        assert self.batches is not None, "a window is seconds or batches"
+        return batches >= self.batches
 
     def describe(self) -> str:
         return f"{self.seconds:g} s" if self.seconds is not None else f"{self.batches} batches"
@@ -92,7 +96,7 @@ class SweepRunner:
         self.store = store or RunStore()
         self.listener = listener or (lambda p: None)
         self.attach = attach
-        self._provisioner = None
+        self._provisioner: Provider | None = None
         self.sweep_id = new_run_id(self.spec.name + "-sweep")
         self.run_dir = dsctl_home() / "runs" / self.sweep_id
         self.out_dir = options.out_dir or self.run_dir
@@ -173,7 +177,7 @@ class SweepRunner:
             summary = self._conclude(predicted if succeeded else [])
             self.store.update_run(self.sweep_id, status=outcome.status, ended_at=time.time(), error=outcome.error,
                                   summary=summary)
-        return self.store.get(self.sweep_id).summary
+        return self.store.recorded(self.sweep_id).summary
 
     def _measure(self, measured: list[int]) -> None:
         if self.opt.calibration is not None:
@@ -205,10 +209,11 @@ class SweepRunner:
         runner = JobRunner(self.loaded, store=self.store, kind="point", parent_id=self.sweep_id,
                            duration_s=self.opt.warmup_s + (self.opt.window.seconds or 5.0), repeat=True, **how)
         runner.run()
-        return self.store.get(runner.run_id)
+        return self.store.recorded(runner.run_id)
 
     def _calibrated_baselines(self) -> None:
         cal = self.opt.calibration
+        assert cal is not None, "called for a sweep predicted from a calibration file"
         for mode, bps in (("colocated", cal.colocated), ("ideal", cal.ideal)):
             cost = price(self._usage(0, bps, None, None), self.catalog, self.spec.cost_basis)
             self.baselines[mode] = {"run_id": None, "batches_per_s": bps, "cost_per_1000_batches": cost.per_1000_batches,
@@ -272,7 +277,7 @@ class SweepRunner:
 
     def _deployment(self, workers: int):
         if self._attached is not None:
-            self._event("attached", f"sweeping deployment {self.attach.run_id} (left running by dsctl up --detach)")
+            self._event("attached", f"sweeping deployment {self._attached.dep.run_id} (left running by dsctl up --detach)")
             return self._attached
         dep = Deployment(run_id=self.sweep_id, provider=self.spec.provider, run_dir=str(self.run_dir),
                          labels={"dsctl-run": self.sweep_id, "dsctl-job": self.spec.name})
@@ -294,7 +299,7 @@ class SweepRunner:
             mode=mode, status="running", spec_json=self.spec.model_dump_json(), spec_hash=spec_hash(self.spec),
             workers=workers, trainers=self.spec.trainer.count, run_dir=str(self.run_dir), created_at=start,
         )
-        per_trainer = {i: {"batches": 0, "seconds": 0.0, "wait": 0.0, "step": 0.0} for i in tails}
+        per_trainer: dict[int, dict[str, Any]] = {i: {"batches": 0, "seconds": 0.0, "wait": 0.0, "step": 0.0} for i in tails}
         last_sample = 0.0
         while True:
             state = handle.poll(self._event)
@@ -336,7 +341,7 @@ class SweepRunner:
             **utilization_summary(self.store.utilization(point_id), sum(a["batches"] for a in per_trainer.values())),
         }
         self.store.update_run(point_id, status="succeeded", ended_at=time.time(), summary=summary)
-        return self.store.get(point_id)
+        return self.store.recorded(point_id)
 
     # -- results ---------------------------------------------------------------------------
     def _add_point(self, record) -> None:

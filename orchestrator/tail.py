@@ -5,7 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dsctl.provisioners import Deployment
 from dsctl.runtime.logtail import is_noise
+
+
+def trainer_metrics(dep: Deployment) -> dict[int, str]:
+    """Where each trainer's metrics reach this machine: start_trainers sets every trainer node's (the contract)."""
+    paths = {}
+    for n in dep.by_role("trainer"):
+        assert n.metrics is not None, f"trainer {n.index} has no metrics path after start_trainers"
+        paths[n.index] = n.metrics
+    return paths
 
 
 class LineTail:

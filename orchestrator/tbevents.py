@@ -22,6 +22,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from dsctl.costmodel import Catalog
+
 from .pricing import price_record, stands_in
 from .store import RunRecord
 
@@ -90,7 +92,7 @@ class RunBoard:
         self._steps: dict[int, int] = {}  # trainer -> global step reached
         self._use: dict[str, list[float]] = {}  # role -> [sum of cores, sum of bytes, samples]
         self._record: RunRecord | None = None
-        self._catalog = None
+        self._catalog: Catalog | None = None
         self._uploaded: dict[Path, int] = {}
         self._last_upload = time.monotonic()
         self._uploading: threading.Thread | None = None
@@ -170,6 +172,7 @@ class RunBoard:
         so_far = replace(record, workers=workers or record.workers, summary=summary)
         _, breakdown, self._catalog = price_record(so_far, self._catalog)
         local = " (each process priced as the machine type the spec names for it)" if stands_in(record.provider) else ""
+        assert self._file is not None, "_window opened the file"
         self._file.scalar("cost_so_far_usd", breakdown.total, step, wall,
                           f"measured here: the run's time so far and its sampled CPU and memory, priced with catalog "
                           f"{self._catalog.name} on the {breakdown.basis} basis{local}, as `dsctl runs show` prices "

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 from dsctl.provisioners import HandsOff, Plans, get_provider
 from dsctl.specs import LoadedSpec, SpecError

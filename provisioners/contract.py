@@ -24,9 +24,10 @@ name:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ClassVar, Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 from dsctl.runtime.sampler import Sample
 from dsctl.specs import SpecError

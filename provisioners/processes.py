@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import psutil
 
@@ -52,6 +53,8 @@ def reap(pid: int | None) -> int | None:
 
 def _signal(nodes: Sequence[Process], sig: int) -> None:
     for node in nodes:
+        if not node.pgid:  # never signal group 0 (our own); stop_groups passes only nodes with a group
+            continue
         try:
             os.killpg(node.pgid, sig)
         except (ProcessLookupError, PermissionError):

@@ -9,29 +9,30 @@ local runs never need it). A provider written elsewhere (a test's toy, a plugin)
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from .contract import Provider
     from .state import StateCodec
 
 SHIPPED = {"local": "dsctl.provisioners.local", "gcp": "dsctl.provisioners.gcp"}
-_CLASSES: dict[str, type] = {}
+_CLASSES: dict[str, type[Provider]] = {}
+P = TypeVar("P", bound="type[Provider]")
 
 
-def register(cls: type) -> type:
+def register(cls: P) -> P:
     """Make a provider class known by its `name` (usable as a class decorator)."""
     _CLASSES[cls.name] = cls
     return cls
 
 
-def provider_class(name: str) -> type | None:
+def provider_class(name: str) -> type[Provider] | None:
     if name not in _CLASSES and name in SHIPPED:
         importlib.import_module(SHIPPED[name])
     return _CLASSES.get(name)
 
 
-def get_provider(name: str) -> "Provider":
+def get_provider(name: str) -> Provider:
     cls = provider_class(name)
     if cls is None:
         from dsctl.specs import SpecError
@@ -41,7 +42,7 @@ def get_provider(name: str) -> "Provider":
     return cls()
 
 
-def codec_of(name: str) -> "StateCodec | None":
+def codec_of(name: str) -> StateCodec | None:
     """How the named provider's state is read back; None for a provider this dsctl does not have."""
     cls = provider_class(name)
     return cls.codec if cls is not None else None
@@ -51,7 +52,7 @@ def names() -> list[str]:
     return sorted(set(SHIPPED) | set(_CLASSES))
 
 
-def providers_with(capability: type) -> list["Provider"]:
+def providers_with(capability: type) -> list[Provider]:
     """An instance of every known provider that has `capability` (a protocol of contract.py)."""
     found = []
     for name in names():

@@ -18,16 +18,19 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 STATE_FILE = "state.json"
 
-T = TypeVar("T")
+T = TypeVar("T", bound="DataclassInstance")
 
 
 def from_dict(cls: type[T], data: dict | None) -> T:
     """A dataclass from its dict, ignoring keys it does not know (a newer dsctl's fields)."""
-    known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    known = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in (data or {}).items() if k in known})
 
 
@@ -93,7 +96,7 @@ class Deployment:
         tmp.replace(path)
 
     @classmethod
-    def load(cls, run_dir: str | Path) -> "Deployment":
+    def load(cls, run_dir: str | Path) -> Deployment:
         """The deployment in `run_dir`'s state file, its provider state typed by the provider's codec."""
         from .registry import codec_of
 

@@ -32,6 +32,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 MARKER = "dsctl-cache.json"
 METADATA = "snapshot.metadata"
@@ -297,8 +298,9 @@ def _newest_mtime(path: str) -> float | None:
     return newest
 
 
-def finalized_run(path: str) -> tuple[str, object] | None:
-    """(the snapshot's fingerprint folder, its metadata) once TensorFlow has finalized it; else None."""
+def finalized_run(path: str) -> tuple[str, Any] | None:
+    """(the snapshot's fingerprint folder, its metadata: a SnapshotMetadataRecord) once TensorFlow has finalized it;
+    else None."""
     from tensorflow.core.protobuf import snapshot_pb2
 
     if not _exists(path):
@@ -332,11 +334,13 @@ def seal(state: dict, wait_s: float = 10.0) -> tuple[str, str, int | None]:
         return ("autocache-unsealed", f"hint {state['hint']!r}: the put epoch did not finish (no finalized snapshot in "
                                       f"{path}); the cache is not sealed and later jobs will not read it", None)
     sub, meta = found
-    files = {}
+    files: dict[str, list] = {}  # file -> [size, sha256]
+    total = 0
     for rel in _files(f"{path}/{sub}"):
         if rel == METADATA or rel.startswith(f"{meta.run_id}/"):
-            files[f"{sub}/{rel}"] = list(_digest(f"{path}/{sub}/{rel}"))
-    total = sum(size for size, _ in files.values())
+            size, digest = _digest(f"{path}/{sub}/{rel}")
+            files[f"{sub}/{rel}"] = [size, digest]
+            total += size
     marker = {"key": key, "hint": state["hint"], "run_id": meta.run_id, "bytes": total,
               "elements": int(meta.num_elements) if meta.num_elements else None,
               "sealed_at": time.time(), "files": files}

@@ -19,6 +19,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from . import autocache
 from .autocache_profile import measure_points, replays
@@ -56,7 +57,7 @@ def _epoch(root: str, mode: str, params: dict) -> tuple[float, list[int], autoca
     with autocache.active(plan):
         ds = pipeline(**params)
     ids: list[int] = []
-    start = None
+    start: float | None = None
     timed = 0
     for batch in ds:
         if start is None:
@@ -64,21 +65,28 @@ def _epoch(root: str, mode: str, params: dict) -> tuple[float, list[int], autoca
         else:
             timed += int(batch["id"].shape[0])
         ids.extend(batch["id"].numpy().tolist())
+    assert start is not None, "the pipeline has elements"
     return (time.perf_counter() - start) / max(timed, 1), ids, plan
+
+
+def _state(plan: autocache.Plan) -> dict:
+    """An epoch's cache state (put or get): every epoch at a hint has one."""
+    assert plan.state is not None, f"the epoch at hint {plan.mode!r} has no cache state"
+    return plan.state
 
 
 def bench(params: dict, root: str, profile_s: float, storage_root: str) -> dict:
     n = params["elements"]
     runs = [_epoch(root, "compute", params) for _ in range(3)]  # the fastest of three, as for the gets: bursts
     plan = runs[0][2]
-    modes = {"compute": {"s_per_element": min(r[0] for r in runs),
+    modes: dict[str, dict[str, Any]] = {"compute": {"s_per_element": min(r[0] for r in runs),
                          "ids_ok": all(sorted(r[1]) == list(range(n)) for r in runs)}}
     for hint in plan.points:
         put_s, put_ids, put_plan = _epoch(root, hint, params)
-        sealed = autocache.seal(put_plan.state)[0] if put_plan.state["state"] == "put" else "reused"
+        sealed = autocache.seal(_state(put_plan))[0] if _state(put_plan)["state"] == "put" else "reused"
         gets = [_epoch(root, hint, params) for _ in range(3)]
         modes[hint] = {"s_per_element": min(g[0] for g in gets), "put_s_per_element": put_s, "sealed": sealed,
-                       "states": [put_plan.state["state"], *(g[2].state["state"] for g in gets)],
+                       "states": [_state(put_plan)["state"], *(_state(g[2])["state"] for g in gets)],
                        "ids_ok": sorted(put_ids) == list(range(n)) and all(sorted(g[1]) == list(range(n)) for g in gets)}
     prof = autocache.Plan(mode="profile", cache_root=root)
     with autocache.active(prof):

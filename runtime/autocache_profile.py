@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -65,7 +66,8 @@ def _timed(ds, mode: str, dispatcher: str | None, keep: list, batches: int,
         ds = ds.apply(tf.data.experimental.service.distribute("parallel_epochs", service=f"grpc://{dispatcher}"))
     it = iter(ds)
     keep.append(it)  # destroying a service iterator can wait for seconds; the process exits instead
-    first = last = None
+    first: float | None = None
+    last = 0.0
     rows = nbytes = skipped = n = 0
     for batch in it:
         r, b = element_bytes(batch)
@@ -182,7 +184,7 @@ def profile(spec, mode: str, dispatcher: str | None, cache_dir, base_dir: Path, 
         end = _raw_pipeline(spec, cache_dir, base_dir)
     hits = cache_hits(plan)
     if hits:  # Cachew checks its cache first: a sealed cache of this pipeline is read, nothing is profiled
-        record = {"points": [], "hits": hits, "hints": list(plan.points), "mode": mode}
+        record: dict[str, Any] = {"points": [], "hits": hits, "hints": list(plan.points), "mode": mode}
         writer.emit("autocache_profile", **record)
         return record
     after = replays(lambda: _raw_pipeline(spec, cache_dir, base_dir), plan.points)

@@ -57,14 +57,17 @@ def measure_size(root: str, size: int) -> float:
         # Local: the faster of two reads (the first may still pay for the page cache). Cloud Storage: the
         # first read, as a worker's get epoch reads it (a second could come from TensorFlow's block cache).
         for _ in range(1 if root.startswith("gs://") else 2):
-            start, rows = None, 0
+            start: float | None = None
+            rows = 0
             for batch in cached.batch(per_batch):
                 if start is None:
                     start = time.perf_counter()
                 else:
                     rows += int(batch.shape[0])
+            assert start is not None, "the put wrote n rows, so the read has batches"
             secs = (time.perf_counter() - start) / rows
             best = secs if best is None else min(best, secs)
+        assert best is not None, "at least one read was timed"
         return best
     finally:
         try:

@@ -58,7 +58,9 @@ class Saver:
     def due(self, step: int) -> bool:
         """True when a multiple of every_steps lies in (the step seen last, step]."""
         before, self._passed = self._passed, step
-        return bool(self.every_steps) and step // self.every_steps > before // self.every_steps
+        if not self.every_steps:
+            return False
+        return step // self.every_steps > before // self.every_steps
 
     def save(self, step: int) -> str:
         if step == self.last_step:

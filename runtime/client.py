@@ -12,9 +12,10 @@ import atexit
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from . import saved, trainer_args
 from .loop import MeasuredLoop, Scalars
@@ -163,6 +164,7 @@ def batches(ds, numpy: bool = False) -> Iterator[Any]:
     loop = _loop(run)
     if loop.exhausted:
         steps, _ = run.bounds()
+        assert loop.reason is not None, "an exhausted loop says why"
         why = {"steps": f"its {loop.batches} batch(es) (trainer.steps{' less the resumed step' if resume_step() else ''})",
                "duration": "its trainer.duration_s", "signal": "the run's stop"}[loop.reason]
         raise run.fail(f"dsctl.train.batches() was called again after the run's batches were all read ({why}): a "

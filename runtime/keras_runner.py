@@ -22,14 +22,14 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import keras
 
 from dsctl.specs.schema import JobSpec
 
-from .metrics import MetricsWriter, Window, end_fields
+from .metrics import MetricsWriter, NullWriter, Window, end_fields
 from .models import ModelError, load_function
 
 
@@ -49,6 +49,7 @@ def train(spec: JobSpec, ds, writer: MetricsWriter, *, base_dir: Path, steps: in
 
     choice = strategy.choose(accelerator, accelerators)
     strat = strategy.make(choice)
+    assert spec.trainer.model.entrypoint is not None, "rules.py: a keras model has its entrypoint"
     build = load_function(spec.trainer.model.entrypoint, base_dir)
     with strat.scope():
         model = _build(build, spec.trainer.model.params)
@@ -112,7 +113,7 @@ def _build(build, params: dict):
 class Meter(keras.callbacks.Callback):
     """The callback that writes the harness's windows; see the module docstring for what it measures."""
 
-    def __init__(self, spec: JobSpec, writer: MetricsWriter, meter, window_s: float, stop: threading.Event,
+    def __init__(self, spec: JobSpec, writer: MetricsWriter | NullWriter, meter, window_s: float, stop: threading.Event,
                  duration_s: float | None, saver, restored: int):
         super().__init__()
         self.spec, self.writer, self.meter, self.window_s = spec, writer, meter, window_s
@@ -127,7 +128,8 @@ class Meter(keras.callbacks.Callback):
         self.done = 0  # batches finished
         self.begun_at = self.t0  # when the running execution began
         self.busy = 0.0  # seconds inside executions, this window
-        self.at_window = (0, (0.0, 0, 0, 0, 0), None)  # batches, meter sums, metric sums at the window's start
+        # batches, meter sums, metric sums at the window's start
+        self.at_window: tuple[int, tuple[float, int, int, int, int], dict | None] = (0, (0.0, 0, 0, 0, 0), None)
         self.stopped_by: str | None = None
         self.ended_at: float | None = None  # when the last batch was done
         self.on_end: Callable[[], None] = lambda: None  # run then (train() sets it)
@@ -185,6 +187,7 @@ class Meter(keras.callbacks.Callback):
 
     def _arm_deadline(self) -> None:
         if self.duration_s is not None:
+            assert self.measured_from is not None, "armed when the measurement starts"
             self.deadline = self.measured_from + self.duration_s
 
     def _close(self, now: float) -> None:
@@ -234,7 +237,7 @@ class Meter(keras.callbacks.Callback):
 def _metric_state(model) -> dict:
     """{name: (total, count)} of the model's mean-type metrics (the loss tracker and, e.g., accuracy), and
     {name: value} of the others; read once per window."""
-    out = {}
+    out: dict[str, tuple[float, float] | float] = {}
     for metric in _leaf_metrics(model):
         total, count = getattr(metric, "total", None), getattr(metric, "count", None)
         try:

@@ -15,7 +15,7 @@ The end record is written when training ends (on_train_end), as for dsctl's kera
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from .keras_input import InputMeter
 from .keras_runner import Meter

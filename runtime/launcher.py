@@ -41,7 +41,6 @@ from pathlib import Path
 
 from .readiness import write_json_atomic
 
-
 # -- a network of the deployment's own -----------------------------------------------------------
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000

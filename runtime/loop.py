@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from .metrics import MetricsWriter, NullWriter, Window, end_fields
 from .queuefill import QueueFillSampler, read_model_fill
@@ -103,6 +104,7 @@ class MeasuredLoop:
     def _emit_window(self, now: float) -> None:
         loss, scalars = self.scalars.take()
         extra = {"loss": loss, "metrics": scalars} if loss is not None or scalars else {}
+        assert self._window is not None and self._t0 is not None, "_start() made the first window"
         self._emit("window", **self._window.as_fields(now, self._t0), queue_fill=self._fill.take(), **extra)
 
     def run(self, ds, convert: Callable[[Any], Any] | None = None) -> Iterator[Any]:
@@ -117,7 +119,8 @@ class MeasuredLoop:
         stats_of = _batch_stats()
         self.iterator = iterator = iter(ds)
         self._fill = fill = QueueFillSampler(read_model_fill(iterator) if self.queue_fill else None)
-        window = self._window
+        window, t0 = self._window, self._t0
+        assert window is not None and t0 is not None, "_start() made the first window"
         holding = None  # (wait, fetched at, stats) of the batch the consumer has now
         c = time.perf_counter()
         self.reason = "steps"
@@ -148,7 +151,7 @@ class MeasuredLoop:
                 c = self._last_end = time.perf_counter()
                 self.batches += 1
                 if self.batches == 1:
-                    self._emit("first_batch", since_start_s=c - self._t0)
+                    self._emit("first_batch", since_start_s=c - t0)
                 window.add(b - a, c - b, stats)
                 if log_steps:
                     log = self.steps_log
@@ -183,6 +186,7 @@ class MeasuredLoop:
             self._start()
         end = self._last_end if self._last_end is not None else time.perf_counter()
         window = self._window
+        assert window is not None, "_start() made the first window"
         if window.batches:
             self._emit_window(end)
             if not window.warmup:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import importlib
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dsctl.specs.schema import ModelSpec
 
@@ -42,7 +43,8 @@ def load_function(entrypoint: str, base_dir: Path | None = None) -> Callable:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any import failure is the user's to fix
-        raise ModelError(f"trainer.model.entrypoint: cannot import module '{module_name}' ({type(exc).__name__}: {exc}).") from None
+        raise ModelError(f"trainer.model.entrypoint: cannot import module '{module_name}' "
+                         f"({type(exc).__name__}: {exc}).") from None
     fn = getattr(module, func_name, None)
     if not callable(fn):
         raise ModelError(f"trainer.model.entrypoint: module '{module_name}' has no function '{func_name}'.")
@@ -61,6 +63,7 @@ def make_step(model: ModelSpec, base_dir: Path | None = None) -> StepFn:
                 time.sleep(seconds)
         return step
 
+    assert model.entrypoint is not None, "rules.py: a python model has its entrypoint"
     fn = load_function(model.entrypoint, base_dir)
 
     def user_step(batch: Any, stats: dict) -> None:

@@ -15,13 +15,14 @@ an iterator without the resource) the fill is None and nothing is sampled again.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 INTERVAL_S = 0.1
 NODE = "DataService"
 
 
-def read_model_fill(iterator: Any) -> Callable[[], Optional[float]] | None:
+def read_model_fill(iterator: Any) -> Callable[[], float | None] | None:
     """A reader of `iterator`'s DataService buffered elements, or None where there is none."""
     resource = getattr(iterator, "_iterator_resource", None)
     if resource is None:
@@ -29,7 +30,7 @@ def read_model_fill(iterator: Any) -> Callable[[], Optional[float]] | None:
     import tensorflow as tf
     from tensorflow.core.framework import model_pb2
 
-    def read() -> Optional[float]:
+    def read() -> float | None:
         model = model_pb2.ModelProto()
         model.ParseFromString(tf.raw_ops.IteratorGetModelProto(iterator=resource).numpy())
         for node in model.nodes.values():
@@ -43,7 +44,7 @@ def read_model_fill(iterator: Any) -> Callable[[], Optional[float]] | None:
 class QueueFillSampler:
     """Samples a queue-fill reader now and then; `take()` gives the mean since the last take."""
 
-    def __init__(self, reader: Callable[[], Optional[float]] | None, interval_s: float = INTERVAL_S,
+    def __init__(self, reader: Callable[[], float | None] | None, interval_s: float = INTERVAL_S,
                  clock: Callable[[], float] = time.perf_counter):
         self._read = reader
         self._interval = interval_s
@@ -73,7 +74,7 @@ class QueueFillSampler:
         self._sum += value
         self._count += 1
 
-    def take(self) -> Optional[float]:
+    def take(self) -> float | None:
         """The mean since the last take; a window with no sample yet (a slow batch spanned it) reads now."""
         if not self._count:
             self.maybe_sample(force=True)

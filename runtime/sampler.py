@@ -84,7 +84,8 @@ class ProcessSampler:
 def descendants(pid: int) -> list[int]:
     """The pids below `pid`, from /proc/PID/task/TID/children (the kernel's own list: no scan of every process);
     psutil's scan where the kernel does not keep that list."""
-    found, todo = [], [pid]
+    found: list[int] = []
+    todo = [pid]
     while todo:
         parent = todo.pop()
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from .readiness import port_is_free, write_json_atomic
 

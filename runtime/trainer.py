@@ -24,17 +24,19 @@ import os
 import signal
 import sys
 import threading
-import time
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from dsctl.specs.schema import JobSpec
 
-from . import autocache
-from . import trainer_args
+from . import autocache, trainer_args
 from .loop import MeasuredLoop
 from .metrics import MetricsWriter
 from .models import ModelError, make_step
+
+if TYPE_CHECKING:
+    from dsctl.specs.pipelines import ImagesParams
 
 SHARDING = {
     "parallel_epochs": "OFF", "off": "OFF",
@@ -60,6 +62,7 @@ def build_input(spec: JobSpec, mode: str, index: int, dispatcher: str | None, ca
         bucketing = (coord.bucket_boundaries, coord.num_consumers) if (coord and mode == "service") else None
         ds = build_dataset(spec.pipeline.builtin, spec.pipeline.params, cache_dir=cache_dir, bucketing=bucketing)
     else:
+        assert spec.pipeline.entrypoint is not None, "rules.py: a pipeline is a builtin or an entrypoint"
         ds = load_entrypoint_dataset(spec.pipeline.entrypoint, spec.pipeline.params, base_dir)
         if (coord or svc.cross_trainer_cache) and mode == "service" and not is_infinite(ds):
             from dsctl.runtime.pipelines.errors import PipelineError
@@ -100,7 +103,7 @@ def _finisher(spec: JobSpec):
         return lambda ds: ds
     from dsctl.runtime.pipelines import images, validate_params
 
-    params = validate_params("images", spec.pipeline.params)
+    params = cast("ImagesParams", validate_params("images", spec.pipeline.params))
     return lambda ds: images.finish(ds, params)
 
 
@@ -122,6 +125,7 @@ class Harness:
         for batch in loop.run(ds):
             step_fn(batch, loop.stats)
         loop.finish()
+        assert loop.reason is not None, "run() says why it stopped"
         return loop.reason
 
 

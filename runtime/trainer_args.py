@@ -42,12 +42,12 @@ class TrainerArgs:
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_env(cls, text: str) -> "TrainerArgs":
+    def from_env(cls, text: str) -> TrainerArgs:
         data = json.loads(text)
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
-    def with_(self, **changes) -> "TrainerArgs":
+    def with_(self, **changes) -> TrainerArgs:
         return replace(self, **changes)
 
 

@@ -7,7 +7,7 @@ JSON it is given, which is how the orchestrator's decision reaches the dataset g
 from __future__ import annotations
 
 import re
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -23,9 +23,9 @@ class AutocacheSpec(BaseModel):
 
     mode: str = Field("auto", description="auto: profile, then decide; compute: never cache; or a hint's name: "
                                           "cache there without profiling")
-    cache_dir: Optional[str] = Field(None, description="where caches live: a local folder or gs://bucket/path; "
+    cache_dir: str | None = Field(None, description="where caches live: a local folder or gs://bucket/path; "
                                                        "default DSCTL_HOME/autocache")
-    storage: Optional[Literal["local-disk", "persistent-disk", "gcs"]] = Field(
+    storage: Literal["local-disk", "persistent-disk", "gcs"] | None = Field(
         None, description="what the cache is stored on, for its price; default gcs for gs://, else local-disk")
     profile_elements: int = Field(256, ge=16, le=10**6, description="elements measured per hint and at the end")
     profile_s: float = Field(3.0, gt=0, le=600, description="at most this long per measured point")
@@ -41,7 +41,7 @@ class AutocacheSpec(BaseModel):
 
     @field_validator("cache_dir")
     @classmethod
-    def _cache_dir(cls, v: Optional[str]) -> Optional[str]:
+    def _cache_dir(cls, v: str | None) -> str | None:
         if v is not None and (not v.strip() or any(ord(c) < 32 for c in v)):
             raise ValueError(f"cache_dir must be a folder path or gs://bucket/path, got {v!r}")
         return v

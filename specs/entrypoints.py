@@ -47,13 +47,14 @@ def timeout_s() -> float:
     return value
 
 
-def check_entrypoints(loaded: "LoadedSpec") -> None:
+def check_entrypoints(loaded: LoadedSpec) -> None:
     """Raise a SpecError at the entrypoint's line if it does not import, has no such function,
     does not return a dataset, or takes longer than the limit."""
     spec = loaded.spec
     pipeline = spec.pipeline.entrypoint
     model = spec.trainer.model.entrypoint if spec.trainer.model.kind in ("python", "keras") else None
-    if not pipeline and not model:
+    entry = pipeline or model
+    if not entry:
         return
     request = json.dumps({
         "base_dir": str(loaded.base_dir),
@@ -71,7 +72,7 @@ def check_entrypoints(loaded: "LoadedSpec") -> None:
     loc = tuple(field.split("."))
     if "message" in result:
         raise loaded.error(loc, result["message"])
-    module = result.get("module") or (pipeline or model).split(":")[0]
+    module = result.get("module") or entry.split(":")[0]
     if timed_out:
         doing = (f"importing module '{module}' and calling '{result.get('function')}'" if field.startswith("pipeline")
                  else f"importing module '{module}'")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
+import os
 
 from . import entrypoints
 from .errors import SpecError
@@ -42,7 +42,7 @@ def from_source(src: YamlSource) -> LoadedSpec:
     return LoadedSpec(spec=spec, source=src)
 
 
-def load_spec(path: str | Path, *, check_entrypoints: bool = True) -> LoadedSpec:
+def load_spec(path: str | os.PathLike[str], *, check_entrypoints: bool = True) -> LoadedSpec:
     """Read, validate and return a job spec; every problem is a SpecError naming file:line.
 
     With check_entrypoints, user entrypoints are imported (and a pipeline function called) in a

@@ -8,14 +8,14 @@ overflow inside TensorFlow or a data generator that never ends.
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from .schema import Strict
 
 BIG = 10**9  # element, file and batch counts
-SEED = {"ge": -(2**63), "le": 2**63 - 1}  # TensorFlow seeds are int64
+SEED: dict[str, Any] = {"ge": -(2**63), "le": 2**63 - 1}  # TensorFlow seeds are int64
 
 
 class SyntheticParams(Strict):
@@ -23,16 +23,16 @@ class SyntheticParams(Strict):
 
     elements: int = Field(4096, ge=1, le=BIG, description="elements per epoch")
     shards: int = Field(16, ge=1, le=BIG, description="units the dispatcher hands out under distributed_epoch")
-    epochs: Optional[int] = Field(1, ge=1, le=BIG, description="null repeats forever")
+    epochs: int | None = Field(1, ge=1, le=BIG, description="null repeats forever")
     feature_size: int = Field(64, ge=1, le=10**6)
     batch_size: int = Field(32, ge=1, le=10**6)
     cpu_work: int = Field(0, ge=0, le=10**4, description="CPU work per element, in 64x64 matmuls")
     latency_ms: float = Field(0.0, ge=0, le=60_000, description="per-element delay that uses no CPU (remote storage)")
-    label_classes: Optional[int] = Field(
+    label_classes: int | None = Field(
         None, ge=2, le=10**6, description="add a label: the index of the largest of x's first label_classes values")
 
     @model_validator(mode="after")
-    def _shards_fit(self) -> "SyntheticParams":
+    def _shards_fit(self) -> SyntheticParams:
         if self.shards > self.elements:
             raise ValueError(f"shards ({self.shards}) cannot exceed elements ({self.elements})")
         if self.label_classes is not None and self.label_classes > self.feature_size:
@@ -51,16 +51,16 @@ class ImagesParams(Strict):
     num_classes: int = Field(10, ge=2, le=100_000, description="label classes; each has its own colour and stripes")
     crop_size: int = Field(64, ge=4, le=4096, description="random crop side, pixels")
     batch_size: int = Field(32, ge=1, le=10**6)
-    epochs: Optional[int] = Field(1, ge=1, le=BIG, description="null repeats forever")
+    epochs: int | None = Field(1, ge=1, le=BIG, description="null repeats forever")
     shuffle_buffer: int = Field(256, ge=0, le=BIG)
     seed: int = Field(0, **SEED)
-    cache_dir: Optional[str] = Field(None, description="where the TFRecords are generated; default under DSCTL_HOME")
+    cache_dir: str | None = Field(None, description="where the TFRecords are generated; default under DSCTL_HOME")
     transfer_dtype: Literal["uint8", "float32"] = Field(
         "uint8", description="what workers send: uint8 pixels (the trainer converts them to float32 in [0, 1]), "
                              "or float32 converted on the worker (4x the bytes per batch)")
 
     @model_validator(mode="after")
-    def _crop_fits(self) -> "ImagesParams":
+    def _crop_fits(self) -> ImagesParams:
         if self.crop_size > self.image_size:
             raise ValueError(f"crop_size ({self.crop_size}) cannot exceed image_size ({self.image_size})")
         return self
@@ -77,13 +77,13 @@ class TextParams(Strict):
     vocab_size: int = Field(32000, ge=2, le=2**31 - 1)
     num_classes: int = Field(4, ge=2, le=100_000, description="label classes; each has its own marker tokens")
     batch_size: int = Field(16, ge=1, le=10**6)
-    epochs: Optional[int] = Field(1, ge=1, le=BIG, description="null repeats forever")
+    epochs: int | None = Field(1, ge=1, le=BIG, description="null repeats forever")
     shuffle_buffer: int = Field(256, ge=0, le=BIG)
     seed: int = Field(0, **SEED)
-    cache_dir: Optional[str] = None
+    cache_dir: str | None = None
 
     @model_validator(mode="after")
-    def _lengths(self) -> "TextParams":
+    def _lengths(self) -> TextParams:
         if self.min_length > self.max_length:
             raise ValueError(f"min_length ({self.min_length}) cannot exceed max_length ({self.max_length})")
         if self.num_classes > self.vocab_size - 1:
@@ -92,4 +92,4 @@ class TextParams(Strict):
         return self
 
 
-PARAMS_BY_BUILTIN = {"synthetic": SyntheticParams, "images": ImagesParams, "text": TextParams}
+PARAMS_BY_BUILTIN: dict[str, type[BaseModel]] = {"synthetic": SyntheticParams, "images": ImagesParams, "text": TextParams}

@@ -42,9 +42,11 @@ def check_rules(spec: JobSpec, src: YamlSource) -> None:
         )
     _check_command(spec, src)
     if trainer.model.kind == "python" and not trainer.model.entrypoint:
-        raise src.error(("trainer", "model", "kind"), "model kind 'python' needs 'entrypoint: package.module:function', the step function called with each batch.")
+        raise src.error(("trainer", "model", "kind"), "model kind 'python' needs 'entrypoint: package.module:function', "
+                                                      "the step function called with each batch.")
     if trainer.model.kind == "synthetic" and trainer.model.entrypoint:
-        raise src.error(("trainer", "model", "entrypoint"), "an entrypoint is only used with 'kind: python' or 'kind: keras'; remove it or set the kind.")
+        raise src.error(("trainer", "model", "entrypoint"),
+                        "an entrypoint is only used with 'kind: python' or 'kind: keras'; remove it or set the kind.")
     _check_keras(spec, src)
 
     coord = svc.coordinated_reads
@@ -63,10 +65,12 @@ def check_rules(spec: JobSpec, src: YamlSource) -> None:
         if _infinite(spec) is False:
             raise src.error(
                 ("pipeline", "params", "epochs"),
-                "coordinated reads need an infinite dataset; set 'epochs: null' and bound the job with trainer.steps or trainer.duration_s.",
+                "coordinated reads need an infinite dataset; set 'epochs: null' and bound the job with trainer.steps "
+                "or trainer.duration_s.",
             )
         if pipe.builtin not in (None, "text"):
-            raise src.error(("pipeline", "builtin"), "coordinated reads bucket sequences by length; use the 'text' builtin or your own entrypoint.")
+            raise src.error(("pipeline", "builtin"),
+                            "coordinated reads bucket sequences by length; use the 'text' builtin or your own entrypoint.")
         max_len = pipe.params.get("max_length")
         if max_len is not None and coord.bucket_boundaries[-1] >= max_len:
             raise src.error(
@@ -74,17 +78,21 @@ def check_rules(spec: JobSpec, src: YamlSource) -> None:
                 f"the last bucket boundary ({coord.bucket_boundaries[-1]}) must be below pipeline.params.max_length ({max_len}).",
             )
         if svc.cross_trainer_cache:
-            raise src.error(("service", "cross_trainer_cache"), "cross-trainer cache and coordinated reads cannot be combined; choose one.")
+            raise src.error(("service", "cross_trainer_cache"),
+                            "cross-trainer cache and coordinated reads cannot be combined; choose one.")
 
     if svc.cross_trainer_cache:
         if not svc.job_name:
-            raise src.error(("service", "cross_trainer_cache"), "the cross-trainer cache needs a shared 'service.job_name' naming the job the trainers share.")
+            raise src.error(("service", "cross_trainer_cache"),
+                            "the cross-trainer cache needs a shared 'service.job_name' naming the job the trainers share.")
         if svc.processing_mode not in ("parallel_epochs", "off"):
-            raise src.error(("service", "processing_mode"), "the cross-trainer cache works only with processing_mode: parallel_epochs.")
+            raise src.error(("service", "processing_mode"),
+                            "the cross-trainer cache works only with processing_mode: parallel_epochs.")
         if _infinite(spec) is False:
             raise src.error(
                 ("pipeline", "params", "epochs"),
-                "the cross-trainer cache needs an infinite dataset; set 'epochs: null' and bound the job with trainer.steps or trainer.duration_s.",
+                "the cross-trainer cache needs an infinite dataset; set 'epochs: null' and bound the job with "
+                "trainer.steps or trainer.duration_s.",
             )
 
     if spec.provider == "gcp":
@@ -214,7 +222,8 @@ def _check_autoscale(spec: JobSpec, src: YamlSource) -> None:
                         "autoscaling adds and removes workers while the job runs; with distributed_epoch a removed "
                         "worker's in-flight splits would be lost. Use processing_mode: parallel_epochs.")
     if spec.service.coordinated_reads is not None:
-        raise src.error(("autoscale",), "coordinated reads pin each round to one worker; autoscaling cannot be combined with them.")
+        raise src.error(("autoscale",),
+                        "coordinated reads pin each round to one worker; autoscaling cannot be combined with them.")
     if _infinite(spec) is False:
         # Checked with TensorFlow 2.21: a parallel_epochs client of a finite dataset waits for every worker's
         # epochs to end, and a removed worker's never do, so the trainers hang at the end of the data.

@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Literal, Optional
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .autocache import AutocacheSpec
 
-PROCESSING_MODES = (
+ProcessingMode = Literal[
     "parallel_epochs",  # = ShardingPolicy.OFF: every worker produces the whole dataset
     "distributed_epoch",  # = ShardingPolicy.DYNAMIC: each element once, split by the dispatcher
     "off", "dynamic", "file", "data", "file_or_data", "hint",
-)
-BUILTIN_PIPELINES = ("synthetic", "images", "text")
+]
+PROCESSING_MODES = get_args(ProcessingMode)
+BuiltinPipeline = Literal["synthetic", "images", "text"]
+BUILTIN_PIPELINES = get_args(BuiltinPipeline)
 ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")
 
@@ -64,17 +66,17 @@ class ServiceSpec(Strict):
     workers: int = Field(1, ge=1, le=MAX_WORKERS, description="tf.data service workers")
     worker_machine: str = "n2-standard-8"
     dispatcher_machine: str = "n2-standard-8"
-    processing_mode: Literal[PROCESSING_MODES] = "parallel_epochs"  # type: ignore[valid-type]
-    job_name: Optional[str] = Field(None, min_length=1, description="shared job name: trainers share one job")
+    processing_mode: ProcessingMode = "parallel_epochs"
+    job_name: str | None = Field(None, min_length=1, description="shared job name: trainers share one job")
     cross_trainer_cache: bool = False
     cross_trainer_cache_mb: int = Field(256, ge=1, le=1_048_576, description="per-worker cache for ephemeral sharing")
-    coordinated_reads: Optional[CoordinatedReads] = None
-    compression: Optional[Literal["AUTO", "SNAPPY"]] = None
+    coordinated_reads: CoordinatedReads | None = None
+    compression: Literal["AUTO", "SNAPPY"] | None = None
     fault_tolerant: bool = True
-    max_outstanding_requests: Optional[int] = Field(None, ge=1, le=65_536)
+    max_outstanding_requests: int | None = Field(None, ge=1, le=65_536)
     provisioning: Literal["standard", "spot"] = Field(
         "standard", description="how the dispatcher and worker VMs are bought (and priced): on-demand or Spot")
-    worker_cpus: Optional[list[int]] = Field(
+    worker_cpus: list[int] | None = Field(
         None, min_length=1, description="local provider: pin workers and the dispatcher to these cores (like taskset)")
 
 
@@ -82,8 +84,8 @@ class ModelPhase(Strict):
     """From `after_s` seconds after the first batch on, the step costs this instead (a spec'd phase change)."""
 
     after_s: float = Field(gt=0, le=MAX_DURATION_S)
-    step_time_ms: Optional[float] = Field(None, ge=0, le=MAX_STEP_MS)
-    padded_token_time_us: Optional[float] = Field(None, ge=0, le=1e6)
+    step_time_ms: float | None = Field(None, ge=0, le=MAX_STEP_MS)
+    padded_token_time_us: float | None = Field(None, ge=0, le=1e6)
 
 
 class ModelSpec(Strict):
@@ -93,14 +95,15 @@ class ModelSpec(Strict):
     kind: Literal["synthetic", "python", "keras"] = "synthetic"
     step_time_ms: float = Field(0.0, ge=0, le=MAX_STEP_MS, description="fixed time per step")
     padded_token_time_us: float = Field(0.0, ge=0, le=1e6, description="extra time per padded token in the batch")
-    entrypoint: Optional[str] = Field(
-        None, description="'module:function' called with each batch (kind: python), or returning a compiled Keras model (kind: keras)")
+    entrypoint: str | None = Field(
+        None, description="'module:function' called with each batch (kind: python), "
+                          "or returning a compiled Keras model (kind: keras)")
     params: dict = Field(default_factory=dict, description="keyword arguments of the Keras model function (kind: keras)")
     phases: list[ModelPhase] = Field(default_factory=list, max_length=1000, description="later step costs (synthetic model)")
 
     @field_validator("entrypoint")
     @classmethod
-    def _entrypoint_form(cls, v: Optional[str]) -> Optional[str]:
+    def _entrypoint_form(cls, v: str | None) -> str | None:
         if v is not None and not ENTRYPOINT_RE.match(v):
             raise ValueError(f"entrypoint must look like 'package.module:function', got {v!r}")
         return v
@@ -121,7 +124,7 @@ class CheckpointSpec(Strict):
     tf.train.CheckpointManager, a command's with whatever it uses, in `dsctl.train.checkpoint_dir()`."""
 
     dir: str = Field(min_length=1, max_length=1024, description="a local folder or gs://bucket/path")
-    every_steps: Optional[int] = Field(
+    every_steps: int | None = Field(
         None, ge=1, le=MAX_STEPS, description="keras models: save every this many steps, and at the end (a command saves "
                                               "when it chooses)")
 
@@ -169,9 +172,9 @@ def _command_word(value: object, position: int) -> str:
 class TrainerSpec(Strict):
     machine: str = "n2-standard-8"
     count: int = Field(1, ge=1, le=MAX_TRAINERS, description="trainer hosts (tf.data service clients)")
-    accelerators_per_trainer: Optional[int] = Field(None, ge=0, le=MAX_ACCELERATORS, description="default: the machine type's")
+    accelerators_per_trainer: int | None = Field(None, ge=0, le=MAX_ACCELERATORS, description="default: the machine type's")
     model: ModelSpec = Field(default_factory=ModelSpec)
-    command: Optional[list[str]] = Field(
+    command: list[str] | None = Field(
         None, description="your own training program, run instead of trainer.model: an argument list, or a string split "
                           "as a shell would (never run by one), run from the spec's folder with your environment plus "
                           "trainer.env; it reads the run's data with dsctl.train")
@@ -179,18 +182,18 @@ class TrainerSpec(Strict):
     framework: Literal["tensorflow", "jax"] = Field(
         "tensorflow", description="what trainer.command trains with; on a TPU VM it decides the TPU software (TensorFlow's "
                                   "TPU runtime, or JAX's with jax's TPU wheels)")
-    timeout_s: Optional[float] = Field(
+    timeout_s: float | None = Field(
         None, gt=0, le=MAX_DURATION_S, description="the trainers' time limit: a run whose trainers still run after this "
                                                    "long (a hung script) fails and is torn down")
-    steps: Optional[int] = Field(None, ge=1, le=MAX_STEPS)
-    duration_s: Optional[float] = Field(None, gt=0, le=MAX_DURATION_S)
+    steps: int | None = Field(None, ge=1, le=MAX_STEPS)
+    duration_s: float | None = Field(None, gt=0, le=MAX_DURATION_S)
     warmup_batches: int = Field(5, ge=0, le=MAX_STEPS, description="batches excluded from throughput")
     window_s: float = Field(1.0, gt=0, le=MAX_TIMEOUT_S, description="metrics window length")
-    cpus: Optional[list[int]] = Field(None, min_length=1, description="local provider: pin trainers to these cores")
+    cpus: list[int] | None = Field(None, min_length=1, description="local provider: pin trainers to these cores")
     provisioning: Literal["standard", "spot"] = Field(
         "standard", description="how trainer VMs are bought (and priced): on-demand or Spot")
-    checkpoint: Optional[CheckpointSpec] = Field(None, description="keras models and commands: save and restore training state")
-    tensorboard_dir: Optional[str] = Field(
+    checkpoint: CheckpointSpec | None = Field(None, description="keras models and commands: save and restore training state")
+    tensorboard_dir: str | None = Field(
         None, min_length=1, max_length=1024,
         description="also copy the run's TensorBoard event files to <this>/<run id>/: a local folder or gs://bucket/path")
 
@@ -237,7 +240,7 @@ class TrainerSpec(Strict):
 
     @field_validator("tensorboard_dir")
     @classmethod
-    def _tensorboard_dir_form(cls, v: Optional[str]) -> Optional[str]:
+    def _tensorboard_dir_form(cls, v: str | None) -> str | None:
         if v is None:
             return v
         if ("://" in v and not v.startswith("gs://")) or (v.startswith("gs://") and not GCS_PATH_RE.match(v)):
@@ -249,13 +252,13 @@ class TrainerSpec(Strict):
 
 
 class PipelineSpec(Strict):
-    builtin: Optional[Literal[BUILTIN_PIPELINES]] = None  # type: ignore[valid-type]
-    entrypoint: Optional[str] = Field(None, description="'module:function' returning a tf.data.Dataset")
+    builtin: BuiltinPipeline | None = None
+    entrypoint: str | None = Field(None, description="'module:function' returning a tf.data.Dataset")
     params: dict = Field(default_factory=dict)
 
     @field_validator("entrypoint")
     @classmethod
-    def _entrypoint_form(cls, v: Optional[str]) -> Optional[str]:
+    def _entrypoint_form(cls, v: str | None) -> str | None:
         if v is not None and not ENTRYPOINT_RE.match(v):
             raise ValueError(f"entrypoint must look like 'package.module:function', got {v!r}")
         return v
@@ -272,38 +275,48 @@ class GcpSpec(Strict):
     """Where and how `provider: gcp` creates machines. Every field has a default; project and
     zone may come from the environment instead (Application Default Credentials, CLOUDSDK_*)."""
 
-    project: Optional[str] = Field(None, description="project id; default: GOOGLE_CLOUD_PROJECT or the ADC project")
-    zone: Optional[str] = Field(None, description="e.g. us-central1-a; default: CLOUDSDK_COMPUTE_ZONE")
+    project: str | None = Field(None, description="project id; default: GOOGLE_CLOUD_PROJECT or the ADC project")
+    zone: str | None = Field(None, description="e.g. us-central1-a; default: CLOUDSDK_COMPUTE_ZONE")
     network: str = Field("default", min_length=1, description="VPC network name or URL")
-    subnetwork: Optional[str] = Field(None, min_length=1, description="subnetwork name or URL (custom-mode VPCs)")
-    service_account: Optional[str] = Field(None, min_length=1, description="VM service account email; default: the Compute Engine default")
-    public_ips: bool = Field(True, description="ephemeral external addresses, SSH reaches them there; false: run dsctl inside the VPC")
+    subnetwork: str | None = Field(None, min_length=1, description="subnetwork name or URL (custom-mode VPCs)")
+    service_account: str | None = Field(None, min_length=1,
+                                        description="VM service account email; default: the Compute Engine default")
+    public_ips: bool = Field(True, description="ephemeral external addresses, SSH reaches them there; "
+                                               "false: run dsctl inside the VPC")
     ssh_user: str = Field("dsctl", min_length=1, description="user the run's SSH key is installed for")
     ssh_port: int = Field(22, ge=1, le=65535, description="overridden by DSCTL_SSH_PORT")
     image: str = Field("projects/debian-cloud/global/images/family/debian-12", description="boot image of CPU VMs")
     gpu_image: str = Field("projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11-py310",
-                           description="boot image of GPU trainer VMs (a Deep Learning VM image; its driver is installed at boot)")
-    image_python: Optional[str] = Field(None, min_length=1, description="the image's own Python, which makes the venv; default: known per image")
-    image_python_version: Optional[str] = Field(None, pattern=r"^3\.[0-9]{1,2}$", description="its version, e.g. '3.11'; default: known per image")
-    tpu_runtime_version: Optional[str] = Field(
+                           description="boot image of GPU trainer VMs "
+                                       "(a Deep Learning VM image; its driver is installed at boot)")
+    image_python: str | None = Field(None, min_length=1,
+                                     description="the image's own Python, which makes the venv; default: known per image")
+    image_python_version: str | None = Field(None, pattern=r"^3\.[0-9]{1,2}$",
+                                             description="its version, e.g. '3.11'; default: known per image")
+    tpu_runtime_version: str | None = Field(
         None, min_length=1, description="TPU VM software version; default: the TensorFlow runtime for the TPU generation "
                                         "and TensorFlow version, or JAX's TPU image with trainer.framework: jax")
-    tpu_timeout_s: float = Field(1800.0, gt=0, le=MAX_TIMEOUT_S, description="for a TPU VM to be created and READY (TPUs take minutes)")
+    tpu_timeout_s: float = Field(1800.0, gt=0, le=MAX_TIMEOUT_S,
+                                 description="for a TPU VM to be created and READY (TPUs take minutes)")
     boot_disk_gb: int = Field(50, ge=10, le=65_536)
     boot_disk_type: str = "pd-balanced"
-    bucket: Optional[str] = Field(None, description="staging bucket; default: <project>-dsctl (created if missing)")
+    bucket: str | None = Field(None, description="staging bucket; default: <project>-dsctl (created if missing)")
     dispatcher_port: int = Field(5050, ge=0, le=65535, description="0: chosen on the VM")
     worker_port: int = Field(5051, ge=0, le=65535, description="0: chosen on each VM")
-    tensorflow_version: Optional[str] = Field(
+    tensorflow_version: str | None = Field(
         None, pattern=r"^2\.[0-9]+\.[0-9]+$",
-        description="one TensorFlow for every VM; default: this machine's if every machine kind has it, else the newest that does")
-    bootstrap: bool = Field(True, description="install TensorFlow and dsctl from a staged wheelhouse at boot; false: the image has them")
-    python: Optional[str] = Field(None, description="Python on the VMs; default: the bootstrap venv, or python3")
+        description="one TensorFlow for every VM; default: this machine's if every machine kind has it, "
+                    "else the newest that does")
+    bootstrap: bool = Field(True, description="install TensorFlow and dsctl from a staged wheelhouse at boot; "
+                                              "false: the image has them")
+    python: str | None = Field(None, description="Python on the VMs; default: the bootstrap venv, or python3")
     remote_dir: str = Field("/var/tmp/dsctl", min_length=1, description="working directory on the VMs")
     running_timeout_s: float = Field(300.0, gt=0, le=MAX_TIMEOUT_S, description="for a VM to reach RUNNING (a TPU VM READY)")
     ssh_timeout_s: float = Field(300.0, gt=0, le=MAX_TIMEOUT_S, description="for SSH to answer once a VM runs")
-    startup_timeout_s: float = Field(900.0, gt=0, le=MAX_TIMEOUT_S, description="for the startup script to install TensorFlow and dsctl")
-    ready_timeout_s: float = Field(300.0, gt=0, le=MAX_TIMEOUT_S, description="for the dispatcher and workers to serve once started")
+    startup_timeout_s: float = Field(900.0, gt=0, le=MAX_TIMEOUT_S,
+                                     description="for the startup script to install TensorFlow and dsctl")
+    ready_timeout_s: float = Field(300.0, gt=0, le=MAX_TIMEOUT_S,
+                                   description="for the dispatcher and workers to serve once started")
     supervisor: Literal["vm", "here"] = Field(
         "vm", description="where a run is supervised: vm (its dispatcher VM, with the VMs' service account; the run "
                           "outlives this machine, and dsctl up --detach needs it) or here (this machine, which must "
@@ -319,7 +332,7 @@ class GcpSpec(Strict):
 
     @field_validator("project")
     @classmethod
-    def _project(cls, v: Optional[str]) -> Optional[str]:
+    def _project(cls, v: str | None) -> str | None:
         if v is not None and not GCP_PROJECT_RE.match(v):
             raise ValueError(f"a project id is 6-30 lower-case letters, digits or dashes, starting with a letter "
                              f"(e.g. my-project-123), got {v!r}")
@@ -327,7 +340,7 @@ class GcpSpec(Strict):
 
     @field_validator("bucket")
     @classmethod
-    def _bucket(cls, v: Optional[str]) -> Optional[str]:
+    def _bucket(cls, v: str | None) -> str | None:
         if v is not None and not GCP_BUCKET_RE.match(v):
             raise ValueError(f"a bucket name is 3-222 lower-case letters, digits, dots, dashes or underscores, "
                              f"starting and ending with a letter or digit, got {v!r}")
@@ -335,7 +348,7 @@ class GcpSpec(Strict):
 
     @field_validator("zone")
     @classmethod
-    def _zone(cls, v: Optional[str]) -> Optional[str]:
+    def _zone(cls, v: str | None) -> str | None:
         if v is not None and not GCP_ZONE_RE.match(v):
             raise ValueError(f"zone must look like 'us-central1-a', got {v!r}")
         return v
@@ -360,11 +373,11 @@ class JobSpec(Strict):
     service: ServiceSpec = Field(default_factory=ServiceSpec)
     trainer: TrainerSpec
     pipeline: PipelineSpec
-    autoscale: Optional[AutoscaleSpec] = None
-    autocache: Optional[AutocacheSpec] = Field(None, description="cache the pipeline at an autocache hint when faster")
+    autoscale: AutoscaleSpec | None = None
+    autocache: AutocacheSpec | None = Field(None, description="cache the pipeline at an autocache hint when faster")
     pricing: str = Field("gcp-us-central1-2025", description="a shipped price catalog name or a path to a prices YAML")
     cost_basis: Literal["utilization", "vm-hours"] = "utilization"
-    gcp: Optional[GcpSpec] = Field(None, description="Google Cloud settings, used with provider: gcp")
+    gcp: GcpSpec | None = Field(None, description="Google Cloud settings, used with provider: gcp")
 
     @field_validator("name")
     @classmethod

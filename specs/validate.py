@@ -8,7 +8,7 @@ from typing import Any, NoReturn, TypeVar
 
 import pydantic
 from pydantic import BaseModel
-from pydantic_core import PydanticUndefined
+from pydantic_core import ErrorDetails, PydanticUndefined
 
 from .errors import SpecError, dotted
 from .yamlsource import YamlSource
@@ -168,7 +168,7 @@ def _message(err: dict, model: type[BaseModel]) -> str:
     return f"{need}{got}.{hint}"
 
 
-def _bool_as_number(model: type[BaseModel], data: Any) -> dict | None:
+def _bool_as_number(model: type[BaseModel], data: Any) -> ErrorDetails | None:
     """pydantic reads YAML true/false as 1/0 for number fields; report that instead of accepting it.
 
     (`workers: yes` is a boolean in YAML and would silently mean 1 worker.)
@@ -190,7 +190,7 @@ def _clean_loc(loc: tuple) -> tuple:
     )
 
 
-def _raise(err: dict, count: int, model: type[BaseModel], source: YamlSource, prefix: tuple) -> NoReturn:
+def _raise(err: ErrorDetails, count: int, model: type[BaseModel], source: YamlSource, prefix: tuple) -> NoReturn:
     clean = _clean_loc(tuple(err["loc"]))
     loc = prefix + clean
     message = _message({**err, "loc": clean}, model)

@@ -60,9 +60,9 @@ def doubling_note(text: str) -> str | None:
     1..4 -> "1..4 doubles from 1; write 1..4:1 for every count"."""
     counts, skipping = parse_worker_counts(text), []
     for item in text.split(","):
-        start, dots, end = item.strip().partition("..")
-        if dots and ":" not in end:
-            start, end = int(start), int(end)
+        first, dots, last = item.strip().partition("..")
+        if dots and ":" not in last:
+            start, end = int(first), int(last)
             if sum(start <= c <= end for c in counts) < end - start + 1:
                 skipping.append(f"{start}..{end}")
     if not skipping:

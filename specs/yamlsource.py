@@ -9,6 +9,7 @@ a minute to parse. Real specs are a few KB, a few levels deep, with at most a fe
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,7 +177,7 @@ def _syntax_error(exc: yaml.YAMLError, source: str, path: tuple | None) -> SpecE
     )
 
 
-def read_yaml(path: str | Path) -> YamlSource:
+def read_yaml(path: str | os.PathLike[str]) -> YamlSource:
     """Read (at most MAX_FILE_BYTES) and parse a YAML file; a missing, unreadable or too large file is a SpecError."""
     p = Path(path)
     try:

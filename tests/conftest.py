@@ -111,7 +111,7 @@ def pytest_runtest_protocol(item, nextitem):
             lock.__exit__()
 
 
-def _free_slot(slots: list[Path]) -> "_locked":
+def _free_slot(slots: list[Path]) -> _locked:
     """The first slot nobody holds, waited for."""
     while True:
         for path in slots:
@@ -132,7 +132,7 @@ class _locked:
         fcntl.flock(self.fd, how)
 
     @classmethod
-    def holding(cls, fd: int) -> "_locked":
+    def holding(cls, fd: int) -> _locked:
         lock = cls.__new__(cls)
         lock.fd = fd
         return lock

@@ -92,7 +92,7 @@ class ClientNetns:
             return "iproute2 (ip) is not installed"
         return None
 
-    def __enter__(self) -> "ClientNetns":
+    def __enter__(self) -> ClientNetns:
         try:
             _ip("netns", "add", self.name)
             _ip("link", "add", self.host_if, "type", "veth", "peer", "name", self.client_if, "netns", self.name)

@@ -8,7 +8,6 @@ killed mid-epoch. The policy tests feed the pure policy profiles; the slow tests
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap

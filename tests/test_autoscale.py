@@ -7,7 +7,6 @@ import json
 import pytest
 
 from dsctl.orchestrator.store import RunStore
-
 from helpers import dsctl, processes_under, write_spec
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.integration  # every test runs dsctl as a subprocess; entrypoint checks start child processes
-
 from helpers import EXAMPLES, dsctl, write_spec
+
+pytestmark = pytest.mark.integration  # every test runs dsctl as a subprocess; entrypoint checks start child processes
 
 GOOD_TRAINER = "trainer: {steps: 10}\n"
 GOOD_PIPELINE = "pipeline: {builtin: synthetic}\n"
@@ -15,7 +15,8 @@ BAD_SPECS = {
     "broken yaml": ("name: a\ntrainer: {steps: 10\n", "job.yaml:", "YAML"),
     "tab indentation": ("name: a\ntrainer:\n\tsteps: 10\n" + GOOD_PIPELINE, "job.yaml:3", "tab"),
     "unknown key": ("name: a\nservise: {workers: 2}\n" + GOOD_TRAINER + GOOD_PIPELINE, "job.yaml:2", "did you mean 'service'"),
-    "unknown nested key": ("name: a\nservice:\n  wrokers: 2\n" + GOOD_TRAINER + GOOD_PIPELINE, "job.yaml:3", "did you mean 'workers'"),
+    "unknown nested key": ("name: a\nservice:\n  wrokers: 2\n" + GOOD_TRAINER + GOOD_PIPELINE, "job.yaml:3",
+                           "did you mean 'workers'"),
     "wrong type": ("name: a\nservice:\n  workers: many\n" + GOOD_TRAINER + GOOD_PIPELINE, "job.yaml:3", "service.workers"),
     "zero workers": ("name: a\nservice:\n  workers: 0\n" + GOOD_TRAINER + GOOD_PIPELINE, "job.yaml:3", "at least 1"),
     "negative workers": ("name: a\nservice:\n  workers: -4\n" + GOOD_TRAINER + GOOD_PIPELINE, "job.yaml:3", "at least 1"),

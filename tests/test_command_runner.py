@@ -17,7 +17,6 @@ import pytest
 
 from dsctl.runtime.command import _outcome
 from dsctl.specs import load_spec_text
-
 from helpers import wait_for
 
 PY_DIR = os.path.dirname(sys.executable)

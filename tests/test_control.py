@@ -24,7 +24,6 @@ from dsctl.orchestrator.control import ControlClient, ControlError, ControlServe
 from dsctl.orchestrator.handles import AttachedDeployment, _AbandonedSweeps
 from dsctl.orchestrator.outcome import RunFailed
 from dsctl.provisioners import Deployment, Node, ProcessRef
-
 from helpers import wait_for
 
 CALLER = """

@@ -212,7 +212,8 @@ def test_unknown_machine_type_lists_closest_first():
 @pytest.mark.parametrize(
     "text, line, field, words",
     [
-        (GOOD.replace("vcpu_hour", "vcpu_hours"), 6, "rates.n2.vcpu_hours", "unknown key 'vcpu_hours'. Did you mean 'vcpu_hour'?"),
+        (GOOD.replace("vcpu_hour", "vcpu_hours"), 6, "rates.n2.vcpu_hours",
+         "unknown key 'vcpu_hours'. Did you mean 'vcpu_hour'?"),
         (GOOD + "currenc: USD\n", 9, "currenc", "unknown key 'currenc'"),
         (GOOD.replace("tpu-v2-8: 4.5", "tpu-v2-8: -4.5"), 8, "machines.tpu-v2-8", "zero or more; got -4.5"),
         (GOOD.replace("gb_hour: 0.004", "gb_hour: -0.004"), 6, "rates.n2.gb_hour", "zero or more"),

@@ -24,7 +24,6 @@ from dsctl.experiments.common import SOURCES
 from dsctl.experiments.fig8 import KERAS_PART, PAPER_ROWS
 from dsctl.experiments.fig10 import worst_case_sharing
 from dsctl.specs.calibration import load_calibration
-
 from helpers import processes_under
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -111,7 +110,7 @@ def test_fig8_scale_out_and_the_papers_cost_arithmetic(home, out):
     assert round(rn["colocated_cost"], 2) == 80.23 and round(rn["service_cost"], 2) == 40.63
     assert round(rn["service_part"], 2) == 9.43 and round(rn["trainer_part"], 2) == 31.20
     assert round(rn["cost_saving"], 2) == 1.97 and round(rn["speedup"], 2) == 2.57
-    for model, acc, b0, b1, paper_speedup, workers, _ in PAPER_ROWS:
+    for model, acc, b0, b1, _paper_speedup, workers, _ in PAPER_ROWS:
         r = rows[model]
         hosts = acc // 8
         # vm-hours: 4.50 $/h per TPU v2-8 host, 0.08 $/h per worker and for the dispatcher.
@@ -299,7 +298,7 @@ def test_report_puts_every_section_on_one_page(home, out):
             assert md.read_text().strip() in page
         else:
             assert f"dsctl experiments run {name} --quick" in page
-    for link in [l.split("](")[1].rstrip(")") for l in page.splitlines() if l.startswith("![")]:
+    for link in [line.split("](")[1].rstrip(")") for line in page.splitlines() if line.startswith("![")]:
         assert (out / link).exists()
     assert write_report(out) == out / "report.md"
 

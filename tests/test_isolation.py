@@ -29,11 +29,10 @@ import pytest
 
 from dsctl.orchestrator.store import RunStore
 from dsctl.provisioners import Deployment
-from dsctl.provisioners.processes import is_ours
 from dsctl.provisioners.local.provisioner import LocalProvisioner
+from dsctl.provisioners.processes import is_ours
 from dsctl.runtime.readiness import read_json
 from dsctl.specs import load_spec_text
-
 from helpers import ClientNetns, listening_ports, processes_under, wait_for, wildcard_listeners, write_spec
 
 pytestmark = pytest.mark.slow

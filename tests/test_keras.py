@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from dsctl.specs import load_spec_text
-
 from helpers import EXAMPLES, dsctl, write_spec
 
 pytestmark = pytest.mark.slow

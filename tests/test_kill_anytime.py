@@ -17,7 +17,6 @@ import psutil
 import pytest
 
 from dsctl.orchestrator.store import RunStore
-
 from helpers import dsctl, processes_under, write_spec
 
 pytestmark = pytest.mark.slow

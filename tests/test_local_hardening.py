@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dsctl.orchestrator.store import RunStore, dsctl_home, private_umask
+from dsctl.orchestrator.store import RunStore, private_umask
 from dsctl.runtime import readiness
 
 

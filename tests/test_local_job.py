@@ -10,12 +10,10 @@ import sys
 import time
 
 import psutil
-
 import pytest
 
 from dsctl.orchestrator.store import RunStore
 from dsctl.provisioners import Deployment
-
 from helpers import EXAMPLES, dsctl, processes_under, wait_for, write_spec
 
 pytestmark = pytest.mark.slow
@@ -27,7 +25,8 @@ def synthetic_job(tmp_path, mode: str, workers: int = 2, elements: int = 512, la
         name: e2e
         service: {{workers: {workers}, processing_mode: {mode}}}
         trainer: {{model: {{step_time_ms: {step_time_ms}}}, steps: {steps}, warmup_batches: 2}}
-        pipeline: {{builtin: synthetic, params: {{elements: {elements}, shards: 16, batch_size: 16, latency_ms: {latency_ms}, epochs: 1}}}}
+        pipeline: {{builtin: synthetic, params: {{elements: {elements}, shards: 16, batch_size: 16,
+                                                latency_ms: {latency_ms}, epochs: 1}}}}
     """)
 
 
@@ -244,7 +243,6 @@ def test_a_worker_whose_port_is_taken_waits_for_it_then_moves_and_the_job_goes_o
     from dsctl.provisioners.local import provisioner as local
     from dsctl.provisioners.local.processes import enter_namespaces_of
     from dsctl.specs import load_spec
-
     from helpers import hold_port
 
     monkeypatch.setattr(local, "WORKER_PORT_WAIT_S", 2.0)
@@ -342,7 +340,6 @@ def test_a_new_worker_whose_port_is_taken_starts_at_another(home, monkeypatch):
     replaced. Outside a private network (DSCTL_LOCAL_ISOLATION=none) any process here can take it."""
     from dsctl.provisioners.local import provisioner as local
     from dsctl.specs import load_spec_text
-
     from helpers import hold_port
 
     monkeypatch.setenv("DSCTL_LOCAL_ISOLATION", "none")

@@ -18,20 +18,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.integration  # builds TensorFlow datasets and in-process tf.data servers (TensorFlow is imported when the file is)
+# Builds TensorFlow datasets and in-process tf.data servers (TensorFlow is imported when the file is).
+pytestmark = pytest.mark.integration
 
 tf = pytest.importorskip("tensorflow")
 
-from dsctl.runtime.pipelines import (  # noqa: E402
+from dsctl.runtime.pipelines import (  # noqa: E402 - after importorskip: needs TensorFlow
     PipelineError,
+    _cache,
     batch_stats,
     build_dataset,
     is_infinite,
     load_entrypoint_dataset,
     prepare_data,
+    synthetic,
+    text,
     validate_params,
 )
-from dsctl.runtime.pipelines import _cache, synthetic, text  # noqa: E402
 from dsctl.runtime.pipelines import images as images_pipeline  # noqa: E402
 
 FAIL = tf.data.experimental.ExternalStatePolicy.FAIL
@@ -141,7 +144,8 @@ def test_images_uint8_transfer_finished_on_the_trainer_equals_the_float32_path(c
     assert params.transfer_dtype == "uint8"
     got = batches(images_pipeline.finish(build_dataset("images", IMAGES, cache_dir=cache), params))
     as_float = {**IMAGES, "transfer_dtype": "float32"}
-    want = batches(images_pipeline.finish(build_dataset("images", as_float, cache_dir=cache), validate_params("images", as_float)))
+    want = batches(images_pipeline.finish(build_dataset("images", as_float, cache_dir=cache),
+                                          validate_params("images", as_float)))
     assert len(got) == len(want) == len(sent)
     for g, w, u in zip(got, want, sent):
         assert g["image"].dtype == w["image"].dtype == np.float32

@@ -12,8 +12,16 @@ import re
 import pytest
 
 from dsctl.orchestrator.policies import (
-    CachewConfig, CachewPolicy, CpuConfig, CpuUtilizationPolicy, Decision, Observation,
-    ScalingPolicy, hpa_desired, make_policy, summarize,
+    CachewConfig,
+    CachewPolicy,
+    CpuConfig,
+    CpuUtilizationPolicy,
+    Decision,
+    Observation,
+    ScalingPolicy,
+    hpa_desired,
+    make_policy,
+    summarize,
 )
 from dsctl.orchestrator.policies.simulate import SimStep, SyntheticJob, simulate
 

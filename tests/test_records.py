@@ -12,7 +12,6 @@ from dsctl.orchestrator.store import RunStore
 from dsctl.orchestrator.summary import summarize
 from dsctl.orchestrator.tail import JsonlTail
 from dsctl.specs import load_spec_text, spec_hash
-
 from helpers import dsctl
 
 SPEC = load_spec_text("""

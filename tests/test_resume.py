@@ -14,7 +14,6 @@ from dsctl.orchestrator.resume import plan_resume
 from dsctl.orchestrator.store import RunStore
 from dsctl.provisioners import TrainerLaunch
 from dsctl.specs import SpecError, load_spec, load_spec_text, spec_hash
-
 from helpers import dsctl, write_spec
 
 # A keras job whose model module imports nothing heavy: `dsctl up` checks the entrypoint imports in a child

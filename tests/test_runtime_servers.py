@@ -11,7 +11,6 @@ import sys
 import pytest
 
 from dsctl.runtime.readiness import pick_free_port, port_is_free, read_json
-
 from helpers import wait_for
 
 pytestmark = pytest.mark.slow

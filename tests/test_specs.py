@@ -556,7 +556,8 @@ BAD_SPECS = [
           builtin: text
           params: {epochs: null, max_length: 256}
         """,
-        6, "service.coordinated_reads.bucket_boundaries", ["last bucket boundary (256)", "below pipeline.params.max_length (256)"],
+        6, "service.coordinated_reads.bucket_boundaries",
+        ["last bucket boundary (256)", "below pipeline.params.max_length (256)"],
     ),
     (
         "bucket-boundary-not-a-number",
@@ -1069,8 +1070,7 @@ def test_reference_full_example_loads():
 
 def test_reference_documents_every_field():
     from dsctl.specs.pipelines import PARAMS_BY_BUILTIN
-    from dsctl.specs.schema import (CheckpointSpec, CoordinatedReads, JobSpec, ModelSpec, PipelineSpec, ServiceSpec,
-                                    TrainerSpec)
+    from dsctl.specs.schema import CheckpointSpec, CoordinatedReads, JobSpec, ModelSpec, PipelineSpec, ServiceSpec, TrainerSpec
 
     text = DOC.read_text()
     models = [JobSpec, ServiceSpec, CoordinatedReads, TrainerSpec, ModelSpec, CheckpointSpec, PipelineSpec,

@@ -22,7 +22,6 @@ from dsctl.orchestrator.store import RunStore, StoreError
 from dsctl.orchestrator.summary import complete_results, results_from_windows, summarize, summarize_run
 from dsctl.provisioners import Deployment
 from dsctl.specs import load_spec_text, spec_hash
-
 from helpers import dsctl, processes_under, wait_for, write_spec
 
 SPEC = load_spec_text("name: rec\ntrainer: {steps: 100}\npipeline: {builtin: synthetic}\n").spec

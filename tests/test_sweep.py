@@ -13,7 +13,6 @@ import pytest
 
 from dsctl.orchestrator.store import RunStore
 from dsctl.provisioners import Deployment
-
 from helpers import EXAMPLES, dsctl, processes_under, wait_for, write_spec
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -288,8 +287,9 @@ def test_predicted_points_are_priced_for_every_trainer(home, trainers):
 
 def test_a_calibrated_sweep_labels_the_counts_it_was_fitted_on(home):
     """The calibration's own count comes back as its input ("fitted"); every other count is "predicted"."""
-    from dsctl.cli.render import sweep_table
     from rich.console import Console
+
+    from dsctl.cli.render import sweep_table
 
     points, base = calibrated_sweep([2, 8, 32], points={2: 1.0, 8: 3.5})
     assert {n: p["source"] for n, p in points.items()} == {2: "fitted", 8: "fitted", 32: "predicted"}

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 import matplotlib.image
 import pytest
 
-from dsctl.orchestrator.plots import (COST_LABEL, SPEEDUP_LABEL, WORKERS_LABEL, build_sweep_figures,
-                                      plot_sweep)
+from dsctl.orchestrator.plots import COST_LABEL, SPEEDUP_LABEL, WORKERS_LABEL, build_sweep_figures, plot_sweep
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # The paper's M1 sweep (Figure 9): 8 and 16 measured, the rest as a simulated sweep would predict them.

@@ -21,7 +21,6 @@ from dsctl.orchestrator.store import RunStore
 from dsctl.orchestrator.tbevents import RunBoard
 from dsctl.runtime.sampler import Sample
 from dsctl.specs import load_spec, load_spec_text, spec_hash
-
 from helpers import EXAMPLES, dsctl, processes_under, wait_for
 
 SPEC = load_spec_text("""

@@ -11,7 +11,6 @@ import pytest
 from dsctl.orchestrator.store import RunStore
 from dsctl.orchestrator.summary import summarize_run
 from dsctl.specs import load_spec_text, spec_hash
-
 from helpers import dsctl
 
 SPEC = load_spec_text("""

@@ -7,16 +7,19 @@ experiments.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from .base import Decision, Limits, Measurement, Observation, ScalingPolicy, summarize
 from .cachew import CachewConfig, CachewPolicy
 from .cpu import CpuConfig, CpuUtilizationPolicy, hpa_desired
 
-POLICIES = {"cachew": (CachewPolicy, CachewConfig), "cpu": (CpuUtilizationPolicy, CpuConfig)}
+# Each policy by its name: the class, made with its config, and the config's model.
+POLICIES: dict[str, tuple[Callable[[Any], ScalingPolicy], type[Limits]]] = {
+    "cachew": (CachewPolicy, CachewConfig), "cpu": (CpuUtilizationPolicy, CpuConfig)}
 
 
-def make_policy(name: str, config: Optional[Mapping[str, Any]] = None) -> ScalingPolicy:
+def make_policy(name: str, config: Mapping[str, Any] | None = None) -> ScalingPolicy:
     """A fresh policy by its spec/CLI name; unknown names and config keys are errors."""
     if name not in POLICIES:
         raise ValueError(f"unknown autoscale policy {name!r}: choose one of {', '.join(POLICIES)}")

@@ -8,8 +8,9 @@ ended), so a recorded sequence replayed through a fresh policy gives the same de
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Optional, Protocol, Sequence, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -34,8 +35,8 @@ class Observation:
     batch_time_s: float
     input_stall_frac: float
     batches: int
-    queue_fill: Optional[float] = None
-    worker_cpu_util: Optional[float] = None
+    queue_fill: float | None = None
+    worker_cpu_util: float | None = None
 
     def __post_init__(self) -> None:
         if self.workers < 0 or self.batches < 0:
@@ -75,8 +76,8 @@ class Measurement:
     batches: int
     batch_time_s: float
     input_stall_frac: float
-    queue_fill: Optional[float]
-    worker_cpu_util: Optional[float]
+    queue_fill: float | None
+    worker_cpu_util: float | None
 
 
 def summarize(observations: Sequence[Observation]) -> Measurement:
@@ -94,7 +95,7 @@ def summarize(observations: Sequence[Observation]) -> Measurement:
     batches = sum(o.batches for o in obs)
     time = sum(o.batches * o.batch_time_s for o in obs)
 
-    def weighted(values: list[tuple[float, float]]) -> Optional[float]:
+    def weighted(values: list[tuple[float, float]]) -> float | None:
         total = sum(w for _, w in values)
         return sum(v * w for v, w in values) / total if values and total > 0 else None
 
@@ -136,7 +137,7 @@ class Limits(BaseModel):
     max_workers: int = Field(32, ge=1, description="never more workers than this")
 
     @model_validator(mode="after")
-    def _ordered(self) -> "Limits":
+    def _ordered(self) -> Limits:
         if self.min_workers > self.max_workers:
             raise ValueError(f"min_workers ({self.min_workers}) > max_workers ({self.max_workers})")
         return self

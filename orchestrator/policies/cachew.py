@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import replace
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -78,11 +78,11 @@ class CachewConfig(Limits):
     input_bound_stall: float = Field(0.05, ge=0, le=1, description="stall at or above this: input-bound")
     queue_fill_trigger: float = Field(0.40, gt=0, description="queue-fill rise over converged that counts")
     queue_fill_min_rise: float = Field(1.0, ge=0, description="... and by at least this many batches")
-    queue_capacity: Optional[int] = Field(
+    queue_capacity: int | None = Field(
         None, ge=1, description="the client's buffer in elements (dsctl sets it from service.max_outstanding_requests)")
 
     @model_validator(mode="after")
-    def _recheck_covers_window(self) -> "CachewConfig":
+    def _recheck_covers_window(self) -> CachewConfig:
         if self.recheck_batches < self.window_batches:
             raise ValueError("recheck_batches must be >= window_batches: a re-check averages one window")
         return self
@@ -93,19 +93,19 @@ class CachewPolicy:
 
     name = "cachew"
 
-    def __init__(self, config: Optional[CachewConfig] = None) -> None:
+    def __init__(self, config: CachewConfig | None = None) -> None:
         self.config = config or CachewConfig()
-        self._workers: Optional[int] = None  # last observed count
+        self._workers: int | None = None  # last observed count
         self._target = self.config.min_workers  # last count asked for
         self._phase: Phase = "search"
         self._event = "starting"  # what the current pause follows, for reasons
         self._since_change = 0  # batches observed at the current count
         self._pending = 0  # batches observed while a change had not taken effect yet
         self._window: list[Observation] = []
-        self._prev: Optional[Measurement] = None  # search: measurement at one worker fewer
+        self._prev: Measurement | None = None  # search: measurement at one worker fewer
         self._held: list[float] = []  # shrink: batch times before the first removal and at each count that held
         self._at_count: list[float] = []  # shrink: batch times measured at the current count
-        self._converged: Optional[Measurement] = None
+        self._converged: Measurement | None = None
         self._fill_settled = False  # converged queue fill read at the first re-check, not at convergence
         self._since_check = 0
         self._recent: deque[Observation] = deque()
@@ -119,7 +119,7 @@ class CachewPolicy:
         return self._phase
 
     @property
-    def converged(self) -> Optional[Measurement]:
+    def converged(self) -> Measurement | None:
         """What batch time, stall and queue fill were when the count last converged."""
         return self._converged
 
@@ -299,7 +299,7 @@ class CachewPolicy:
                           f" input stall {pct(m.input_stall_frac)}{qf}")
 
     def _change(self, target: int, reason: str, phase: Phase, event: str) -> Decision:
-        action = "add" if target > (self._workers or 0) else "remove"
+        action: Literal["add", "remove"] = "add" if target > (self._workers or 0) else "remove"
         self._target, self._phase, self._event = target, phase, event
         self._window, self._pending = [], 0
         return Decision(action, target, reason)

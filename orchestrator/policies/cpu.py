@@ -20,7 +20,6 @@ Neither the trainers' batch time nor their input stall enters the formula.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 from pydantic import Field
 
@@ -52,9 +51,9 @@ class CpuUtilizationPolicy:
 
     name = "cpu"
 
-    def __init__(self, config: Optional[CpuConfig] = None) -> None:
+    def __init__(self, config: CpuConfig | None = None) -> None:
         self.config = config or CpuConfig()
-        self._workers: Optional[int] = None
+        self._workers: int | None = None
         self._target = self.config.min_workers
         self._changed_t = 0.0  # when the observed worker count last changed
         self._last_t = 0.0  # end of the previous window = start of the current one

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
 
 from .base import Decision, Observation, ScalingPolicy
 
@@ -58,12 +58,12 @@ class SyntheticJob:
 class SimStep:
     obs: Observation
     decision: Decision
-    phase: Optional[str]  # the policy's phase after the decision, where it has one
+    phase: str | None  # the policy's phase after the decision, where it has one
 
 
 def simulate(
     policy: ScalingPolicy,
-    job: Union[SyntheticJob, Sequence[tuple[int, SyntheticJob]]],
+    job: SyntheticJob | Sequence[tuple[int, SyntheticJob]],
     total_batches: int,
     *,
     window_batches: int = 10,

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import threading
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from .settings import SCOPES, GcpSettings
+
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
 
 
 class Clients:
@@ -21,7 +25,7 @@ class Clients:
         self.settings = settings
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._adc = None
+        self._adc: Credentials | None = None
 
     # -- credentials -------------------------------------------------------------
     def _credentials(self, overridden: bool):

@@ -52,8 +52,9 @@ def _common(s: GcpSettings, vm: VmConfig, *, zonal_urls: bool) -> dict:
     kind = machine_kind(vm.machine)
     disk_type = f"zones/{s.zone}/diskTypes/{s.boot_disk_type}" if zonal_urls else s.boot_disk_type
     nic = c.NetworkInterface(network=_network_url(s))
-    if _subnetwork_url(s):
-        nic.subnetwork = _subnetwork_url(s)
+    subnetwork = _subnetwork_url(s)
+    if subnetwork:
+        nic.subnetwork = subnetwork
     if s.public_ips:
         nic.access_configs = [c.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
     fields = dict(

@@ -30,10 +30,23 @@ class Context:
         self.dep = dep
         self.clients = clients
         self.settings: GcpSettings = clients.settings
-        self.ssh = ssh
+        self._ssh = ssh
         self.cancel = threading.Event()  # set: whatever still waits on the way up stops (a failure, Ctrl-C, down)
         self.lock = threading.Lock()  # threads change nodes and save the whole state: one at a time
         self.watcher: Watcher | None = None  # reads the processes over SSH once the first one runs (watch.py)
+
+    @property
+    def has_ssh(self) -> bool:
+        """False for a run without its SSH key here (it never made a VM): nothing of it can be reached."""
+        return self._ssh is not None
+
+    @property
+    def ssh(self) -> Ssh:
+        """The run's SSH connections, for the steps that reach its VMs (every run that made one has its key)."""
+        if self._ssh is None:
+            raise GcpError(f"run {self.dep.run_id} has no SSH key in {key_dir(self.dep.run_dir)}, so its VMs cannot "
+                           "be reached.")
+        return self._ssh
 
     @property
     def state(self) -> GcpDeployment:

@@ -13,9 +13,9 @@ nothing. (A spec whose `pipeline.params.cache_dir` is a gs:// URL keeps its data
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 from dsctl.specs import SpecError
 from dsctl.specs.schema import JobSpec
@@ -49,7 +49,9 @@ def stage(spec: JobSpec, storage_client, gs_root: str, local_cache: Path,
     """Make sure the builtin's files are under gs_root; returns the bytes uploaded (0 when already there)."""
     from dsctl.runtime.pipelines import PipelineError, data_dir_name, prepare_data
 
-    name = data_dir_name(spec.pipeline.builtin, spec.pipeline.params)
+    builtin = spec.pipeline.builtin
+    assert builtin is not None, "root() gives a gs_root only for a builtin with data files"
+    name = data_dir_name(builtin, spec.pipeline.params)
     bucket_name, path = _split(f"{gs_root}/{name}")
     bucket = storage_client.bucket(bucket_name)
     if bucket.blob(f"{path}/manifest.json").exists():
@@ -57,9 +59,11 @@ def stage(spec: JobSpec, storage_client, gs_root: str, local_cache: Path,
     log(f"generating the {spec.pipeline.builtin} data here, to upload once to {gs_root}/{name}/")
     params = {k: v for k, v in spec.pipeline.params.items() if k != "cache_dir"}
     try:
-        local = Path(prepare_data(spec.pipeline.builtin, params, cache_dir=local_cache))
+        made = prepare_data(builtin, params, cache_dir=local_cache)
     except PipelineError as exc:
         raise GcpError(f"could not generate the {spec.pipeline.builtin} data to upload: {exc}") from exc
+    assert made is not None, "a builtin with a data folder name has data files"
+    local = Path(made)
     files = json.loads((local / "manifest.json").read_text())["files"]
 
     def put(file: str) -> int:

@@ -21,7 +21,7 @@ class GcpError(DsctlError):
     def __init__(self, message: str):
         super().__init__(" ".join(message.split()))
 
-    def add_sentence(self, sentence: str) -> "GcpError":
+    def add_sentence(self, sentence: str) -> GcpError:
         self.args = (f"{self.args[0]} {sentence}",)
         return self
 

@@ -68,9 +68,11 @@ def body(clients: Clients, rule: Rule):
                     description=rule.description, target_tags=[rule.target_tag])
     spec = [{"I_p_protocol": "tcp", "ports": list(rule.ports)}]
     if rule.allow:
+        assert rule.source_tag is not None, "an allow rule names the run's VMs"
         fw.allowed = [c.Allowed(**spec[0])]
         fw.source_tags = [rule.source_tag]
     else:
+        assert rule.source_range is not None, "a deny rule names the range it closes to"
         fw.denied = [c.Denied(**spec[0])]
         fw.source_ranges = [rule.source_range]
     return fw

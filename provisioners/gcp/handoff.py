@@ -74,17 +74,17 @@ def hand_off(ctx: Context, files: dict[str, bytes], base_dir: Path, events: Even
     keys = key_dir(dep.run_dir)
     for name in ("id_ed25519", "id_ed25519.pub"):
         bundle[f"{run_dir}/ssh/{name}"] = ((keys / name).read_bytes(), 0o600)
-    ctx.ssh.put(disp.host, bundle)
+    ctx.ssh.put(disp.ssh_host, bundle)
     env = {"DSCTL_HOME": f"{base}/home", **{k: v for k, v in (
         ("DSCTL_GCE_ENDPOINT", s.compute_endpoint), ("DSCTL_TPU_ENDPOINT", s.tpu_endpoint),
         ("DSCTL_CRM_ENDPOINT", s.crm_endpoint), ("STORAGE_EMULATOR_HOST", s.storage_host)) if v}}
-    res = ctx.ssh.run(disp.host, remote.launch(remote.Layout(base), s.python, "dsctl.cli.main", ["supervise", run_dir],
+    res = ctx.ssh.run(disp.ssh_host, remote.launch(remote.Layout(base), s.python, "dsctl.cli.main", ["supervise", run_dir],
                                                env), doing="starting the run's supervisor")
     if res.code != 0:
         raise RemoteError(f"could not start the run's supervisor on {disp.name}: "
                           f"{(res.stderr or res.stdout).strip()[-300:]}")
     pid, start = remote.parse_launch(res.stdout)
-    state.supervisor = RemoteProcess(instance=disp.name, host=disp.host, dir=base, remote_pid=pid, start_time=start)
+    state.supervisor = RemoteProcess(instance=disp.name, host=disp.ssh_host, dir=base, remote_pid=pid, start_time=start)
     ctx.save()
     events("handed-over", f"the run is supervised on its dispatcher VM {disp.name} from now on")
 
@@ -94,7 +94,7 @@ def supervisor_status(ctx: Context) -> str:
     sup = ctx.state.supervisor
     if sup is None:
         return "no supervisor"
-    if ctx.ssh is None:
+    if not ctx.has_ssh:
         return "unknown (the run has no SSH key here)"
     try:
         res = ctx.ssh.run(sup.host, remote.status([sup.dir]), doing="checking the supervisor", timeout=30)
@@ -121,7 +121,7 @@ def adopt(ctx: Context) -> str:
         node_state = gcp(node)
         if node_state.remote_pid:
             node_state.launched_at = now  # a time of this machine's clock: readings from now on count
-            watcher.watch(Watched(key=(node.role, node.index), host=node_state.vm.host,
+            watcher.watch(Watched(key=(node.role, node.index), host=node_state.vm.ssh_host,
                                   layout=remote.Layout(node_state.vm.dir), launched_at=now))
     ctx.save()
     return inside

@@ -134,7 +134,7 @@ class Ignore:
     rules: tuple[Rule, ...] = ()
 
     @classmethod
-    def of_folder(cls, base_dir: Path) -> "Ignore":
+    def of_folder(cls, base_dir: Path) -> Ignore:
         path = Path(base_dir) / FILE
         if not path.is_file():
             return cls()

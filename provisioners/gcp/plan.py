@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 from dsctl.specs import SpecError
 from dsctl.specs.schema import GcpSpec, JobSpec
@@ -25,7 +25,8 @@ from . import naming
 from .firewall import ALLOW_PRIORITY, DENY_PRIORITY, ports
 from .machinetypes import machine_kind
 from .settings import local_tensorflow_version
-from .software import Software, resolve as resolve_software
+from .software import Software
+from .software import resolve as resolve_software
 from .storage import CODE_LIMIT_BYTES
 
 MODEL_NAMES = {"standard": "on-demand", "spot": "Spot"}
@@ -70,11 +71,11 @@ class Plan:
     def render(self) -> str:
         where = f"project {self.project or '(not set)'}, zone {self.zone or '(not set)'}"
         rows = [("", "machine", "count", "bought as", "$/h each", "$/h")]
-        for l in self.lines:
-            each = "?" if l.per_hour_each is None else f"{l.per_hour_each:.4f}"
-            tot = "?" if l.per_hour is None else f"{l.per_hour:.4f}"
-            rows.append((l.role, f"{l.machine} ({l.kind})", str(l.count), MODEL_NAMES[l.provisioning], each, tot))
-        rows.append(("total", "", str(sum(l.count for l in self.lines)), "", "",
+        for line in self.lines:
+            each = "?" if line.per_hour_each is None else f"{line.per_hour_each:.4f}"
+            tot = "?" if line.per_hour is None else f"{line.per_hour:.4f}"
+            rows.append((line.role, f"{line.machine} ({line.kind})", str(line.count), MODEL_NAMES[line.provisioning], each, tot))
+        rows.append(("total", "", str(sum(line.count for line in self.lines)), "", "",
                      "?" if self.per_hour is None else f"{self.per_hour:.4f}"))
         widths = [max(len(r[i]) for r in rows) for i in range(6)]
         fmt = lambda r: "  " + "  ".join(c.ljust(w) if i in (0, 1, 3) else c.rjust(w)  # noqa: E731
@@ -82,7 +83,9 @@ class Plan:
         out = [f"Plan for job '{self.job}' on Google Cloud ({where}); prices: {self.catalog}", *map(fmt, rows)]
         if self.job_cost is not None:
             bound = "at least " if self.lower_bound else ""
-            length = f"{self.job_hours:.2f} h" if self.job_hours >= 1 else f"{self.job_hours * 60:.1f} min"
+            hours = self.job_hours
+            assert hours is not None, "plan() sets the job's length with its cost"
+            length = f"{hours:.2f} h" if hours >= 1 else f"{hours * 60:.1f} min"
             cost = f"${self.job_cost:,.2f}" if self.job_cost >= 0.01 else "under $0.01"
             out.append(f"Estimated job: {self.estimate_basis}: {bound}{length}, {bound}{cost} "
                        "(vm-hours: every machine for the whole job; VM start-up not included).")
@@ -152,7 +155,8 @@ def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | No
                               svc.provisioning, price(svc.worker_machine, svc.provisioning)))
     lines.append(PlanLine("trainers", tr.machine, tr.count, _kind_label(tr.machine), tr.provisioning,
                           price(tr.machine, tr.provisioning)))
-    per_hour = None if any(l.per_hour is None for l in lines) else sum(l.per_hour for l in lines)
+    priced = [line.per_hour for line in lines if line.per_hour is not None]
+    per_hour = sum(priced) if len(priced) == len(lines) else None
 
     project = project or g.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("CLOUDSDK_CORE_PROJECT")
     result = Plan(job=spec.name, project=project, zone=zone or g.zone or os.environ.get("CLOUDSDK_COMPUTE_ZONE"),
@@ -234,7 +238,7 @@ def confirm(spec: JobSpec, workers: int | None, *, yes: bool, ask: Callable[[str
     from .settings import resolve
 
     settings = resolve(spec)
-    findings = preflight.run(Clients(settings), spec, settings.software)  # refuses before asking, if it must
+    findings = preflight.run(Clients(settings), spec, settings.run_software)  # refuses before asking, if it must
     shown = plan(spec, workers, project=settings.project, zone=settings.zone)
     shown.notes += findings.notes
     echo(shown.render())

@@ -34,11 +34,11 @@ def layout(node: Node) -> remote.Layout:
 
 def _free_port(ctx: Context, node: Node) -> int:
     vm = gcp(node).vm
-    res = ctx.ssh.run(vm.host, remote.free_port(ctx.settings.python), doing="choosing a port")
+    res = ctx.ssh.run(vm.ssh_host, remote.free_port(ctx.settings.python), doing="choosing a port")
     try:
         return int(res.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise RemoteError(f"could not choose a free port on {vm.name}: {res.stderr.strip()[-200:]}")
+        raise RemoteError(f"could not choose a free port on {vm.name}: {res.stderr.strip()[-200:]}") from None
 
 
 def launch(ctx: Context, node: Node, module: str, args: list[str], *, metrics_local: str | None = None,
@@ -46,7 +46,7 @@ def launch(ctx: Context, node: Node, module: str, args: list[str], *, metrics_lo
            tree: bool = False) -> None:
     """Start `python -m module args` on the node's VM, record it, and watch it from now on."""
     state, where = gcp(node), layout(node)
-    res = ctx.ssh.run(state.vm.host, remote.launch(where, ctx.settings.python, module, args, file_env=file_env,
+    res = ctx.ssh.run(state.vm.ssh_host, remote.launch(where, ctx.settings.python, module, args, file_env=file_env,
                                                    tree=tree),
                       doing=f"starting the {node.role}")
     if res.code != 0:
@@ -58,7 +58,7 @@ def launch(ctx: Context, node: Node, module: str, args: list[str], *, metrics_lo
         state.remote_pid, state.start_time, state.launched_at, state.ready = pid, start, launched, False
         node.log = str(Path(ctx.dep.run_dir) / "logs" / f"{node.role}-{node.index}.log")
         ctx.dep.save()
-    ctx.watching().watch(Watched(key=(node.role, node.index), host=state.vm.host, layout=where, launched_at=launched,
+    ctx.watching().watch(Watched(key=(node.role, node.index), host=state.vm.ssh_host, layout=where, launched_at=launched,
                                  metrics_local=metrics_local, on_exit=on_exit or []))
 
 
@@ -82,6 +82,8 @@ def start_worker(ctx: Context, node: Node) -> None:
     with ctx.lock:
         state.port = port
         node.address = f"{state.vm.internal_ip}:{port}"
+    assert ctx.dep.dispatcher_address is not None, "workers start after the dispatcher"
+    assert state.vm.internal_ip is not None, f"VM {state.vm.name} runs, so it has its internal address"
     args = ["--dispatcher", ctx.dep.dispatcher_address, "--host", state.vm.internal_ip,
             "--port", str(port), "--ready-file", layout(node).ready]
     if state.cache_mb:
@@ -94,7 +96,7 @@ def start_trainer(ctx: Context, node: Node, run: TrainerLaunch, objects: list[st
     its log, steps and ids, come home to run.metrics_dir."""
     s, state, where = ctx.settings, gcp(node), layout(node)
     staging = Staging(ctx.clients, ctx.dep.run_id)
-    res = ctx.ssh.run(state.vm.host, remote.fetch(s.python, s.bucket, staging.staging_prefix, where.dir, objects,
+    res = ctx.ssh.run(state.vm.ssh_host, remote.fetch(s.python, s.bucket, staging.staging_prefix, where.dir, objects,
                                                   s.storage_host),
                       doing="fetching the spec and code from Cloud Storage", timeout=300)
     if res.code != 0:
@@ -124,15 +126,18 @@ def start_trainer(ctx: Context, node: Node, run: TrainerLaunch, objects: list[st
     # TensorFlow's PJRT TPU runtime on a TensorFlow TPU VM (software.PJRT_ENV); a command runner's program and
     # what it starts count in the trainer's CPU and memory (remote.status).
     launch(ctx, node, run.module, args, metrics_local=node.metrics, on_exit=on_exit,
-           file_env=s.software.for_kind(state.vm.kind).trainer_file_env, tree=run.command)
+           file_env=s.run_software.for_kind(state.vm.kind).trainer_file_env, tree=run.command)
 
 
 def _tail(ctx: Context, node: Node) -> str:
     """The last useful lines of the node's log, read over SSH."""
-    if ctx.ssh is None:
+    if not ctx.has_ssh:
         return "(log not readable: the run has no SSH key here)"
+    host = gcp(node).vm.host
+    if host is None:
+        return "(log not readable: its VM has no address yet)"
     try:
-        res = ctx.ssh.run(gcp(node).vm.host, remote.tail(layout(node).log), doing="reading a log")
+        res = ctx.ssh.run(host, remote.tail(layout(node).log), doing="reading a log")
         return "\n".join(useful_lines(res.stdout)[-12:])
     except RemoteError as exc:
         return f"(log not readable: {exc})"
@@ -172,7 +177,7 @@ def wait_servers(ctx: Context, nodes: list[Node]) -> None:
     ctx.save()
 
 
-def exited_servers(ctx: Context, unseen: set[str]) -> list[ServerExit]:
+def exited_servers(ctx: Context, unseen: set[str | None]) -> list[ServerExit]:
     """The dispatcher and workers found ended, by a reading taken after they were started, on VMs that answer and
     are not being brought back (recovery.py: what cannot be seen now is not judged on an old reading)."""
     snap = ctx.watching().snapshot()
@@ -187,7 +192,7 @@ def exited_servers(ctx: Context, unseen: set[str]) -> list[ServerExit]:
     return out
 
 
-def trainers(ctx: Context, unseen: set[str]) -> tuple[list[int], dict[int, int]]:
+def trainers(ctx: Context, unseen: set[str | None]) -> tuple[list[int], dict[int, int]]:
     """(the trainers running, the exit code of each that ended); one that cannot be seen now counts as running."""
     snap = ctx.watching().snapshot()
     running, codes = [], {}
@@ -226,7 +231,7 @@ def stop(ctx: Context, nodes: list[Node], grace_s: float) -> None:
     def one(node: Node) -> None:
         state = gcp(node)
         try:
-            ctx.ssh.run(state.vm.host, remote.stop(layout(node), state.start_time, grace_s),
+            ctx.ssh.run(state.vm.ssh_host, remote.stop(layout(node), state.start_time, grace_s),
                         doing=f"stopping the {node.role}", timeout=grace_s + 15)
         except RemoteError:
             pass  # an unreachable VM is deleted anyway
@@ -234,7 +239,7 @@ def stop(ctx: Context, nodes: list[Node], grace_s: float) -> None:
             ctx.watcher.forget((node.role, node.index))
 
     live = _started(nodes)
-    if live and ctx.ssh is not None:
+    if live and ctx.has_ssh:
         parallel(one, live)
 
 
@@ -250,10 +255,10 @@ def collect_logs(ctx: Context, nodes: list[Node]) -> None:
         else:
             local = run_dir / "logs" / f"{node.role}-{node.index}.log"
         try:
-            ctx.ssh.get(gcp(node).vm.host, layout(node).log, local)
+            ctx.ssh.get(gcp(node).vm.ssh_host, layout(node).log, local)
         except RemoteError:
             pass
 
     live = _started(nodes)
-    if live and ctx.ssh is not None:
+    if live and ctx.has_ssh:
         parallel(get, live)

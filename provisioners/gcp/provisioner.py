@@ -23,8 +23,9 @@ may run, and, on the supervising VM, that VM's name.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import ClassVar
 
 from dsctl.runtime.sampler import Sample
 from dsctl.specs import SpecError
@@ -32,14 +33,15 @@ from dsctl.specs.schema import JobSpec
 
 from ..contract import EventSink, HandOffLimits, Poll, TrainerLaunch, TrainerState, Where
 from ..registry import register
-from ..state import Deployment, Node
+from ..state import Deployment, Node, StateCodec
 from . import context, handoff, preflight, processes, restore, stage, sweep, teardown, vms
 from .clients import Clients
 from .context import Context
 from .data import root as data_root
 from .errors import GcpError, SshUnreachable
 from .machinetypes import machine_kind
-from .plan import confirm as ask_first, plan as priced_plan
+from .plan import confirm as ask_first
+from .plan import plan as priced_plan
 from .recovery import Recovery
 from .settings import resolve
 from .state import GcpCodec, GcpDeployment, gcp
@@ -49,9 +51,9 @@ from .threads import parallel
 
 @register
 class GcpProvisioner:
-    name = "gcp"
-    codec = GcpCodec()
-    stands_in = False  # its machines are the machine types the spec names
+    name: ClassVar[str] = "gcp"
+    codec: ClassVar[StateCodec] = GcpCodec()
+    stands_in: ClassVar[bool] = False  # its machines are the machine types the spec names
 
     def __init__(self) -> None:
         self._clients: Clients | None = None  # check(): the spec's settings resolved, credentials checked
@@ -75,7 +77,7 @@ class GcpProvisioner:
 
     def _preflight(self, spec: JobSpec, clients: Clients) -> preflight.Findings:
         if self._findings is None:
-            self._findings = preflight.run(clients, spec, clients.settings.software)
+            self._findings = preflight.run(clients, spec, clients.settings.run_software)
         return self._findings
 
     # -- the contract -------------------------------------------------------------------------------------------

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
 
 from ..contract import EventSink
 from ..state import Deployment, Node

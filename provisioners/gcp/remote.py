@@ -134,7 +134,8 @@ def status(dirs: list[str]) -> str:
         "[ -e \"$d/tree\" ] && t=$(dtree \"$pid\"); fi; "
         "r=$(cat \"$d/ready.json\" 2>/dev/null | tr -d '\\n\\t'); z=$(stat -c %s \"$d/metrics.jsonl\" 2>/dev/null); "
         "rc=$(cat \"$d/rc\" 2>/dev/null); "
-        "printf 'S\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n' \"$d\" \"$pid\" \"$rc\" \"$s\" \"$m\" \"$r\" \"$z\" \"$T\" \"$P\" \"$wa\" \"$t\"; "
+        "printf 'S\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n' "
+        "\"$d\" \"$pid\" \"$rc\" \"$s\" \"$m\" \"$r\" \"$z\" \"$T\" \"$P\" \"$wa\" \"$t\"; "
         "done"
     )
 

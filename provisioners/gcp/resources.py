@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Callable
 
 from . import compute, firewall, operations, tpu
 from .clients import Clients
@@ -172,7 +173,7 @@ class Fleet:
                                  resource=f"{ms[0].vm.machine} {ms[0].role} {kind}", zone=self.zone,
                                  count=len(ms)) from exc
 
-    def create(self, machines: list[Machine], rules: list = ()) -> None:
+    def create(self, machines: list[Machine], rules: Sequence = ()) -> None:
         """Create the firewall rules and every machine, in parallel; raise the first real failure.
 
         Workers of one machine type go in ONE bulk insert; TPU trainers are TPU
@@ -198,8 +199,7 @@ class Fleet:
             if errors:
                 self.cancel.set()  # the others stop waiting; the caller deletes what was made
                 wait(futures)
-                errors = [f.exception() for f in futures if f.exception() is not None]
-                raise _pick_error(errors)
+                raise _pick_error([e for e in (f.exception() for f in futures) if e is not None])
         except BaseException:
             self.cancel.set()
             self._inflight.drain()
@@ -327,7 +327,7 @@ class Fleet:
             time.sleep(delay)
             delay = min(delay * 1.5, 2.0)
 
-    def sweep(self, on_gone: Callable[[str], None] | None = None, keep: set[str] = frozenset()) -> Found:
+    def sweep(self, on_gone: Callable[[str], None] | None = None, keep: AbstractSet[str] = frozenset()) -> Found:
         """Delete everything found by the run's label and firewall name (but the VMs named in `keep`);
         returns what was found."""
         try:

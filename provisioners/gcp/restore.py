@@ -56,7 +56,8 @@ def bring_back(ctx: Context, node: Node) -> float:
     old_host = state.vm.host
     with ctx.lock:
         state.vm.external_ip, state.vm.host, state.ready = external, external if s.public_ips else internal, False
-    ctx.ssh.drop(old_host)
+    if old_host is not None:
+        ctx.ssh.drop(old_host)
     vms.prepare(ctx, node)  # SSH answers; the startup script's marker is still there from its first boot
     if node.role == "dispatcher":
         processes.start_dispatcher(ctx, node)

@@ -17,7 +17,8 @@ import os
 import random
 import threading
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from .errors import ApiUnavailable, is_quota, is_rate_limit
 

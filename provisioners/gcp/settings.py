@@ -22,7 +22,8 @@ from importlib import metadata
 from dsctl.specs import SpecError
 from dsctl.specs.schema import GCP_PROJECT_RE, GcpSpec, JobSpec
 
-from .software import Software, resolve as resolve_software
+from .software import Software
+from .software import resolve as resolve_software
 
 BOOTSTRAP_PYTHON = "/opt/dsctl/venv/bin/python"  # the venv the startup script makes (gcp.bootstrap)
 PLAIN_PYTHON = "python3"  # the VMs' Python when the image brings TensorFlow and dsctl (gcp.bootstrap: false)
@@ -76,12 +77,19 @@ class GcpSettings:
         return self.zone.rsplit("-", 1)[0]
 
     @property
+    def run_software(self) -> Software:
+        """`software`, for the steps of a run made from its spec: resolve() sets it (only a run found by label has
+        none, and it makes nothing)."""
+        assert self.software is not None, "settings resolved from a spec have the run's software"
+        return self.software
+
+    @property
     def tensorflow_version(self) -> str:
         """The one TensorFlow every VM of the run runs."""
-        return self.software.tensorflow_version
+        return self.run_software.tensorflow_version
 
     @classmethod
-    def from_dict(cls, data: dict) -> "GcpSettings":
+    def from_dict(cls, data: dict) -> GcpSettings:
         """Settings as a state file holds them (dataclasses.asdict); keys this dsctl does not know are ignored."""
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
@@ -89,7 +97,7 @@ class GcpSettings:
             values["software"] = Software.from_dict(values["software"]) if values["software"] else None
         return cls(**values)
 
-    def with_env_endpoints(self) -> "GcpSettings":
+    def with_env_endpoints(self) -> GcpSettings:
         """The endpoints of *this* process's environment (a `dsctl down` may run with other ones)."""
         env = os.environ
         self.compute_endpoint = env.get("DSCTL_GCE_ENDPOINT") or None

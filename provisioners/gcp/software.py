@@ -175,7 +175,7 @@ class Software:
                 "kinds": {k: asdict(v) for k, v in self.kinds.items()}}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Software":
+    def from_dict(cls, data: dict) -> Software:
         return cls(data["tensorflow_version"], data["why"], {k: KindSoftware(**v) for k, v in data["kinds"].items()})
 
 
@@ -214,7 +214,9 @@ def _candidates_for_kind(spec: JobSpec, g: GcpSpec, kind: str) -> set[str]:
         return {v for v in JAX_TENSORFLOW if TPU_RUNTIME_PYTHON[1] in WHEEL_PYTHONS[v]}
     if kind == "tpu":
         if g.tpu_runtime_version:
-            return {tpu_runtime_tf_version(g.tpu_runtime_version)}
+            carried = tpu_runtime_tf_version(g.tpu_runtime_version)
+            assert carried is not None, "_check_tpu_runtime refuses a TPU runtime without TensorFlow"
+            return {carried}
         generation, _ = tpu_generation(spec.trainer.machine)
         return {v for v in TPU_RUNTIMES if tpu_runtime(v, generation)}
     image = g.gpu_image if kind == "gpu" else g.image
@@ -305,10 +307,12 @@ def resolve(spec: JobSpec, local_tf: str | None) -> Software:
 def _kind_software(spec: JobSpec, g: GcpSpec, kind: str, version: str) -> KindSoftware:
     if kind == "tpu" and _jax_on_tpu(spec):
         runtime = g.tpu_runtime_version or jax_tpu_runtime(tpu_generation(spec.trainer.machine)[0])
+        assert runtime is not None, "_check_tpu_runtime refuses a TPU without JAX's runtime"
         return KindSoftware("tpu", runtime, *TPU_RUNTIME_PYTHON, tensorflow=f"tensorflow-cpu=={version}", jax=JAX_VERSION)
     if kind == "tpu":
         generation, _ = tpu_generation(spec.trainer.machine)
         runtime = g.tpu_runtime_version or tpu_runtime(version, generation)
+        assert runtime is not None, "a TensorFlow version is a candidate for TPUs only with a runtime"
         return KindSoftware("tpu", runtime, *TPU_RUNTIME_PYTHON, tensorflow=None)
     if kind == "gpu":
         return KindSoftware("gpu", g.gpu_image, *_image_python(g, g.gpu_image, "gcp.gpu_image"),

@@ -12,9 +12,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import CloudTimeout, SshUnreachable
 from .retry import Cancelled
+
+if TYPE_CHECKING:
+    from fabric import Connection
 
 CONNECT_TIMEOUT_S = 10
 
@@ -32,7 +36,7 @@ class Ssh:
         self.port = port
         self.key = Path(key)
         self.known_hosts_dir = Path(known_hosts_dir)
-        self._conns: dict[str, object] = {}
+        self._conns: dict[str, Connection] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._sftp_locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()

@@ -32,6 +32,7 @@ def software(ctx: Context, spec: JobSpec, kinds: set[str], service_account: str 
     staged = state.software
     staging = Staging(ctx.clients, ctx.dep.run_id)
     if not state.bucket_ready:
+        assert service_account is not None, "preflight.run names the VMs' service account"
         staging.ensure_bucket()
         if staging.grant_reader(service_account):
             events("cloud", f"gave the VMs' service account read access to gs://{s.bucket}")
@@ -49,7 +50,7 @@ def software(ctx: Context, spec: JobSpec, kinds: set[str], service_account: str 
         for kind in sorted(kinds - set(staged.wheelhouses)):
             # The dispatcher's kind also carries what the run's supervisor needs (the dispatcher installs it).
             supervisor = kind == machine_kind(spec.service.dispatcher_machine).kind
-            recipe = wheelhouse.Recipe.for_kind(s.software.for_kind(kind), supervisor=supervisor)
+            recipe = wheelhouse.Recipe.for_kind(s.run_software.for_kind(kind), supervisor=supervisor)
             house = wheelhouse.build(recipe, log=lambda msg: events("cloud", msg))
             sent = wheelhouse.stage(ctx.clients.storage, s.bucket, house, log=lambda msg: events("cloud", msg))
             staged.wheelhouses[kind] = house.prefix

@@ -66,12 +66,16 @@ def script(*, kind: KindSoftware, tf_version: str, bucket: str, wheelhouse_prefi
                      f'[ "$J" = {q(kind.jax)} ] || fail {wrong}"it is ${{J:-not importable}}"')
     gpu_wait = ""
     if kind.kind == "gpu":
+        tries = GPU_DRIVER_WAIT_S // 5  # one nvidia-smi each 5 s
         gpu_wait = f"""
 step "waiting for the NVIDIA driver (the image installs it at boot)"
 i=0; until nvidia-smi -L > /dev/null 2>&1; do
-  i=$((i+1)); [ $i -gt {GPU_DRIVER_WAIT_S // 5} ] && fail "the NVIDIA driver did not come up within {GPU_DRIVER_WAIT_S} s (nvidia-smi)"
+  i=$((i+1)); [ $i -gt {tries} ] && fail "the NVIDIA driver did not come up within {GPU_DRIVER_WAIT_S} s (nvidia-smi)"
   sleep 5
 done"""
+    # The image's Python, checked against the version the wheelhouse was built for (its first argument).
+    check_python = """'import sys; v = "%d.%d" % sys.version_info[:2]; sys.exit(v != sys.argv[1] and "Python " + v)'"""
+    fetch = f'"$PY" -c {q(FETCH)} {q(storage)} metadata {q(bucket)}'
     return f"""#!/bin/bash
 # dsctl bootstrap ({kind.kind} VM): the run's TensorFlow and dsctl, from Cloud Storage only.
 set -uo pipefail
@@ -88,13 +92,13 @@ fail() {{
   mv {MARKER}.tmp {MARKER}; exit 1
 }}
 [ -x "$PY" ] || fail "the image has no Python at $PY (set gcp.image_python)"
-"$PY" -c 'import sys; v = "%d.%d" % sys.version_info[:2]; sys.exit(v != sys.argv[1] and "Python " + v)' {q(kind.python_version)} \\
+"$PY" -c {check_python} {q(kind.python_version)} \\
   || fail {msg["version"]}
 
 step {msg["fetching"]}
-"$PY" -c {q(FETCH)} {q(storage)} metadata {q(bucket)} {q(wheelhouse_prefix)} {WHEELS} manifest > /var/lib/dsctl/fetch-wheels.json \\
+{fetch} {q(wheelhouse_prefix)} {WHEELS} manifest > /var/lib/dsctl/fetch-wheels.json \\
   || fail {msg["wheelhouse"]}
-"$PY" -c {q(FETCH)} {q(storage)} metadata {q(bucket)} {q(dsctl_prefix)} {WHEELS} objects {q(dsctl_wheel)} > /var/lib/dsctl/fetch-dsctl.json \\
+{fetch} {q(dsctl_prefix)} {WHEELS} objects {q(dsctl_wheel)} > /var/lib/dsctl/fetch-dsctl.json \\
   || fail {msg["dsctl"]}
 phase fetched
 

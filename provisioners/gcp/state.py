@@ -35,6 +35,12 @@ class Vm:
     tensorflow: str | None = None  # the TensorFlow its Python reported (versions.py)
     deleting: bool = False  # on its way out: never started again (recovery.py)
 
+    @property
+    def ssh_host(self) -> str:
+        """`host`, for the steps that reach the VM: known once it runs (vms.py), before anything is started there."""
+        assert self.host is not None, f"VM {self.name} has no address yet"
+        return self.host
+
 
 @dataclass
 class GcpNode(NodeState):

@@ -18,13 +18,15 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from dsctl.specs import SpecError
 
 from .clients import Clients
 from .errors import GcpError, from_api_error
-from .ignore import FILE as IGNORE_FILE, Ignore
+from .ignore import FILE as IGNORE_FILE
+from .ignore import Ignore
 
 CODE_LIMIT_BYTES = 100 * 2**20
 # Roles that let a member read a bucket's objects (storage.objects.get).
@@ -37,7 +39,7 @@ def run_prefix(run_id: str) -> str:
     return f"dsctl/runs/{run_id}/"
 
 
-def code_files(base_dir: Path, exclude: list[Path] = ()) -> list[tuple[str, Path, int]]:
+def code_files(base_dir: Path, exclude: Sequence[Path] = ()) -> list[tuple[str, Path, int]]:
     """(name in the archive, file, size) of each file trainers get from the spec's folder: regular files only, none
     hidden, none in cache folders, virtualenvs or `exclude` (the dsctl home), none left out by its .dsctlignore."""
     base_dir = Path(base_dir).resolve()
@@ -80,7 +82,7 @@ def _too_big(base_dir: Path, files: list[tuple[str, Path, int]], total: int) -> 
         ".gitignore (e.g. `*.ckpt`, `data/`), and read large data from Cloud Storage instead.")
 
 
-def code_archive(base_dir: Path, exclude: list[Path] = ()) -> bytes:
+def code_archive(base_dir: Path, exclude: Sequence[Path] = ()) -> bytes:
     """tar.gz of the spec's folder as code_files() lists it; SpecError when it is over CODE_LIMIT_BYTES."""
     files = code_files(base_dir, exclude)
     total = sum(size for _, _, size in files)

@@ -14,7 +14,7 @@ Default Credentials; CLOUDSDK_COMPUTE_ZONE).
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from dsctl.specs import SpecError
 

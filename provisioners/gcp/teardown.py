@@ -31,7 +31,7 @@ def down(ctx: Context, events: EventSink, keep: str | None = None) -> None:
     vms.restore_trainer_nodes(dep, 10**6)  # trainer VMs the orchestrator no longer lists are still ours
     machines = [n for n in dep.nodes if n.role in ("trainer", "worker", "dispatcher")]
     t0 = time.monotonic()
-    if ctx.ssh is not None:
+    if ctx.has_ssh:
         try:
             processes.stop(ctx, [n for n in machines if n.role == "trainer"], grace_s=5.0)
             processes.stop(ctx, [n for n in machines if n.role != "trainer"], grace_s=8.0)

@@ -10,8 +10,9 @@ them to the orchestrator's thread: its run store and live view are not for other
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from ..contract import EventSink
 from .retry import Cancelled
@@ -72,8 +73,9 @@ def parallel(fn: Callable[[T], R], items: list[T], *, threads: int = SSH_THREADS
             if events is not None:
                 events.flush()
             for f in done:
-                if f.exception() is not None:
-                    errors.append(f.exception())
+                exc = f.exception()
+                if exc is not None:
+                    errors.append(exc)
                     if cancel is not None:
                         cancel.set()
     except BaseException:  # Ctrl-C in the waiting thread

@@ -126,7 +126,8 @@ def list_nodes(clients: Clients, run_id: str, cancel: threading.Event | None = N
     from google.cloud import tpu_v2
 
     want = label_value(run_id)
-    out, token = [], ""
+    out: list = []
+    token = ""
     while True:
         request = tpu_v2.ListNodesRequest(parent=parent(clients), page_size=500, page_token=token)
         page = call(lambda **kw: next(iter(clients.tpu.list_nodes(**kw).pages)), request=request,
@@ -141,7 +142,8 @@ def list_queued(clients: Clients, name_prefix: str, cancel: threading.Event | No
     """Ids of the queued resources whose id starts with the run's name prefix (they carry no labels)."""
     from google.cloud import tpu_v2
 
-    out, token = [], ""
+    out: list[str] = []
+    token = ""
     while True:
         request = tpu_v2.ListQueuedResourcesRequest(parent=parent(clients), page_size=500, page_token=token)
         page = call(lambda **kw: next(iter(clients.tpu.list_queued_resources(**kw).pages)), request=request,

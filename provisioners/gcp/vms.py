@@ -35,13 +35,15 @@ def metadata(ctx: Context, kind: str, role: str = "worker") -> dict:
     dispatcher's also installs what the run's supervisor needs."""
     s = ctx.settings
     kp = load_key_pair(ctx.dep.run_dir)
+    assert kp is not None, "context.for_run made the run's key before any VM"
     md = {"ssh-keys": kp.metadata_entry(s.ssh_user), "enable-oslogin": "FALSE", "dsctl-run": ctx.dep.run_id}
     if kind == "gpu":
         md["install-nvidia-driver"] = "True"  # the Deep Learning VM image installs the driver at first boot
     if s.bootstrap:
         staged = ctx.state.software
+        assert staged.wheel is not None, "stage.software staged this dsctl's wheel before any VM (gcp.bootstrap)"
         md["startup-script"] = startup.script(
-            kind=s.software.for_kind(kind), tf_version=s.tensorflow_version, bucket=s.bucket,
+            kind=s.run_software.for_kind(kind), tf_version=s.tensorflow_version, bucket=s.bucket,
             wheelhouse_prefix=staged.wheelhouses[kind], dsctl_prefix=Staging(ctx.clients, ctx.dep.run_id).staging_prefix,
             dsctl_wheel=staged.wheel, storage_host=s.storage_host, supervisor=role == "dispatcher")
     return md
@@ -56,7 +58,7 @@ def record(ctx: Context, spec: JobSpec, role: str, indices: list[int], machine: 
     kind = machine_kind(machine).kind
     tag = naming.network_tag(dep.run_id)
     md = metadata(ctx, kind, role)
-    image = s.software.for_kind(kind).image  # a boot image, or a TPU VM's runtime version
+    image = s.run_software.for_kind(kind).image  # a boot image, or a TPU VM's runtime version
     provisioning = spec.trainer.provisioning if role == "trainer" else spec.service.provisioning
     out = []
     for i in indices:
@@ -145,14 +147,14 @@ def prepare(ctx: Context, node: Node) -> dict:
     s = ctx.settings
     vm = gcp(node).vm
     what = f"{node.role} {node.index} ({vm.name})"
-    ctx.ssh.wait_reachable(vm.host, timeout_s=s.ssh_timeout_s, what=what, cancel=ctx.cancel)
+    ctx.ssh.wait_reachable(vm.ssh_host, timeout_s=s.ssh_timeout_s, what=what, cancel=ctx.cancel)
     if s.bootstrap:
         deadline = time.monotonic() + s.startup_timeout_s
         while True:  # in short waits, so a teardown does not wait for the whole install
             if ctx.cancel.is_set():
                 raise Cancelled()
             chunk = min(20.0, max(deadline - time.monotonic(), 1.0))
-            res = ctx.ssh.run(vm.host, remote.wait_file(startup.MARKER, chunk),
+            res = ctx.ssh.run(vm.ssh_host, remote.wait_file(startup.MARKER, chunk),
                               doing="waiting for the startup script", timeout=chunk + 30)
             if res.code == 0 or time.monotonic() >= deadline:
                 break
@@ -166,7 +168,7 @@ def prepare(ctx: Context, node: Node) -> dict:
         if not marker.get("ok"):
             raise RemoteError(f"the startup script on {what} failed: {marker.get('error')}. "
                               f"See {startup.LOG} on the VM.")
-    res = ctx.ssh.run(vm.host, remote.probe(s.python, f"{node.role}-{node.index}"), doing="checking versions")
+    res = ctx.ssh.run(vm.ssh_host, remote.probe(s.python, f"{node.role}-{node.index}"), doing="checking versions")
     report = remote.parse_probe(res.stdout)
     if report is None:
         raise RemoteError(f"could not run {s.python} on {what} (exit {res.code}): {res.stderr.strip()[-300:]}. "

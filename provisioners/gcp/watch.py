@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,7 +54,7 @@ class Watcher:
         self._finished: set[tuple[str, int]] = set()  # trainers whose final files were fetched
         self._retry_at: dict[str, float] = {}  # host -> when to try an unreachable VM again
         self._failures: dict[str, int] = {}  # host -> failed readings in a row
-        self._in_flight: dict[str, tuple[float, object]] = {}  # host -> (when, the future of its reading)
+        self._in_flight: dict[str, tuple[float, Future]] = {}  # host -> (when, the future of its reading)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.last_error: str | None = None

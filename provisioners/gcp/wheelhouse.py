@@ -22,10 +22,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 from .errors import GcpError
 from .software import KindSoftware
@@ -47,7 +48,7 @@ class Recipe:
     arch: str = "x86_64"
 
     @classmethod
-    def for_kind(cls, kind: KindSoftware, supervisor: bool = False) -> "Recipe":
+    def for_kind(cls, kind: KindSoftware, supervisor: bool = False) -> Recipe:
         """The wheels VMs of this kind install (its TensorFlow wheel, jax's TPU wheels on a JAX TPU VM, dsctl's
         dependencies, pip); with `supervisor`, also what the dispatcher VM's run supervisor needs (the wheel's
         supervisor extra: the other VMs of the kind install without it)."""
@@ -136,8 +137,8 @@ def build(recipe: Recipe, root: Path | None = None, log: Callable[[str], None] =
                 f"{recipe.python_version} on manylinux {recipe.arch} (glibc {recipe.glibc}): {tail[-600:]}. dsctl "
                 "builds this wheelhouse on this machine once and stages it in Cloud Storage, so the VMs need no "
                 "PyPI; this machine must reach your package index.")
-        files = [{"name": p.name, "sha256": _sha256(p), "size": p.stat().st_size}
-                 for p in sorted(tmp.iterdir()) if p.suffix == ".whl"]
+        files: list[dict[str, Any]] = [{"name": p.name, "sha256": _sha256(p), "size": p.stat().st_size}
+                                       for p in sorted(tmp.iterdir()) if p.suffix == ".whl"]
         if not any(f["name"].startswith("pip-") for f in files):
             raise GcpError("the wheelhouse has no pip wheel; the VMs install with pip run from its wheel.")
         (tmp / MANIFEST).write_text(json.dumps({"recipe": asdict(recipe), "files": files}, indent=1))

@@ -19,21 +19,22 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import psutil
 
 from dsctl.errors import DsctlError
 from dsctl.runtime.logtail import tail as log_tail
 from dsctl.runtime.readiness import pick_service_port, read_json
-from dsctl.runtime.serve import EXIT_PORT_IN_USE
 from dsctl.runtime.sampler import ProcessSampler, Sample
+from dsctl.runtime.serve import EXIT_PORT_IN_USE
 from dsctl.specs import SpecError
 from dsctl.specs.schema import JobSpec
 
 from ..contract import EventSink, Poll, ServerExit, TrainerLaunch, TrainerState
 from ..processes import is_ours, stop_groups
 from ..registry import register
-from ..state import Deployment, Node
+from ..state import Deployment, Node, StateCodec
 from .launcher import Launcher
 from .processes import enter_namespaces_of, spawn
 from .state import Isolation, LocalCodec, LocalDeployment, LocalNode
@@ -95,9 +96,9 @@ def local_capacity(trainers: int) -> int:
 
 @register
 class LocalProvisioner:
-    name = "local"
-    codec = LocalCodec()
-    stands_in = True  # its processes stand for the machine types the spec names
+    name: ClassVar[str] = "local"
+    codec: ClassVar[StateCodec] = LocalCodec()
+    stands_in: ClassVar[bool] = True  # its processes stand for the machine types the spec names
 
     def __init__(self) -> None:
         self._procs: dict[tuple[str, int], subprocess.Popen] = {}
@@ -143,6 +144,7 @@ class LocalProvisioner:
                                             f"see {Path(dep.run_dir) / 'logs' / 'launcher.log'}:\n"
                                             f"{log_tail(str(Path(dep.run_dir) / 'logs' / 'launcher.log'))}")
                     continue
+                assert state.ready_file is not None, f"the {node.role} was started with its ready file"
                 ready = read_json(state.ready_file)
                 if ready and ready.get("pid") == node.pid:
                     node.address = f"127.0.0.1:{ready['port']}"
@@ -234,6 +236,7 @@ class LocalProvisioner:
             state.port = port
             node.address = f"127.0.0.1:{port}"
         state.ready_file, state.ready = str(ready), False
+        assert dep.dispatcher_address is not None, "workers start after the dispatcher"
         args = ["--dispatcher", dep.dispatcher_address, "--host", "127.0.0.1",
                 "--port", str(state.port), "--ready-file", str(ready)]
         if state.cache_mb:
@@ -252,12 +255,12 @@ class LocalProvisioner:
         self._start_launcher(dep, isolate=isolation_mode() != "none")
         self._service_cpus = spec.service.worker_cpus
         port = self._pick_port(dep)
-        state = LocalNode(port=port, ready_file=str(run_dir / "ready" / "dispatcher.json"),
-                          status_file=str(run_dir / "dispatcher-status.json"))
+        ready_file, status_file = str(run_dir / "ready" / "dispatcher.json"), str(run_dir / "dispatcher-status.json")
+        state = LocalNode(port=port, ready_file=ready_file, status_file=status_file)
         disp = Node(role="dispatcher", index=0, address=f"127.0.0.1:{port}", state=state)
         dep.nodes.append(disp)
         dep.dispatcher_address = disp.address
-        state.argv = ["--port", str(port), "--ready-file", state.ready_file, "--status-file", state.status_file]
+        state.argv = ["--port", str(port), "--ready-file", ready_file, "--status-file", status_file]
         if spec.service.fault_tolerant:
             state.argv += ["--fault-tolerant", "--work-dir", str(run_dir / "journal")]
         self._launch(dep, disp, "dsctl.runtime.dispatcher", state.argv, run_dir / "logs" / "dispatcher.log",
@@ -283,6 +286,7 @@ class LocalProvisioner:
             return
         mode = isolation_mode()
         log = Path(dep.run_dir) / "logs" / "launcher.log"
+        isolation: Isolation | None
         if mode == "none":
             isolation = Isolation(isolated=False, reason=f"{ISOLATION_ENV}=none")
         else:
@@ -353,9 +357,9 @@ class LocalProvisioner:
             dep.nodes.remove(old)
         for index in range(launch.count):
             state = LocalNode(command=launch.command)
-            node = Node(role="trainer", index=index, metrics=str(launch.metrics_dir / f"trainer-{index}.jsonl"),
-                        state=state)
-            args = launch.harness_args(index, spec=str(launch.spec_json), metrics=node.metrics,
+            metrics = str(launch.metrics_dir / f"trainer-{index}.jsonl")
+            node = Node(role="trainer", index=index, metrics=metrics, state=state)
+            args = launch.harness_args(index, spec=str(launch.spec_json), metrics=metrics,
                                        cache_dir=str(launch.cache_dir), base_dir=str(launch.base_dir),
                                        dispatcher=dep.dispatcher_address)
             if launch.record_steps:
@@ -425,6 +429,7 @@ class LocalProvisioner:
         backoff for DISPATCHER_PORT_WAIT_S, then fail the job saying who holds it."""
         since, delay = time.monotonic(), PORT_RETRY_FIRST_S
         state = _state(node)
+        assert state.ready_file is not None, "the dispatcher was started with its ready file"
         while True:
             Path(state.ready_file).unlink(missing_ok=True)
             state.ready = False
@@ -500,10 +505,10 @@ class LocalProvisioner:
         stop_groups(dep.by_role("trainer"), grace_s=5.0)
 
     def sample(self, dep: Deployment) -> list[Sample]:
-        nodes = [n for n in dep.nodes if n.pid]
+        procs = [(n, n.pid) for n in dep.nodes if n.pid]
         # A user's command runs below its runner: its CPU and memory are the trainer's.
-        trees = frozenset(n.pid for n in nodes if isinstance(n.state, LocalNode) and n.state.command)
-        return self._sampler.sample([(n.role, n.index, n.pid) for n in nodes], trees)
+        trees = frozenset(pid for n, pid in procs if isinstance(n.state, LocalNode) and n.state.command)
+        return self._sampler.sample([(n.role, n.index, pid) for n, pid in procs], trees)
 
     def down(self, dep: Deployment, events: EventSink) -> None:
         # Trainers first (they hang if their workers vanish), then workers, then the dispatcher.
@@ -512,8 +517,9 @@ class LocalProvisioner:
             stop_groups(dep.by_role(role))
         # The launcher next, so it forks nothing more; then what it forked that the state file does not know (a
         # request answered while `dsctl up` was being killed).
-        if self._dep_state(dep).launcher is not None:
-            stop_groups([self._dep_state(dep).launcher])
+        launcher = self._dep_state(dep).launcher
+        if launcher is not None:
+            stop_groups([launcher])
         stop_groups(Launcher(Path(dep.run_dir)).forked())
         dep.status = "down"
         dep.save()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import pydantic
 
@@ -28,6 +28,8 @@ from .stats import batch_stats
 
 if TYPE_CHECKING:
     import tensorflow as tf
+
+    from dsctl.specs.pipelines import ImagesParams, SyntheticParams, TextParams
 
 __all__ = [
     "PipelineError",
@@ -89,13 +91,13 @@ def prepare_data(builtin: str, params: dict, *, cache_dir: Path) -> Path | None:
     whose workers do not share this filesystem must run this on each worker machine
     with the same cache_dir first.
     """
-    p = validate_params(builtin, params)
+    p = validate_params(builtin, params)  # the params model of `builtin` (PARAMS_BY_BUILTIN)
     if builtin == "images":
         from . import images
-        return images.prepare(p, cache_dir)
+        return images.prepare(cast("ImagesParams", p), cache_dir)
     if builtin == "text":
         from . import text
-        return text.prepare(p, cache_dir)
+        return text.prepare(cast("TextParams", p), cache_dir)
     return None
 
 
@@ -105,7 +107,7 @@ def build_dataset(
     *,
     cache_dir: Path | str,
     bucketing: tuple[list[int], int] | None = None,
-) -> "tf.data.Dataset":
+) -> tf.data.Dataset:
     """The batched dataset of a builtin pipeline ("synthetic" | "images" | "text").
 
     `params` is the spec's pipeline.params (validated again here); a `cache_dir`
@@ -113,28 +115,28 @@ def build_dataset(
     (bucket_boundaries, num_consumers) turns on the coordinated-reads batching of
     the text pipeline and is an error for the others.
     """
-    p = validate_params(builtin, params)
+    p = validate_params(builtin, params)  # the params model of `builtin` (PARAMS_BY_BUILTIN)
     if bucketing is not None and builtin != "text":
         raise PipelineError(
             f"Length bucketing for coordinated reads applies only to the 'text' pipeline, not '{builtin}'."
         )
     if builtin == "synthetic":
         from . import synthetic
-        return synthetic.build(p)
+        return synthetic.build(cast("SyntheticParams", p))
     if builtin == "images":
         from . import images
-        return images.build(p, cache_dir)
+        return images.build(cast("ImagesParams", p), cache_dir)
     from . import text
-    return text.build(p, cache_dir, None if bucketing is None else _check_bucketing(bucketing))
+    return text.build(cast("TextParams", p), cache_dir, None if bucketing is None else _check_bucketing(bucketing))
 
 
-def load_entrypoint_dataset(entrypoint: str, params: dict, base_dir: Path) -> "tf.data.Dataset":
+def load_entrypoint_dataset(entrypoint: str, params: dict, base_dir: Path) -> tf.data.Dataset:
     """Import 'package.module:function' (base_dir first on sys.path), call it with **params, check the result."""
     from .entrypoint import load_entrypoint_dataset as load
     return load(entrypoint, params or {}, Path(base_dir))
 
 
-def is_infinite(ds: "tf.data.Dataset") -> bool:
+def is_infinite(ds: tf.data.Dataset) -> bool:
     """True when TensorFlow can tell the dataset never ends (needed by coordinated reads and the cross-trainer cache).
 
     Unknown cardinality (e.g. after filter) counts as not infinite.

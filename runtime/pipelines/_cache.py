@@ -23,8 +23,8 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .errors import PipelineError
 
@@ -65,7 +65,7 @@ def cache_root(params_cache_dir: str | None, default) -> Path | str:
 def location(kind: str, p, default_root) -> Path | str:
     """Where this builtin's files for these params live."""
     root = cache_root(p.cache_dir, default_root)
-    return f"{root}/{dir_name(kind, p)}" if is_remote(root) else root / dir_name(kind, p)
+    return root / dir_name(kind, p) if isinstance(root, Path) else f"{root}/{dir_name(kind, p)}"
 
 
 def read_manifest(final) -> dict:
@@ -104,7 +104,8 @@ def materialize(final, write: Callable[[Path], list[str]], meta: dict):
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     except OSError as exc:
-        raise PipelineError(f"Cannot create the data cache under {final.parent}: {exc}. Set params.cache_dir to a writable directory.") from exc
+        raise PipelineError(f"Cannot create the data cache under {final.parent}: {exc}. "
+                            "Set params.cache_dir to a writable directory.") from exc
     try:
         files = write(tmp)
         (tmp / MANIFEST).write_text(json.dumps({**meta, "files": files}, indent=1, sort_keys=True))

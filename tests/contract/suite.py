@@ -11,13 +11,11 @@ from the state file alone (as `dsctl down` after `kill -9` of `dsctl up` does), 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from dsctl.orchestrator.supervision import Supervisor
 from dsctl.provisioners import Deployment, Provider, TrainerLaunch
 from dsctl.specs import LoadedSpec, load_spec
-
 from helpers import wait_for, write_spec
 
 JOB = """

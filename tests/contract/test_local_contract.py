@@ -7,11 +7,10 @@ import signal
 
 import pytest
 
+from contract.suite import ProviderContract
 from dsctl.provisioners import Deployment
 from dsctl.provisioners.local import LocalProvisioner
 from dsctl.provisioners.processes import is_ours
-
-from contract.suite import ProviderContract
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from fake_gce import FakeCloud, FakeGce, Faults, Timing
 from sshd import AuthorizedKeysWriter, Sshd, loopback_range, sshd_available
 

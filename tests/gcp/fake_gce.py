@@ -43,9 +43,9 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 from urllib.parse import parse_qs, urlparse
 
 COMPUTE = "https://www.googleapis.com/compute/v1"
@@ -80,7 +80,7 @@ _ZONE_LETTERS = {
     "us-west4": "abc", "us-south1": "abc", "europe-west1": "bcd", "europe-west4": "abc", "asia-east1": "abc",
     "asia-northeast1": "abc", "asia-southeast1": "abc",
 }
-ZONES: dict[str, str] = {f"{r}-{l}": r for r, ls in _ZONE_LETTERS.items() for l in ls}
+ZONES: dict[str, str] = {f"{r}-{letter}": r for r, letters in _ZONE_LETTERS.items() for letter in letters}
 REGIONS = sorted(set(ZONES.values()))
 # Auto mode VPC: one subnet named like the network in each region, with these documented ranges.
 # https://cloud.google.com/vpc/docs/subnets#ip-ranges (auto mode IPv4 ranges)
@@ -97,7 +97,7 @@ def _zones(spec: str) -> frozenset[str]:
     out = set()
     for part in spec.split():
         region, letters = part.split(":")
-        out |= {f"{region}-{l}" for l in letters}
+        out |= {f"{region}-{letter}" for letter in letters}
     return frozenset(out)
 
 
@@ -198,11 +198,16 @@ def _add_image(project: str, name: str, family: str, disk_gb: int, description: 
     }
 
 
-_add_image("debian-cloud", "debian-12-bookworm-v20250311", "debian-12", 10, "Debian, Debian GNU/Linux, 12 (bookworm), amd64 built on 20250311")
-_add_image("debian-cloud", "debian-12-bookworm-arm64-v20250311", "debian-12-arm64", 10, "Debian, Debian GNU/Linux, 12 (bookworm), arm64 built on 20250311", "ARM64")
-_add_image("debian-cloud", "debian-11-bullseye-v20250311", "debian-11", 10, "Debian, Debian GNU/Linux, 11 (bullseye), amd64 built on 20250311")
-_add_image("ubuntu-os-cloud", "ubuntu-2204-jammy-v20250312", "ubuntu-2204-lts", 10, "Canonical, Ubuntu, 22.04 LTS, amd64 jammy image built on 2025-03-12")
-_add_image("ubuntu-os-cloud", "ubuntu-2404-noble-amd64-v20250313", "ubuntu-2404-lts-amd64", 10, "Canonical, Ubuntu, 24.04 LTS, amd64 noble image built on 2025-03-13")
+_add_image("debian-cloud", "debian-12-bookworm-v20250311", "debian-12", 10,
+           "Debian, Debian GNU/Linux, 12 (bookworm), amd64 built on 20250311")
+_add_image("debian-cloud", "debian-12-bookworm-arm64-v20250311", "debian-12-arm64", 10,
+           "Debian, Debian GNU/Linux, 12 (bookworm), arm64 built on 20250311", "ARM64")
+_add_image("debian-cloud", "debian-11-bullseye-v20250311", "debian-11", 10,
+           "Debian, Debian GNU/Linux, 11 (bullseye), amd64 built on 20250311")
+_add_image("ubuntu-os-cloud", "ubuntu-2204-jammy-v20250312", "ubuntu-2204-lts", 10,
+           "Canonical, Ubuntu, 22.04 LTS, amd64 jammy image built on 2025-03-12")
+_add_image("ubuntu-os-cloud", "ubuntu-2404-noble-amd64-v20250313", "ubuntu-2404-lts-amd64", 10,
+           "Canonical, Ubuntu, 24.04 LTS, amd64 noble image built on 2025-03-13")
 for _fam, _name in (("common-cu124-debian-11-py310", "common-cu124-v20250325-debian-11-py310"),
                     ("common-cu123-debian-11-py310", "common-cu123-v20250325-debian-11-py310"),
                     ("common-cu121-debian-11-py310", "common-cu121-v20250325-debian-11-py310"),
@@ -640,8 +645,8 @@ class FakeCloud:
     def quota_error(metric: str, region: str | None, limit: float) -> dict:
         """One operation error for an exceeded quota, as Compute Engine reports it: code QUOTA_EXCEEDED, the
         message "Quota 'N2_CPUS' exceeded.  Limit: 24.0 in region us-central1." and errorDetails with quotaInfo
-        (https://cloud.google.com/compute/docs/reference/rest/v1/zoneOperations#Operation: error.errors[].errorDetails[].quotaInfo,
-        https://cloud.google.com/compute/docs/reference/rest/v1/QuotaExceededInfo)."""
+        (https://cloud.google.com/compute/docs/reference/rest/v1/zoneOperations#Operation:
+        error.errors[].errorDetails[].quotaInfo, https://cloud.google.com/compute/docs/reference/rest/v1/QuotaExceededInfo)."""
         where = f"in region {region}" if region else "globally"
         message = f"Quota '{metric}' exceeded.  Limit: {float(limit)} {where}."
         limit_name = metric.replace("_", "-") + ("-per-project-region" if region else "-per-project")
@@ -1163,7 +1168,7 @@ class FakeCloud:
             try:
                 inst = self._build_instance(project, zone, body, bare=False, root="resource")
             except _InternalError:  # not reachable for insert (URLs are what it takes)
-                raise ApiError(500, "Internal error.", "backendError")
+                raise ApiError(500, "Internal error.", "backendError") from None
             target = f"{COMPUTE}/projects/{project}/zones/{zone}/instances/{name}"
             error = self._label_fault(project, zone, inst["labels"], inst["machineType"].rsplit("/", 1)[-1])
             if error is None:
@@ -1213,7 +1218,7 @@ class FakeCloud:
                 count = int(body.get("count") or 0)
                 min_count = int(body.get("minCount") or count)
             except (TypeError, ValueError):
-                raise _invalid("resource.count", body.get("count"), "Must be an integer.")
+                raise _invalid("resource.count", body.get("count"), "Must be an integer.") from None
             if count < 1:
                 raise _invalid("resource.count", body.get("count", ""), "Must be greater than 0.")
             if not 1 <= min_count <= count:
@@ -1345,8 +1350,8 @@ class FakeCloud:
                 raise ApiError(404, f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found",
                                "notFound")
             if inst.get("deletionProtection"):
-                raise ApiError(400, f"Invalid resource usage: 'Resource cannot be deleted if it's protected against "
-                                    f"deletion.'.", "resourceInUseByAnotherResource")
+                raise ApiError(400, "Invalid resource usage: 'Resource cannot be deleted if it's protected against "
+                                    "deletion.'.", "resourceInUseByAnotherResource")
             if inst.get("_deleted_at") is None:
                 inst["_deleted_at"] = time.monotonic()
             op = self._new_op("zone", project, zone, "delete", inst["selfLink"], request_id=request_id,
@@ -1472,7 +1477,8 @@ class FakeCloud:
         self._zone_check(zone)
         g = GPU_TYPES.get(name)
         if g is None or zone not in g["zones"]:
-            raise ApiError(404, f"The resource 'projects/{project}/zones/{zone}/acceleratorTypes/{name}' was not found", "notFound")
+            raise ApiError(404, f"The resource 'projects/{project}/zones/{zone}/acceleratorTypes/{name}' was not found",
+                           "notFound")
         return self._accelerator_view(project, zone, name)
 
     def list_accelerator_types(self, project: str, zone: str, query: dict) -> dict:
@@ -1579,7 +1585,8 @@ class FakeCloud:
             self._region_check(region)
             r = self.routers.get((project, region, name))
             if r is None:
-                raise ApiError(404, f"The resource 'projects/{project}/regions/{region}/routers/{name}' was not found", "notFound")
+                raise ApiError(404, f"The resource 'projects/{project}/regions/{region}/routers/{name}' was not found",
+                               "notFound")
             return copy.deepcopy(r)
 
     def list_routers(self, project: str, region: str, query: dict) -> dict:
@@ -1665,7 +1672,7 @@ class FakeCloud:
                 try:
                     ipaddress.ip_network(r, strict=False)
                 except ValueError:
-                    raise _invalid(f"resource.{key}", r, "Must be a CIDR range.")
+                    raise _invalid(f"resource.{key}", r, "Must be a CIDR range.") from None
         for key in ("sourceTags", "targetTags"):
             for t in body.get(key) or []:
                 if not NAME_RE.fullmatch(t):
@@ -1807,7 +1814,8 @@ class FakeCloud:
         if acc and cfg:
             raise _grpc_invalid("Only one of acceleratorType and acceleratorConfig may be specified.")
         if cfg:
-            acc = next((n for n, t in TPU_TYPES.items() if t["type"] == cfg.get("type") and t["topology"] == cfg.get("topology")), None)
+            acc = next((n for n, t in TPU_TYPES.items()
+                        if t["type"] == cfg.get("type") and t["topology"] == cfg.get("topology")), None)
             if acc is None:
                 raise _grpc_invalid(f"Unsupported accelerator config {cfg}.")
         if not acc:
@@ -2198,7 +2206,7 @@ class FakeCloud:
         see (or that does not exist) is 403 PERMISSION_DENIED."""
         with self.lock:
             if ident in self.hidden_projects:
-                raise ApiError(403, f"The caller does not have permission", grpc="PERMISSION_DENIED")
+                raise ApiError(403, "The caller does not have permission", grpc="PERMISSION_DENIED")
             p = self._project(ident)
             return {"name": f"projects/{p['projectNumber']}", "parent": "organizations/123456789012",
                     "projectId": p["projectId"], "state": p.get("state", "ACTIVE"), "displayName": p["projectId"],
@@ -2386,7 +2394,7 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 body = json.loads(raw) if raw else {}
             except ValueError:
-                raise ApiError(400, "Invalid JSON payload received.", "parseError")
+                raise ApiError(400, "Invalid JSON payload received.", "parseError") from None
             cloud.tick()
             status, payload = 200, _dispatch(cloud, method, url.path, query, body)
             cloud.tick()
@@ -2431,7 +2439,7 @@ class FakeGce:
         host, port = self.server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def __enter__(self) -> "FakeGce":
+    def __enter__(self) -> FakeGce:
         self.thread.start()
         self.cloud.endpoint = self.endpoint
         return self

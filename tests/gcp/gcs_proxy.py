@@ -186,7 +186,7 @@ class GcsProxy:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def start(self) -> "GcsProxy":
+    def start(self) -> GcsProxy:
         if self._server is not None:
             return self
         self._server = _Server(self._bind, _FrontHandler, self)
@@ -204,7 +204,7 @@ class GcsProxy:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def __enter__(self) -> "GcsProxy":
+    def __enter__(self) -> GcsProxy:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -61,10 +61,10 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Iterable
 from urllib.parse import parse_qs, urlsplit
 
 FLAVOR = ("Metadata-Flavor", "Google")
@@ -270,7 +270,7 @@ class MetadataServer(ThreadedService):
         httpd.mds = self
         return httpd
 
-    def __enter__(self) -> "MetadataServer":
+    def __enter__(self) -> MetadataServer:
         return self.start() if self._httpd is None else self
 
     def __exit__(self, *exc) -> None:

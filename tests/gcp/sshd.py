@@ -141,7 +141,7 @@ class Sshd:
                 time.sleep(0.05)
         return False
 
-    def start(self) -> "Sshd":
+    def start(self) -> Sshd:
         if os.geteuid() == 0:
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
         for group, addresses in self.groups.items():
@@ -219,7 +219,7 @@ class AuthorizedKeysWriter:
         path = self.sshd.keys_dir / address
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(l + "\n" for l in dict.fromkeys(lines)))
+        tmp.write_text("".join(line + "\n" for line in dict.fromkeys(lines)))
         os.chmod(tmp, 0o600)
         tmp.replace(path)
 

@@ -16,12 +16,11 @@ import textwrap
 from collections import Counter
 
 import pytest
+from conftest import BUCKET, PROJECT, gcp_spec
 
 from dsctl.orchestrator.run import JobRunner
 from dsctl.orchestrator.store import RunStore
 from dsctl.specs import load_spec
-
-from conftest import BUCKET, PROJECT, gcp_spec
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,6 @@ import json
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -27,7 +26,6 @@ from dsctl.provisioners.gcp import software, startup, wheelhouse
 from dsctl.provisioners.gcp.settings import local_tensorflow_version
 from dsctl.provisioners.gcp.wheel import build_wheel
 from dsctl.specs import load_spec_text
-
 from helpers import wait_for
 
 pytestmark = pytest.mark.slow

@@ -13,14 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import gcp_spec
 
 from dsctl.orchestrator.outcome import RunFailed
 from dsctl.orchestrator.run import JobRunner
 from dsctl.orchestrator.store import RunStore
 from dsctl.provisioners.gcp import naming
 from dsctl.specs import load_spec
-
-from conftest import gcp_spec
 
 pytestmark = pytest.mark.slow
 

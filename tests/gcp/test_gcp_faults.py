@@ -22,14 +22,13 @@ import textwrap
 import time
 
 import pytest
+from conftest import BUCKET, PROJECT, ZONE, gcp_spec
 
 from dsctl.orchestrator.run import JobRunner, RunFailed
 from dsctl.orchestrator.store import RunStore
 from dsctl.provisioners import Deployment
 from dsctl.provisioners.gcp import down_by_label, find_by_label
 from dsctl.specs import load_spec
-
-from conftest import BUCKET, PROJECT, ZONE, gcp_spec
 from helpers import dsctl, processes_under, wait_for
 
 NOTHING = {"instances": 0, "firewalls": 0, "tpus": 0}

@@ -15,13 +15,12 @@ import signal
 import stat
 
 import pytest
+from conftest import BUCKET, PROJECT, gcp_spec
 
 from dsctl.orchestrator.run import JobRunner
 from dsctl.orchestrator.store import RunStore
 from dsctl.provisioners import Deployment
 from dsctl.specs import load_spec
-
-from conftest import BUCKET, PROJECT, gcp_spec
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +62,8 @@ def test_job_runs_on_the_stand_in_cloud_and_leaves_nothing(cloud, sshd, home, tm
     rules = {b["name"]: b for k, b in cloud.created if k == "firewall"}
     allow, deny = rules[f"{tag}-svc"], rules[f"{tag}-deny"]
     # Ports 0 in this spec: chosen on the VMs, so the unprivileged range, open between the run's VMs only ...
-    assert allow["sourceTags"] == allow["targetTags"] == [tag] and allow["allowed"] == [{"IPProtocol": "tcp", "ports": ["1024-65535"]}]
+    assert allow["sourceTags"] == allow["targetTags"] == [tag]
+    assert allow["allowed"] == [{"IPProtocol": "tcp", "ports": ["1024-65535"]}]
     # ... and closed to everything else, ahead of the network's own allow rules (default-allow-internal: 65534).
     assert deny["sourceRanges"] == ["0.0.0.0/0"] and deny["targetTags"] == [tag] and deny["denied"] == allow["allowed"]
     assert allow["priority"] < deny["priority"] < 65534
@@ -137,7 +137,7 @@ def test_one_deployment_measured_twice_and_scaled_as_a_sweep_does(cloud, sshd, h
             time.sleep(0.2)
         assert owned.poll(sink).exit_codes == {0: 0}
         owned.stop_trainers()
-        ends = [json.loads(l) for l in open(metrics[0]) if '"end"' in l]
+        ends = [json.loads(line) for line in open(metrics[0]) if '"end"' in line]
         return ends[0]["batches"]
 
     p.check(spec, 3, tmp_path / "job")

@@ -17,12 +17,11 @@ import time
 import zipfile
 
 import pytest
+from conftest import PROJECT, ZONE, gcp_spec
+from fake_gce import matches, parse_filter
 
 from dsctl.orchestrator.run import JobRunner
 from dsctl.specs import SpecError, load_spec, load_spec_text
-
-from conftest import PROJECT, ZONE, gcp_spec
-from fake_gce import matches, parse_filter
 from helpers import EXAMPLES, dsctl, wait_for
 
 NOTHING = {"instances": 0, "firewalls": 0, "tpus": 0}
@@ -108,7 +107,7 @@ def test_plan_of_the_papers_resnet50_example(no_credentials):
 
     spec = load_spec(EXAMPLES / "gcp-resnet50.yaml").spec
     p = plan(spec)
-    assert [(l.role, l.machine, l.count, l.kind, l.provisioning) for l in p.lines] == [
+    assert [(line.role, line.machine, line.count, line.kind, line.provisioning) for line in p.lines] == [
         ("dispatcher", "n2-standard-8", 1, "VM", "spot"), ("workers", "n2-standard-8", 16, "VM", "spot"),
         ("trainers", "tpu-v2-8", 1, "TPU VM", "standard")]
     # Each line at the price of how it is bought: the service as Spot (the paper's $0.08/h), the TPU on-demand.
@@ -239,7 +238,7 @@ def test_a_process_that_ends_between_readings_is_never_reported_killed(tmp_path)
         out = subprocess.run(["bash", "-c", remote.launch(layout, str(program), "m", [])], capture_output=True,
                              text=True, timeout=30)
         _, start = remote.parse_launch(out.stdout)
-        seen.append(wait_for(lambda: ended(start), timeout=30, interval=0, what="the process to end").exit_code)
+        seen.append(wait_for(lambda start=start: ended(start), timeout=30, interval=0, what="the process to end").exit_code)
     assert seen == [0] * 30
 
 
@@ -531,12 +530,12 @@ def test_fetch_on_the_vm_unpacks_the_code_and_refuses_paths_outside_it(cloud, tm
     import sys
     import tarfile
 
+    from conftest import BUCKET
+
     from dsctl.provisioners.gcp import remote
     from dsctl.provisioners.gcp.clients import Clients
     from dsctl.provisioners.gcp.settings import GcpSettings
     from dsctl.provisioners.gcp.storage import Staging, code_archive
-
-    from conftest import BUCKET
 
     src = tmp_path / "job"
     (src / "pkg").mkdir(parents=True)
@@ -581,7 +580,8 @@ def test_fetch_on_the_vm_unpacks_the_code_and_refuses_paths_outside_it(cloud, tm
         sys.executable, BUCKET, staging.staging_prefix + "wh/", str(tmp_path / "wh"), [], settings.storage_host,
         manifest=True)], capture_output=True, text=True, timeout=60)
     out = fetch()
-    assert out.returncode == 0 and json.loads(out.stdout)["bytes"] > len(good) and (tmp_path / "wh" / "a.whl").read_bytes() == good
+    assert out.returncode == 0 and json.loads(out.stdout)["bytes"] > len(good)
+    assert (tmp_path / "wh" / "a.whl").read_bytes() == good
     staging.upload("wh/a.whl", bad)
     (tmp_path / "wh" / "a.whl").unlink()
     out = fetch()
@@ -611,13 +611,12 @@ def test_staging_gives_every_vm_kind_its_wheelhouse_and_the_vms_read_access(clou
     """With gcp.bootstrap (the default): this dsctl's wheel in the run's staging folder, one wheelhouse per VM kind
     uploaded once (manifest last) to a shared content-addressed folder, the bucket readable by the VMs' service
     account, and a startup script per kind pointing at them. `down` deletes the run's staging, not the caches."""
+    from conftest import BUCKET
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
     from dsctl.provisioners import Deployment
     from dsctl.provisioners.gcp import GcpProvisioner, stage, state, vms
-
-    from conftest import BUCKET
 
     monkeypatch.setenv("DSCTL_WHEELHOUSE_CACHE", str(tmp_path / "wheelhouses"))
     spec = load_spec(gcp_spec(tmp_path / "job", home=home, gcp={"bootstrap": "true", "python": "null"})).spec

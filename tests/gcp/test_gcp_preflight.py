@@ -8,11 +8,10 @@ with internal addresses only, and what the network's own firewall rules would ha
 from __future__ import annotations
 
 import pytest
+from conftest import PROJECT, ZONE, gcp_spec
 
 from dsctl.orchestrator.run import JobRunner
 from dsctl.specs import SpecError, load_spec
-
-from conftest import PROJECT, ZONE, gcp_spec
 from helpers import dsctl
 
 NOTHING = {"instances": 0, "firewalls": 0, "tpus": 0}
@@ -95,9 +94,8 @@ def test_a_network_without_ssh_is_refused_and_wider_rules_are_reported(cloud, ho
     # A rule ahead of the deny rule would keep them open: a warning, not a silent hole.
     from google.cloud import compute_v1 as c
 
-    from dsctl.provisioners.gcp.clients import Clients
-
     from dsctl.provisioners.gcp import operations
+    from dsctl.provisioners.gcp.clients import Clients
 
     clients = Clients(p._clients.settings)
 

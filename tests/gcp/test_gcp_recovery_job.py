@@ -18,14 +18,13 @@ from dataclasses import replace
 
 import psutil
 import pytest
+from conftest import PROJECT, ZONE, gcp_spec
 
 from dsctl.orchestrator.pricing import price_record
 from dsctl.orchestrator.run import JobRunner
 from dsctl.orchestrator.store import RunStore
 from dsctl.provisioners import Deployment
 from dsctl.specs import load_spec
-
-from conftest import PROJECT, ZONE, gcp_spec
 from helpers import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.background]  # they mostly wait: beside the other tests

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from conftest import PROJECT, ZONE
+
 from dsctl.provisioners import Deployment
 from dsctl.provisioners.gcp import GcpDeployment, GcpNode, GcpProvisioner, Vm
 from dsctl.provisioners.gcp.state import FirewallRule, RemoteProcess
-
-from conftest import PROJECT, ZONE
 
 NOTHING = {"instances": 0, "firewalls": 0, "tpus": 0}
 RUN = "legacy-0001"
@@ -70,9 +70,9 @@ def test_an_old_state_file_reads_as_typed_state(tmp_path):
 
 def test_down_of_an_old_state_file_deletes_every_vm_and_rule_in_it(cloud, home):
     """Every resource is deleted by the name the old state recorded: nothing is left for the sweep by label."""
-    from dsctl.orchestrator.deployments import handed_off
-
     from test_gcp_parts import _fleet, _machine, _rules
+
+    from dsctl.orchestrator.deployments import handed_off
 
     _fleet(RUN).create([_machine(RUN, "dispatcher", 0), _machine(RUN, "worker", 0), _machine(RUN, "worker", 1),
                         _machine(RUN, "trainer", 0, "tpu-v2-8")], _rules(RUN))

@@ -17,12 +17,11 @@ import time
 
 import psutil
 import pytest
+from conftest import BUCKET, PROJECT, ZONE, gcp_spec
 
 from dsctl.orchestrator.store import RunStore
 from dsctl.provisioners import Deployment
 from dsctl.provisioners.gcp import GcpProvisioner
-
-from conftest import BUCKET, PROJECT, ZONE, gcp_spec
 from helpers import processes_under, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.background]  # they mostly wait: beside the other tests

@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import google_crc32c
 import pytest
-
 from gcs_proxy import GCS_API_HOST, GCS_MEDIA_HOST, GcsProxy
 
 BUCKET = "dsctl-gcs-proxy-test"

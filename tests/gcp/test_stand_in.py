@@ -11,14 +11,13 @@ import time
 import uuid
 
 import pytest
+from fake_gce import FakeCloud, FakeGce, Faults, Timing
 from google.api_core import exceptions as gx
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1 as c
 from google.cloud import resourcemanager_v3 as rm
 from google.cloud import tpu_v2
-
-from fake_gce import FakeCloud, FakeGce, Faults, Timing
 
 P, Z = "stand-in-project", "us-central1-b"
 REGION = "us-central1"
@@ -120,9 +119,10 @@ def vm(name: str, machine: str = "n2-standard-8", *, zone: str = Z, image: str =
 
 
 def props(machine: str = "n2-standard-8", disk_type: str = "pd-balanced", **fields) -> c.InstanceProperties:
+    boot = c.AttachedDisk(boot=True, auto_delete=True, initialize_params=c.AttachedDiskInitializeParams(
+        source_image=DEBIAN, disk_size_gb=50, disk_type=disk_type))
     return c.InstanceProperties(machine_type=machine, network_interfaces=[c.NetworkInterface(network=NET)],
-                                disks=[c.AttachedDisk(boot=True, auto_delete=True, initialize_params=c.AttachedDiskInitializeParams(
-                                    source_image=DEBIAN, disk_size_gb=50, disk_type=disk_type))], **fields)
+                                disks=[boot], **fields)
 
 
 def bulk_res(names: list[str] | None = None, *, count: int | None = None, min_count: int | None = None,
@@ -130,7 +130,8 @@ def bulk_res(names: list[str] | None = None, *, count: int | None = None, min_co
     names = names or []
     res = c.BulkInsertInstanceResource(count=count if count is not None else len(names),
                                        instance_properties=props(**prop_fields),
-                                       per_instance_properties={n: c.BulkInsertInstanceResourcePerInstanceProperties() for n in names})
+                                       per_instance_properties={n: c.BulkInsertInstanceResourcePerInstanceProperties()
+                                                                for n in names})
     if min_count is not None:
         res.min_count = min_count
     if pattern:
@@ -169,7 +170,7 @@ def test_insert_accepts_partial_and_full_urls_and_returns_a_real_looking_instanc
 @pytest.mark.parametrize("machine_type,why", [
     ("n2-standard-8", "The URL is malformed"),  # insert takes a (partial) URL, not a bare name
     (f"zones/{Z}/machineTypes/n2-standard-7", "does not exist in zone"),
-    (f"zones/us-east4-a/machineTypes/a2-highgpu-1g", "Cross-zone"),
+    ("zones/us-east4-a/machineTypes/a2-highgpu-1g", "Cross-zone"),
     (f"zones/{Z}/machineTypes/a3-highgpu-8g", "does not exist in zone 'us-central1-b'"),  # no H100s in -b
 ])
 def test_insert_refuses_a_machine_type_that_is_not_a_zonal_url_of_an_existing_type(api, machine_type, why):
@@ -552,8 +553,9 @@ def test_networks_subnetworks_and_routers(api):
     with pytest.raises(gx.NotFound):
         api.networks.get(project=P, network="nope")
     assert list(api.routers.list(project=P, region=REGION)) == []
-    api.cloud.add_router(P, REGION, "nat-router", nats=[{"name": "nat", "sourceSubnetworkIpRangesToNat": "LIST_OF_SUBNETWORKS",
-                                                         "subnetworks": [{"name": sub.self_link, "sourceIpRangesToNat": ["ALL_IP_RANGES"]}]}])
+    api.cloud.add_router(P, REGION, "nat-router", nats=[{
+        "name": "nat", "sourceSubnetworkIpRangesToNat": "LIST_OF_SUBNETWORKS",
+        "subnetworks": [{"name": sub.self_link, "sourceIpRangesToNat": ["ALL_IP_RANGES"]}]}])
     (router,) = api.routers.list(project=P, region=REGION)
     assert router.nats[0].source_subnetwork_ip_ranges_to_nat == "LIST_OF_SUBNETWORKS"
     assert router.nats[0].subnetworks[0].name == sub.self_link and router.network.endswith("/networks/default")

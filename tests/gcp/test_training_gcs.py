@@ -3,11 +3,11 @@ TensorBoard copy (trainer.tensorboard_dir) and reading a checkpoint folder's lat
 
 from __future__ import annotations
 
+from conftest import BUCKET
+
 from dsctl.orchestrator import gcs
 from dsctl.orchestrator.checkpoints import latest
 from dsctl.orchestrator.tbevents import RunBoard, event_files
-
-from conftest import BUCKET
 
 
 def test_event_files_are_copied_to_a_gs_folder_and_checkpoints_read_from_one(gcs_emulator, tmp_path, monkeypatch):

@@ -24,9 +24,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from metadata_server import MetadataServer
 import vmboot
+from metadata_server import MetadataServer
 from vmboot import BootedVm
 
 BUCKET = "dsctl-test-staging"
@@ -121,8 +120,8 @@ def test_rootfs_cache_is_built_once_when_processes_race_and_stale_builds_are_red
     env = {**os.environ, "DSCTL_VMBOOT_CACHE": str(cache), "PATH": f"{fakebin}:{os.environ['PATH']}",
            "DSCTL_VMBOOT_MIRROR": "http://mirror.invalid/debian"}
     code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import vmboot; print(vmboot.ensure_rootfs())"
-    final = Path(subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r); import vmboot; "
-                                 "print(vmboot.rootfs_path())" % str(HERE)], env=env, capture_output=True,
+    final = Path(subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(HERE)!r}); import vmboot; "
+                                 "print(vmboot.rootfs_path())"], env=env, capture_output=True,
                                 text=True, check=True).stdout.strip())
     stale = cache / (".building-" + final.name)
     (stale / "junk").mkdir(parents=True)  # an interrupted build

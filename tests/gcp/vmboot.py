@@ -136,13 +136,15 @@ change :data:`ROOTFS_PACKAGES` or :data:`RECIPE_VERSION` and a new one is built;
 Each boot mounts an overlayfs (the cached tree read-only below, a throwaway upper directory in
 ``workdir``; mount option ``volatile``: nothing a boot writes is synced; if ``workdir``'s
 filesystem cannot hold an upper layer, e.g. it is itself an overlay as in many CI containers, a
-tmpfs instead, and ``vm.upper_on`` says "tmpfs") inside the VM's own mount namespace, and a fresh ``/proc`` (read-only ``/proc/sys`` except ``/proc/sys/net``, read-only
+tmpfs instead, and ``vm.upper_on`` says "tmpfs") inside the VM's own mount namespace, and a fresh
+``/proc`` (read-only ``/proc/sys`` except ``/proc/sys/net``, read-only
 ``/proc/sysrq-trigger``), read-only ``/sys``, a minimal ``/dev`` (null, zero, full, random,
 urandom, tty, ptmx, pts, shm, fd, std*), tmpfs ``/run``; ``/tmp`` is on the root disk as on the
 real image. The per-boot files are GCE's: ``/etc/hostname``, ``/etc/hosts`` (with
 ``169.254.169.254 metadata.google.internal metadata``), ``/etc/resolv.conf`` (nameserver
 169.254.169.254, where :class:`DnsStandIn` answers the metadata server's and the VM's own names
-and NXDOMAIN to everything else, at once). The VM's processes run as root (uid 0) via ``chroot`` in new mount, UTS, IPC, network and PID
+and NXDOMAIN to everything else, at once). The VM's processes run as root (uid 0) via ``chroot``
+in new mount, UTS, IPC, network and PID
 namespaces, without the capabilities that reach beyond them (sys_module, sys_boot, sys_time,
 sys_rawio, mknod, syslog, bpf, perfmon, ...): a buggy script cannot change this machine's clock,
 load modules or create device nodes for its disks.
@@ -205,11 +207,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
 
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:  # metadata_server sits next to this file (tests/gcp is not a package)
@@ -272,7 +274,7 @@ class VmUnsupported(VmBootError):
 
 
 class VmCommandError(VmBootError):
-    def __init__(self, result: "RunResult"):
+    def __init__(self, result: RunResult):
         super().__init__(f"command in the VM failed: {result}")
         self.result = result
 
@@ -299,7 +301,7 @@ class RunResult:
     def ok(self) -> bool:
         return self.exit_code == 0
 
-    def check(self) -> "RunResult":
+    def check(self) -> RunResult:
         if not self.ok:
             raise VmCommandError(self)
         return self
@@ -770,7 +772,7 @@ class DnsStandIn:
         with self._lock:
             return list(self._served)
 
-    def start(self, prepare_thread: Callable[[], None] | None = None) -> "DnsStandIn":
+    def start(self, prepare_thread: Callable[[], None] | None = None) -> DnsStandIn:
         ready, failure = threading.Event(), []
 
         def serve() -> None:
@@ -789,7 +791,7 @@ class DnsStandIn:
             while not self._stop.is_set():
                 try:
                     query, client = sock.recvfrom(4096)
-                except socket.timeout:
+                except TimeoutError:
                     continue
                 except OSError:
                     break
@@ -1203,7 +1205,7 @@ class BootedVm:
         return self._slot
 
     # ---- lifecycle -------------------------------------------------------------------------
-    def __enter__(self) -> "BootedVm":
+    def __enter__(self) -> BootedVm:
         self.start()
         return self
 
@@ -1215,7 +1217,7 @@ class BootedVm:
                 raise
             exc.add_note(f"(and tearing down the VM failed too: {cleanup_error})")
 
-    def start(self) -> "BootedVm":
+    def start(self) -> BootedVm:
         if self._started:
             raise VmBootError("a BootedVm boots once")
         self._started = True
@@ -1652,7 +1654,7 @@ class _Keeper:
 
     _lock = threading.Lock()
     _thread: threading.Thread | None = None
-    _jobs: "list[tuple[Callable[[], object], list, threading.Event]]" = []
+    _jobs: list[tuple[Callable[[], object], list, threading.Event]] = []
     _wake = threading.Condition(_lock)
 
     @classmethod

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from dsctl.provisioners import Deployment
-from dsctl.provisioners.processes import is_ours
-
 from contract.suite import ProviderContract
 from contract.toy.provider import ToyProvider, kill
+from dsctl.provisioners import Deployment
+from dsctl.provisioners.processes import is_ours
 
 pytestmark = pytest.mark.slow
 
