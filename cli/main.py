@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import time
 from pathlib import Path
 
 import typer
 
-from dsctl.errors import EXIT_BAD_INPUT
+from dsctl.errors import EXIT_BAD_INPUT, stop_on_signals
 from dsctl.orchestrator.preflight import load_job
 from dsctl.specs.schema import MAX_WORKERS
 
@@ -35,13 +34,6 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(cost_app, name="cost")
 app.add_typer(experiments_app, name="experiments")
 app.command("sweep")(sweep)
-
-def _sigterm_as_interrupt() -> None:
-    """SIGTERM (e.g. from a job scheduler) tears down like Ctrl-C does."""
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, handler)
-
 
 @app.command()
 def validate(spec: Path = typer.Argument(..., metavar="JOB.yaml", help="job spec YAML")) -> None:
@@ -113,7 +105,7 @@ def up(
     options = UpOptions(path=spec, workers=workers, mode=mode, detach=detach, autoscale=autoscale, dry_run=dry_run,
                         yes=yes, resume=resume, run_id=run_id, detached_child=detached_child)
     try:
-        result = run_up(loaded, options, talk, on_sigterm=_sigterm_as_interrupt)
+        result = run_up(loaded, options, talk, on_sigterm=stop_on_signals)
     finally:
         talk.close()
     if result.outcome == "detached":
@@ -143,7 +135,7 @@ def supervise(run_dir: Path = typer.Argument(..., help="the handed-over run's di
     """Run a job handed over by `dsctl up --detach` to its end, on the cloud (orchestrator/supervise.py)."""
     from dsctl.orchestrator.supervise import supervise as run_supervised
 
-    _sigterm_as_interrupt()
+    stop_on_signals()
     raise typer.Exit(run_supervised(run_dir))
 
 

@@ -8,6 +8,8 @@ do, and it carries the exit code the command ends with. The CLI prints it and ex
 
 from __future__ import annotations
 
+import signal
+
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
 
 
@@ -19,3 +21,31 @@ class DsctlError(Exception):
     def for_user(self) -> str:
         """What the CLI prints after 'error: '."""
         return str(self)
+
+
+class Signalled(KeyboardInterrupt):
+    """A signal that ends a command the way Ctrl-C does (tear down, record, one line), and with its own exit code:
+    128 + the signal's number (SIGINT 130, SIGTERM 143, SIGHUP 129), as a shell reports a process it ended."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def signum_of(exc: BaseException) -> int:
+    """The signal a KeyboardInterrupt stands for: SIGINT unless it is a Signalled."""
+    return exc.signum if isinstance(exc, Signalled) else signal.SIGINT
+
+
+def stop_on_signals(*signums: int) -> None:
+    """From now on these signals (default SIGTERM and SIGHUP: a scheduler, a closed terminal) end the command as
+    Ctrl-C does, raising Signalled in the main thread."""
+    def handler(signum, frame):
+        raise Signalled(signum)
+
+    for signum in signums or (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, handler)

@@ -13,10 +13,11 @@ anything else becomes RunFailed (exit 1) carrying the run id.
 
 from __future__ import annotations
 
+import signal
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from dsctl.errors import EXIT_INTERRUPTED, DsctlError
+from dsctl.errors import DsctlError
 from dsctl.specs import SpecError
 
 
@@ -33,9 +34,12 @@ class RunFailed(DsctlError):
 
 
 class Interrupted(DsctlError):
-    """Ctrl-C (or SIGTERM) during a run: everything it started is stopped and what it measured is recorded."""
+    """Ctrl-C (or SIGTERM, SIGHUP) during a run: everything it started is stopped and what it measured is recorded.
+    The command exits 128 + the signal's number."""
 
-    exit_code = EXIT_INTERRUPTED
+    def __init__(self, message: str, signum: int = signal.SIGINT):
+        super().__init__(message)
+        self.exit_code = 128 + signum
 
 
 @dataclass

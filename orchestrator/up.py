@@ -13,6 +13,7 @@ The CLI renders what it is told through a `Conversation` and the result; it deci
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from dsctl.errors import signum_of
 from dsctl.provisioners import HandsOff, Plans, get_provider
 from dsctl.specs import LoadedSpec, SpecError
 
@@ -76,7 +78,7 @@ class UpResult:
 def up(loaded: LoadedSpec, opt: UpOptions, talk: Conversation,
        on_sigterm: Callable[[], None] = lambda: None) -> UpResult:
     """Run `dsctl up` as `opt` says. SpecError for bad input, RunFailed if the run failed, Interrupted on Ctrl-C
-    (everything it started is stopped and recorded). `on_sigterm` arms SIGTERM to act as Ctrl-C once the run is
+    (everything it started is stopped and recorded). `on_sigterm` arms SIGTERM and SIGHUP to act as Ctrl-C once the run is
     about to start."""
     resumed = None
     if opt.resume:
@@ -98,9 +100,10 @@ def up(loaded: LoadedSpec, opt: UpOptions, talk: Conversation,
             runner.follow_hand_off()
         else:
             runner.run(keep_up=opt.detached_child)
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted: everything run {runner.run_id} started has been stopped; what it measured is "
-                          "recorded (`dsctl runs show` has it).") from None
+    except KeyboardInterrupt as exc:
+        raise Interrupted(f"interrupted ({signal.Signals(signum_of(exc)).name}): everything run {runner.run_id} "
+                          "started has been stopped; what it measured is recorded (`dsctl runs show` has it).",
+                          signum_of(exc)) from None
     result = UpResult("finished", runner.run_id, runner.store.get(runner.run_id))
     if opt.detached_child:
         runner.supervise_until_stopped()
@@ -141,8 +144,9 @@ def _hand_off(loaded: LoadedSpec, runner: JobRunner, opt: UpOptions, on_sigterm:
     on_sigterm()
     try:
         latest = runner.hand_off()
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted: everything run {runner.run_id} started has been deleted.") from None
+    except KeyboardInterrupt as exc:
+        raise Interrupted(f"interrupted ({signal.Signals(signum_of(exc)).name}): everything run {runner.run_id} "
+                          "started has been deleted.", signum_of(exc)) from None
     cloud = runner._cloud
     return UpResult("handed-off", runner.run_id, latest=latest,
                     max_duration_s=cloud.limits(runner.spec).max_duration_s)
