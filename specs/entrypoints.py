@@ -3,10 +3,17 @@ with a time limit.
 
 Importing the user's module runs the user's code: a module that loops or waits at import
 would hang `dsctl validate` and `dsctl up` forever if it were imported here. The child
-(entrypoint_child.py) runs in its own process group, which is killed, with anything the
-module started, when the check ends, passes its limit, or dsctl is interrupted. It checks
-what the runtime needs: each module imports, has the function, and a pipeline function
-called with `pipeline.params` returns a tf.data.Dataset.
+(entrypoint_child.py) checks what the runtime needs: each module imports, has the function,
+and a pipeline function called with `pipeline.params` returns a tf.data.Dataset.
+
+The user's code may also start processes, daemons among them (setsid, a double fork), which
+leave any process group. So the child is run by a `ChildRunner` the caller gives: one that
+ends the child and everything it started when the check ends, passes its limit, or dsctl is
+interrupted. The one dsctl uses puts the child in a cgroup of its own
+(dsctl.orchestrator.preflight.check_entrypoints, with provisioners/containment.py); this
+package, which imports nothing of dsctl's, cannot, and so runs no user code itself
+(`specs.load_spec` only reads and validates). `in_process_group` is the runner where no
+container can be made: it ends the child's process group only.
 """
 
 from __future__ import annotations
@@ -14,13 +21,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+from . import exits
 from .errors import SpecError
 
 if TYPE_CHECKING:
@@ -47,9 +53,16 @@ def timeout_s() -> float:
     return value
 
 
-def check_entrypoints(loaded: LoadedSpec) -> None:
+class ChildRunner(Protocol):
+    def __call__(self, argv: list[str], limit_s: float) -> tuple[int | None, bool]:
+        """Run `argv` (stdin, stdout and stderr the null device) for at most `limit_s` seconds; end it and everything
+        it started before returning, whatever happens (Ctrl-C included). (exit code, whether it passed the limit)."""
+        ...
+
+
+def check_entrypoints(loaded: LoadedSpec, run: ChildRunner) -> None:
     """Raise a SpecError at the entrypoint's line if it does not import, has no such function,
-    does not return a dataset, or takes longer than the limit."""
+    does not return a dataset, or takes longer than the limit. The child runs through `run`."""
     spec = loaded.spec
     pipeline = spec.pipeline.entrypoint
     model = spec.trainer.model.entrypoint if spec.trainer.model.kind in ("python", "keras") else None
@@ -64,7 +77,8 @@ def check_entrypoints(loaded: LoadedSpec) -> None:
     if request in _passed:
         return
     limit = timeout_s()
-    result, code, timed_out = _run_child(request, limit)
+    watched = exits.watch(os.getpid())  # the child's memory cgroups are this process's (or below them)
+    result, code, timed_out = _run_child(request, limit, run)
     if result.get("ok") and not timed_out:
         _passed.add(request)
         return
@@ -80,34 +94,26 @@ def check_entrypoints(loaded: LoadedSpec) -> None:
             f"{doing} did not finish within {limit:g} s, the limit for checking an entrypoint ({TIMEOUT_ENV} "
             "changes it), so the check was stopped and its process killed. Look for code in the module, or in "
             "the function, that waits or loops: a network call, a prompt for input, a `while True`."))
+    if code is not None and code in (exits.KILLED, exits.SHELL_KILLED):
+        raise loaded.error(loc, (
+            f"checking module '{module}' ended without a result: its process "
+            f"{exits.describe_exit(code, exits.oom_evidence(None, watched))}."))
+    ended = f"exited with code {code}" if code is None or code >= 0 else exits.describe_exit(code)
     raise loaded.error(loc, (
-        f"checking module '{module}' ended without a result (its process exited with code {code}): the module "
+        f"checking module '{module}' ended without a result (its process {ended}): the module "
         "or the function ended the process (os._exit) or crashed it."))
 
 
-def _run_child(request: str, limit: float) -> tuple[dict, int | None, bool]:
-    """(what the child reported, its exit code, whether it passed the limit); the child's process
-    group is killed before this returns, whatever happens (Ctrl-C included)."""
+def _run_child(request: str, limit: float, run: ChildRunner) -> tuple[dict, int | None, bool]:
+    """(what the child reported, its exit code, whether it passed the limit)."""
     with tempfile.TemporaryDirectory(prefix="dsctl-entrypoint-") as tmp:
         out, inp = os.path.join(tmp, "result.json"), os.path.join(tmp, "request.json")
         with open(inp, "w") as f:
             f.write(request)  # a file, not an argument: params may be longer than an argument can be
-        proc = subprocess.Popen([sys.executable, str(CHILD), inp, out], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        timed_out = False
-        try:
-            proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # its own group (start_new_session): the child and what it started
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
+        code, timed_out = run([sys.executable, str(CHILD), inp, out], limit)
         try:
             with open(out) as f:
                 result = json.load(f)
         except (OSError, ValueError):
             result = {}
-    return result, proc.returncode, timed_out
+    return result, code, timed_out

@@ -1,6 +1,7 @@
-"""Load a job spec from YAML: parse, validate fields, validate pipeline params, apply rules, and (for a
-file) check its entrypoints in a child process. (Its price catalog and its command, which need the cost
-model and the provider, are checked above this package: orchestrator/preflight.py load_job.)"""
+"""Load a job spec from YAML: parse, validate fields, validate pipeline params, apply rules. Nothing of the
+user's code runs here: its entrypoints (checked in a contained child process), its price catalog and its
+command, which need containment, the cost model and the provider, are checked above this package:
+orchestrator/preflight.py load_job."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import hashlib
 import json
 import os
 
-from . import entrypoints
 from .errors import SpecError
 from .loaded import LoadedSpec
 from .pipelines import PARAMS_BY_BUILTIN
@@ -42,17 +42,19 @@ def from_source(src: YamlSource) -> LoadedSpec:
     return LoadedSpec(spec=spec, source=src)
 
 
-def load_spec(path: str | os.PathLike[str], *, check_entrypoints: bool = True) -> LoadedSpec:
+def load_spec(path: str | os.PathLike[str], *, check_entrypoints: bool = False) -> LoadedSpec:
     """Read, validate and return a job spec; every problem is a SpecError naming file:line.
 
-    With check_entrypoints, user entrypoints are imported (and a pipeline function called) in a
-    child process with a time limit (see entrypoints.py): a module that hangs at import is an
-    error at its spec line, and nothing of the user's code runs in this process.
+    It runs none of the user's code. The entrypoint check (entrypoints.py: the user's modules imported, and a
+    pipeline function called, in a child process with a time limit) is made by
+    dsctl.orchestrator.preflight.load_job, which ends that child and all it started with a cgroup of its own; this
+    package cannot make one. `check_entrypoints` is accepted for callers written when the check was made here:
+    False, or a TypeError that says where the check is.
     """
-    loaded = from_source(read_yaml(path))
     if check_entrypoints:
-        entrypoints.check_entrypoints(loaded)
-    return loaded
+        raise TypeError("specs.load_spec no longer checks entrypoints (it cannot contain the user's code); "
+                        "use dsctl.orchestrator.preflight.load_job")
+    return from_source(read_yaml(path))
 
 
 def load_spec_text(text: str, source: str = "<spec>") -> LoadedSpec:

@@ -1,18 +1,24 @@
 """Shared fixtures: an isolated DSCTL_HOME per test that also fails the test if it leaves processes behind;
-the test tiers; how a test shares this machine with the one beside it."""
+the test tiers; how a test shares this machine with the one beside it; and, once the whole session has run, a
+check that no cgroup of dsctl's is left."""
 
 from __future__ import annotations
 
 import fcntl
 import os
 import re
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from helpers import processes_under
+
+# The provider contract suite's asserts say what they compared, as a test file's do.
+pytest.register_assert_rewrite("contract.suite")
 
 # -- tiers ------------------------------------------------------------------------------------------------------------
 #
@@ -160,3 +166,97 @@ def home(tmp_path, monkeypatch) -> Path:
     assert not leftovers, f"processes left running: {[p.cmdline() for p in leftovers]}"
 
 
+
+
+# -- the end of the session: nothing of dsctl's left (processes, mounts, cgroups) -----------------------------------
+
+def pytest_sessionfinish(session, exitstatus):
+    """In the main process (not an xdist worker), once every test has run, nothing of dsctl's from this session is
+    left: no process whose command line or DSCTL_HOME lies below the session's temp folders (a process holds the
+    run's network namespace and its listening ports, so none of those is left either), no mount below them (the
+    tests' small disks), and no cgroup that dsctl made for a run of this session (provisioners/containment.py,
+    `dsctl-run-<run id>` for a run dir below the session's temp folder) or for an entrypoint check whose dsctl is
+    gone. What is left is ended, and the session fails naming it. Another session's (one running beside this one)
+    are left alone."""
+    if hasattr(session.config, "workerinput"):
+        return
+    from dsctl.provisioners.containment import CHECK_PREFIX, RUN_PREFIX, Cgroup, cgroup_name, leftover_cgroups
+
+    base = session.config._tmp_path_factory.getbasetemp()
+    roots = _session_roots(base)
+    lines = [f"process {pid}: {cmd}" for pid, cmd in _processes_below(roots)]
+    lines += [f"mount {m}" for m in _mounts_below(roots)]
+    found = leftover_cgroups()
+    ours = {cgroup_name(RUN_PREFIX, run) for run in _run_ids_below(base)} if found else set()
+    left = [g for g in found if g.name in ours or (g.name.startswith(CHECK_PREFIX) and _abandoned(g.name))]
+    for path in left:
+        group = Cgroup(path)
+        held = group.describe(limit=5)
+        try:
+            group.end()
+        except (OSError, TimeoutError) as exc:
+            held.append(f"(could not be ended: {exc})")
+        lines.append(f"cgroup {path}: {'; '.join(held) or 'empty'}")
+    if not lines:
+        return
+    _end_leftovers(roots)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("left after the session by dsctl (a teardown or a test's clean-up missed each):", red=True)
+        for line in lines:
+            reporter.write_line(f"  {line}", red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _run_ids_below(base: Path) -> set[str]:
+    """The names of the run dirs (`.../runs/<run id>`) below `base` (symlinks, e.g. the shared cache, not followed)."""
+    ids = set()
+    for folder, dirs, _files in os.walk(base):
+        if os.path.basename(folder) == "runs":
+            ids.update(dirs)
+            dirs.clear()
+    return ids
+
+
+def _abandoned(name: str) -> bool:
+    """A check's cgroup (`dsctl-check-<pid>-<n>`) whose dsctl process is gone."""
+    owner = name.split("-")[2] if name.count("-") >= 3 else ""
+    return owner.isdigit() and not Path(f"/proc/{owner}").exists()
+
+
+def _session_roots(base: Path) -> list[str]:
+    """The session's temp folders: pytest's (the workers' are below it) and, the same session seen through a
+    symlink, its resolved path."""
+    return sorted({str(base), str(base.resolve())})
+
+
+def _processes_below(roots: list[str]) -> list[tuple[int, str]]:
+    """Live processes (pid, command line) whose command line or DSCTL_HOME names a path below one of `roots`."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            if p.pid == os.getpid() or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            text = " ".join(p.info["cmdline"] or []) + " " + (p.info["environ"] or {}).get("DSCTL_HOME", "")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if any(root in text for root in roots):
+            found.append((p.pid, text.strip()[:200]))
+    return found
+
+
+def _mounts_below(roots: list[str]) -> list[str]:
+    """Mount points below one of `roots` (from /proc/self/mounts, where a space in a path is written \\040)."""
+    points = [line.split()[1].replace("\\040", " ") for line in Path("/proc/self/mounts").read_text().splitlines()]
+    return [m for m in points if any(m.startswith(root + "/") for root in roots)]
+
+
+def _end_leftovers(roots: list[str]) -> None:
+    """Kill what was found and unmount what is mounted, so a failed session leaves the machine clean."""
+    for pid, _ in _processes_below(roots):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    for point in sorted(_mounts_below(roots), reverse=True):
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)

@@ -58,7 +58,9 @@ def test_examples_folder_holds_exactly_the_documented_examples():
 @pytest.mark.parametrize("name", EXAMPLES)
 @pytest.mark.integration  # the keras examples' entrypoints are checked in child processes that import TensorFlow
 def test_example_loads(name):
-    loaded = load_spec(EXAMPLES_DIR / f"{name}.yaml")
+    from dsctl.orchestrator.preflight import load_job
+
+    loaded = load_job(EXAMPLES_DIR / f"{name}.yaml")
     assert loaded.spec.name == name  # the file name and the job name agree
     assert loaded.base_dir == EXAMPLES_DIR.resolve()
     assert len(spec_hash(loaded.spec)) == 16
@@ -1235,9 +1237,11 @@ def test_a_file_that_never_ends_is_refused():
 
 @pytest.mark.integration  # entrypoint check in a child process
 def test_a_model_entrypoint_that_imports_passes_and_nothing_runs_here(tmp_path):
+    from dsctl.orchestrator.preflight import load_job
+
     (tmp_path / "mymodel.py").write_text("import sys\nsys.modules['__main__'].IMPORTED = True\n"
                                          "def step(batch):\n    pass\n")
-    spec = load_spec(write(tmp_path, "name: a\ntrainer:\n  steps: 10\n  model: {kind: python, entrypoint: mymodel:step}\n"
+    spec = load_job(write(tmp_path, "name: a\ntrainer:\n  steps: 10\n  model: {kind: python, entrypoint: mymodel:step}\n"
                                      "pipeline: {builtin: synthetic}\n")).spec
     assert spec.trainer.model.entrypoint == "mymodel:step"
     assert "mymodel" not in sys.modules and not hasattr(sys.modules["__main__"], "IMPORTED")
@@ -1245,10 +1249,12 @@ def test_a_model_entrypoint_that_imports_passes_and_nothing_runs_here(tmp_path):
 
 @pytest.mark.integration  # entrypoint check in a child process
 def test_entrypoints_can_be_left_unchecked(tmp_path):
+    from dsctl.orchestrator.preflight import load_job
+
     path = write(tmp_path, "name: a\ntrainer: {steps: 10}\npipeline: {entrypoint: 'nosuchmodule:make'}\n")
-    assert load_spec(path, check_entrypoints=False).spec.pipeline.entrypoint == "nosuchmodule:make"
+    assert load_job(path, check_entrypoints=False).spec.pipeline.entrypoint == "nosuchmodule:make"
     with pytest.raises(SpecError, match="no module 'nosuchmodule'"):
-        load_spec(path)
+        load_job(path)
 
 
 @pytest.mark.slow
@@ -1256,7 +1262,7 @@ def test_a_pipeline_entrypoint_that_returns_a_dataset_passes(tmp_path):
     """Starts a child that imports TensorFlow (that is why it is slow); this process never does."""
     (tmp_path / "mypipe.py").write_text("import tensorflow as tf\n\ndef make(n=4):\n    return tf.data.Dataset.range(n)\n")
     path = write(tmp_path, "name: a\ntrainer: {steps: 10}\npipeline: {entrypoint: 'mypipe:make', params: {n: 8}}\n")
-    code = (f"import sys\nfrom dsctl.specs import load_spec\nload_spec({str(path)!r})\n"
+    code = (f"import sys\nfrom dsctl.orchestrator.preflight import load_job\nload_job({str(path)!r})\n"
             "assert 'tensorflow' not in sys.modules\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
 

@@ -16,6 +16,7 @@ import psutil
 
 from dsctl.runtime.readiness import read_json, write_json_atomic
 
+from ..containment import Cgroup
 from ..state import Node, ProcessRef, from_dict
 from .processes import spawn
 from .state import Isolation, LocalNode
@@ -32,12 +33,13 @@ class Launcher:
     def __init__(self, run_dir: Path):
         self.dir = Path(run_dir) / "launcher"
 
-    def start(self, log: Path, isolate: bool = False) -> ProcessRef:
-        """Start the launcher; with `isolate`, in a network namespace of its own (see isolation())."""
+    def start(self, log: Path, isolate: bool = False, cgroup: Cgroup | None = None) -> ProcessRef:
+        """Start the launcher; with `isolate`, in a network namespace of its own (see isolation()); in `cgroup`, so
+        that everything it forks, and all they start, is in the run's cgroup."""
         self.dir.mkdir(parents=True, exist_ok=True)
         ref = ProcessRef()
         spawn(ref, ["dsctl.runtime.launcher", "--requests", str(self.dir), *(["--isolate-network"] if isolate else [])],
-              log)
+              log, cgroup=cgroup)
         return ref
 
     def isolation(self) -> Isolation | None:

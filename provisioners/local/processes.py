@@ -1,8 +1,10 @@
-"""Starting a run's local processes, each in its own session and process group.
+"""Starting a run's local processes, each in its own session and process group, all in the run's cgroup.
 
 Each process gets its own session, so Ctrl-C in the terminal reaches only dsctl, which then
 stops them in order (provisioners/processes.py stop_groups); `dsctl down` can stop a whole
-group later, identified by pid AND start time (never by process name).
+group later, identified by pid AND start time (never by process name). A process started
+with a cgroup joins it before it runs a single instruction of its own (provisioners/containment.py),
+so whatever it starts, in any session, is found and ended with the run.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import psutil
 
+from ..containment import Cgroup
 from ..state import Node, ProcessRef
 
 
@@ -46,13 +49,22 @@ def enter_namespaces_of(pid: int) -> list[str]:
 
 
 def spawn(node: Node | ProcessRef, args: list[str], log: Path, cpus: list[int] | None = None,
-          prefix: list[str] | None = None) -> subprocess.Popen:
-    """Start `python -m <args>` for `node` (pinned to `cpus` if given), filling in its pid, pgid, start time and log.
+          prefix: list[str] | None = None, cgroup: Cgroup | None = None) -> subprocess.Popen:
+    """Start `python -m <args>` for `node` (pinned to `cpus` if given, in `cgroup` if given), filling in its pid,
+    pgid, start time and log.
 
     `prefix` (from enter_namespaces_of) starts it in another process's namespaces; nsenter execs
     python in place, so the pid and start time are python's."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    join = cgroup.joiner() if cgroup is not None else None
+
+    def before_exec() -> None:  # in the child, between fork and exec
+        if join is not None:
+            join()  # first: nothing it runs, nor anything that forks, is ever outside the run's cgroup
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    pin = before_exec if join is not None or cpus else None
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         proc = subprocess.Popen(

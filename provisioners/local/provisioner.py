@@ -11,6 +11,12 @@ authentication and binds every interface, so that is what keeps anyone else on
 the machine's network from submitting dataset graphs or registering workers.
 Where namespaces are not allowed the run goes on in the machine's network and
 says so (event "not-isolated"). DSCTL_LOCAL_ISOLATION=none|require changes that.
+
+Every process of the deployment is also in one cgroup of its own (containment.py): the launcher
+joins it before it runs, so all it forks, and whatever those start in sessions of their own
+(daemons), is inside. Teardown stops the process groups in order, then ends the cgroup: nothing
+the run started is left. Where cgroups cannot be made here the run goes on with process groups
+only and says so (event "not-contained"); DSCTL_LOCAL_CONTAINMENT=none|require changes that.
 """
 
 from __future__ import annotations
@@ -31,8 +37,10 @@ from dsctl.runtime.serve import EXIT_PORT_IN_USE
 from dsctl.specs import SpecError
 from dsctl.specs.schema import JobSpec
 
+from .. import containment
+from ..containment import Cgroup, container_of
 from ..contract import EventSink, Poll, ServerExit, TrainerLaunch, TrainerState
-from ..processes import is_ours, stop_groups
+from ..processes import is_ours, reap, stop_groups
 from ..registry import register
 from ..state import Deployment, Node, StateCodec
 from .launcher import Launcher
@@ -115,6 +123,7 @@ class LocalProvisioner:
         return local_capacity(trainers)
 
     def check(self, spec: JobSpec, workers: int, base_dir: Path) -> None:
+        containment.mode()  # an unknown DSCTL_LOCAL_CONTAINMENT is refused before anything starts
         if isolation_mode() not in ISOLATION_MODES:
             raise SpecError(f"the environment variable {ISOLATION_ENV} is {os.environ.get(ISOLATION_ENV)!r}; use auto "
                             "(the default: the deployment in a network of its own where this machine allows it), none "
@@ -181,7 +190,8 @@ class LocalProvisioner:
         if self._launcher is not None and self._launcher_alive(dep):
             self._launcher.request(node, module, argv, log, cpus)
         else:
-            self._procs[(node.role, node.index)] = spawn(node, [module, *argv], log, cpus, self._namespace_prefix(dep))
+            self._procs[(node.role, node.index)] = spawn(node, [module, *argv], log, cpus, self._namespace_prefix(dep),
+                                                         container_of(self._dep_state(dep)))
         dep.save()
 
     def _namespace_prefix(self, dep: Deployment) -> list[str]:
@@ -252,7 +262,7 @@ class LocalProvisioner:
         the time to the first batch.
         """
         run_dir = Path(dep.run_dir)
-        self._start_launcher(dep, isolate=isolation_mode() != "none")
+        self._start_launcher(dep, events, isolate=isolation_mode() != "none")
         self._service_cpus = spec.service.worker_cpus
         port = self._pick_port(dep)
         ready_file, status_file = str(run_dir / "ready" / "dispatcher.json"), str(run_dir / "dispatcher-status.json")
@@ -271,13 +281,33 @@ class LocalProvisioner:
         # The launcher answers before it imports TensorFlow, and forks nothing until that is done: no time lost.
         self._report_isolation(dep, events)
 
-    def _start_launcher(self, dep: Deployment, isolate: bool = False) -> None:
-        """Start the launcher once per deployment; one started for a service isolates its network."""
+    def _start_launcher(self, dep: Deployment, events: EventSink, isolate: bool = False) -> None:
+        """Start the launcher once per deployment, in the run's cgroup; one started for a service isolates its
+        network."""
         if self._launcher is None:
+            group = self._contain(dep, events)
             self._launcher = Launcher(Path(dep.run_dir))
             self._dep_state(dep).launcher = self._launcher.start(Path(dep.run_dir) / "logs" / "launcher.log",
-                                                                 isolate=isolate)
+                                                                 isolate=isolate, cgroup=group)
             dep.save()
+
+    def _contain(self, dep: Deployment, events: EventSink) -> Cgroup | None:
+        """The run's cgroup, made before its first process starts (its path saved first, so `dsctl down` after
+        `kill -9` of `dsctl up` at any moment finds it); where it cannot be made, a `not-contained` warning (or,
+        under DSCTL_LOCAL_CONTAINMENT=require, a refusal before anything starts)."""
+        state = self._dep_state(dep)
+        if state.container is not None:
+            return container_of(state)
+        state.container = containment.plan_run(dep.run_id)
+        dep.save()
+        state.container, group = containment.make_run(state.container)
+        dep.save()
+        if group is not None:
+            events("contained", f"every process of the run is in cgroup {group.path}: its teardown and `dsctl down` "
+                                "end all of them, daemons included")
+        else:
+            events("not-contained", containment.not_contained_warning(state.container.reason))
+        return group
 
     def _report_isolation(self, dep: Deployment, events: EventSink) -> None:
         """Wait for the launcher to say whether the deployment has a network of its own, keep it in the state
@@ -351,7 +381,7 @@ class LocalProvisioner:
 
     # -- trainers ---------------------------------------------------------------
     def start_trainers(self, dep: Deployment, launch: TrainerLaunch, events: EventSink) -> None:
-        self._start_launcher(dep)
+        self._start_launcher(dep, events)
         launch.metrics_dir.mkdir(parents=True, exist_ok=True)
         for old in dep.by_role("trainer"):
             dep.nodes.remove(old)
@@ -521,6 +551,42 @@ class LocalProvisioner:
         if launcher is not None:
             stop_groups([launcher])
         stop_groups(Launcher(Path(dep.run_dir)).forked())
+        # Last, the cgroup: what is still in it left its process group (a daemon a pipeline or a user's script
+        # started), and is stopped with it.
+        if not self._end_container(dep, events):
+            return
         dep.status = "down"
         dep.save()
         events("down", "all processes stopped")
+
+    def _end_container(self, dep: Deployment, events: EventSink) -> bool:
+        """End the run's cgroup and everything still in it; False (the deployment stays listed, for `dsctl down`
+        to try again) if the kernel did not end them in time."""
+        group = container_of(self._dep_state(dep))
+        if group is None:
+            return True
+        pids = [p.pid for p in self._procs.values()] + [n.pid for n in dep.nodes if n.pid]
+        launcher = self._dep_state(dep).launcher
+        if launcher is not None and launcher.pid:
+            pids.append(launcher.pid)
+
+        def reap_ours() -> None:
+            for pid in pids:
+                reap(pid)
+
+        try:
+            left = group.end(grace_s=containment.STRAY_GRACE_S, reap=reap_ours)
+        except TimeoutError as exc:
+            events("not-down", f"{exc}; `dsctl down {dep.run_id}` tries again")
+            dep.save()
+            return False
+        except OSError as exc:
+            events("not-down", f"the run's cgroup {group.path} could not be ended ({exc.strerror}); `dsctl down "
+                               f"{dep.run_id}` tries again")
+            dep.save()
+            return False
+        if left:
+            events("strays-stopped", f"{len(left)} process(es) that the run's processes started outside their process "
+                                     f"groups (daemons) were still running at teardown, and were stopped with the "
+                                     f"run's cgroup: {'; '.join(left[:5])}{' …' if len(left) > 5 else ''}")
+        return True

@@ -1,13 +1,15 @@
-"""What the local provider keeps of a deployment: per process its port and ready file, and the launcher.
+"""What the local provider keeps of a deployment: per process its port and ready file, the launcher, and the
+cgroup every process of the run is in.
 
 Saved in the run's state file with the rest of the deployment (provisioners/state.py), so `dsctl down`
-in a new process finds the launcher and every process it forked.
+in a new process finds the launcher, every process it forked, and (in the cgroup) whatever those started.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..containment import Containment
 from ..state import DeploymentState, NodeState, ProcessRef, from_dict, legacy_monitor
 
 
@@ -42,6 +44,8 @@ class Isolation:
 class LocalDeployment(DeploymentState):
     launcher: ProcessRef | None = None  # the pre-loaded process that forks every other (runtime/launcher.py)
     isolation: Isolation | None = None
+    # The cgroup the launcher (and so every process of the run) is in, recorded before it is made (containment.py).
+    container: Containment | None = None
 
 
 class LocalCodec:
@@ -51,8 +55,10 @@ class LocalCodec:
     def deployment_state(self, data: dict) -> LocalDeployment:
         isolation = data.get("isolation")
         launcher = data.get("launcher")
+        container = data.get("container")
         return LocalDeployment(launcher=from_dict(ProcessRef, launcher) if launcher else None,
-                               isolation=from_dict(Isolation, isolation) if isolation else None)
+                               isolation=from_dict(Isolation, isolation) if isolation else None,
+                               container=from_dict(Containment, container) if container else None)
 
     def from_legacy(self, data: dict) -> dict:
         """Before typed state: every detail in a node's `extra`, the launcher a `launcher` pseudo-node."""
