@@ -44,8 +44,8 @@ def run_app(app: typer.Typer) -> None:
     a runtime failure 1, an interrupted run 130).
 
     Typer itself turns usage errors into exit 2 and Ctrl-C inside a command into a silent exit 130; that one
-    gets interrupted()'s line here. A run that was interrupted says what it stopped (Interrupted). A full disk
-    is one paragraph and exit 1.
+    gets interrupted()'s line here. A run that was interrupted says what it stopped (Interrupted). A full disk,
+    and a DSCTL_HOME that cannot be written (read-only, a file, not the user's), are one paragraph and exit 1.
     """
     store.private_umask()
     store.notices.addHandler(_Notices())
@@ -63,6 +63,10 @@ def run_app(app: typer.Typer) -> None:
         err_console.print(f"[bold red]error:[/] {escape(exc.for_user())}")
         sys.exit(exc.exit_code)
     except OSError as exc:
+        home = store.home_error(exc)  # a read-only, file-shaped or otherwise unusable DSCTL_HOME, a name too long
+        if home is not None:
+            err_console.print(f"[bold red]error:[/] {escape(home.for_user())}")
+            sys.exit(home.exit_code)
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         where = f"{exc.filename}: " if exc.filename else ""

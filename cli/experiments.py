@@ -5,11 +5,15 @@ Mounted in cli/main.py with `app.add_typer(experiments_app, name="experiments")`
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import typer
 
-from .errors import EXIT_INTERRUPTED, err_console
+from dsctl.errors import signum_of, stop_on_signals
+from dsctl.orchestrator.outcome import Interrupted
+
+from .errors import err_console
 from .render import console, print_json
 
 experiments_app = typer.Typer(
@@ -58,13 +62,14 @@ def run(
         err_console.print(message, markup=False)
 
     results = []
+    # SIGTERM and SIGHUP end it as Ctrl-C does: every deployment stopped, each run recorded, exit 128 + the signal.
+    stop_on_signals()
     try:
         for n in names:
             results.append(run_experiment(n, out_dir, quick=quick, log=log))
-    except KeyboardInterrupt:
-        err_console.print("interrupted: every deployment the experiment started has been stopped; "
-                          "the sections already finished are kept.")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except KeyboardInterrupt as exc:
+        raise Interrupted(f"interrupted ({signal.Signals(signum_of(exc)).name}): every deployment the experiment "
+                          "started has been stopped; the sections already finished are kept.", signum_of(exc)) from None
     if json_out:
         print_json(results[0].to_dict() if len(results) == 1 else [r.to_dict() for r in results])
         return

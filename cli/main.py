@@ -141,62 +141,56 @@ def supervise(run_dir: Path = typer.Argument(..., help="the handed-over run's di
 
 @app.command()
 def status(json_out: bool = typer.Option(False, "--json")) -> None:
-    """Deployments that are up (or were left behind by a killed `dsctl up`)."""
+    """Deployments that are up (or were left behind by a killed `dsctl up`), and TensorBoards serving."""
     from dsctl.orchestrator.deployments import status_rows
 
-    rows, unreadable = status_rows()
+    view = status_rows()
+    rows = view.rows + view.tensorboards
     if json_out:
         print_json(rows)
         return
     if not rows:
         console.print("nothing is up.")
         return
-    for d in unreadable:
+    for d in view.unreadable:
         err_console.print(f"{d.run_id}: its state file ({d.run_dir}/state.json) cannot be read; {len(d.nodes)} of "
                           "its processes were found by their command line, and `dsctl down` stops them. If it ran "
                           f"on Google Cloud, `dsctl down {d.run_id} --project P --zone Z` finds its VMs by label.")
+    for m in view.unmonitored:
+        err_console.print(f"{m['run']}: its monitor (the detached `dsctl up`, pid {m['pid']}) is gone, so nothing "
+                          "supervises its service or records its run; its trainers' own metrics files say: "
+                          f"{m['trainers_say']}. `dsctl down {m['run']}` stops what is left and records how it "
+                          f"ended from those files. The monitor's log: {m['log']}", markup=False, highlight=False)
     from rich.table import Table
 
-    t = Table(title="deployments", title_justify="left")
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    for col in cols:
-        t.add_column(col)
-    for r in rows:
-        t.add_row(*(str(r.get(c, "")) for c in cols))
-    console.print(t)
+    for title, group in (("deployments", view.rows), ("tensorboard", view.tensorboards)):
+        if not group:
+            continue
+        t = Table(title=title, title_justify="left")
+        cols = list(dict.fromkeys(k for r in group for k in r if k != "kind"))
+        for col in cols:
+            t.add_column(col)
+        for r in group:
+            t.add_row(*(str(r.get(c, "")) for c in cols))
+        console.print(t)
 
 
 @app.command()
 def down(
-    run: str | None = typer.Argument(None, help="run id (or a unique prefix); default: the only deployment up"),
-    all_: bool = typer.Option(False, "--all", help="take down every deployment that is up"),
+    run: str | None = typer.Argument(None, help="run id (or a unique prefix), a sweep's point, or a TensorBoard's id "
+                                                "(`dsctl status`); default: the only thing up"),
+    all_: bool = typer.Option(False, "--all", help="take down every deployment that is up, and stop every TensorBoard"),
     project: str | None = typer.Option(None, "--project", help="Google Cloud project to search when RUN has no local state"),
     zone: str | None = typer.Option(None, "--zone", help="Google Cloud zone to search when RUN has no local state"),
     bucket: str | None = typer.Option(None, "--bucket", help="its staging bucket, if not <project>-dsctl (no local state)"),
 ) -> None:
-    """Stop and remove everything a run started, even if `dsctl up` was killed or its state is gone."""
-    from dsctl.orchestrator.deployments import UNREADABLE, Where, active_deployments, down_by_label, find, take_down
+    """Stop and remove everything a run started, even if `dsctl up` was killed or its state is gone; record how it
+    ended from what its trainers wrote."""
+    from dsctl.orchestrator.deployments import Where
+    from dsctl.orchestrator.deployments import down as take_down
 
-    if run:
-        dep = find(run)
-        if dep is None:
-            down_by_label(run, Where(project, zone, bucket), say=lambda line: console.print(line, markup=False,
-                                                                                            highlight=False))
-            return
-        targets = [dep]
-    else:
-        targets = active_deployments()
-        if len(targets) > 1 and not all_:
-            names = ", ".join(d.run_id for d in targets)
-            fail(f"{len(targets)} deployments are up ({names}); name one with `dsctl down RUN` or use --all.", EXIT_BAD_INPUT)
-    if not targets:
-        console.print("nothing is up.")
-        return
-    for dep in targets:
-        take_down(dep)
-        found = f" ({len(dep.nodes)} process(es) found by command line: its state file could not be read)" \
-            if dep.status == UNREADABLE else ""
-        console.print(f"{dep.run_id}: down{found}")
+    take_down(run, all_, Where(project, zone, bucket), say=lambda line: console.print(line, markup=False,
+                                                                                       highlight=False))
 
 
 @runs_app.callback()
@@ -245,8 +239,16 @@ def runs_show(
         return
     table = sweep_table(record) if record.kind == "sweep" else summary_table(record, resumed_by)
     if record.summary.get("summary_source") == "windows":
-        table.add_row("summary", "rebuilt from the run's stored metrics windows: its trainers' own end records are "
-                                 "missing (the run ended abnormally)")
+        rebuilt = record.summary.get("rebuilt_trainers")
+        if rebuilt and len(rebuilt) < record.trainers:
+            names = ", ".join(map(str, rebuilt))
+            table.add_row("summary", f"rebuilt from the run's stored metrics windows for trainer(s) {names}: their own "
+                                     "end records are missing (the others' are their own)")
+        else:
+            table.add_row("summary", "rebuilt from the run's stored metrics windows: its trainers' own end records "
+                                     "are missing (the run ended abnormally)")
+    if record.summary.get("recorded_by") and record.kind != "sweep":
+        table.add_row("recorded", record.summary["recorded_by"])
     console.print(table)
     for e in store.events(record.id):
         console.print(f"  {time.strftime('%H:%M:%S', time.localtime(e['t']))} {e['kind']}: {e['message']}")

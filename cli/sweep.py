@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import typer
 
+from dsctl.errors import signum_of, stop_on_signals
 from dsctl.orchestrator.deployments import detached_target
+from dsctl.orchestrator.outcome import Interrupted
 from dsctl.orchestrator.preflight import load_job
 from dsctl.specs import SpecError
 from dsctl.specs.workercounts import parse_worker_counts
 
-from .errors import EXIT_INTERRUPTED, err_console
+from .errors import err_console
 from .live import LiveView
 from .render import console, print_json, sweep_plan_line, sweep_table
 
@@ -48,21 +51,29 @@ def sweep(
     options = SweepOptions(counts=counts, window=Window.parse(window), warmup_s=warmup, simulate=simulate,
                            tolerance=tolerance, out_dir=out, strategy=strategy,
                            calibration=load_calibration(calibration) if calibration else None, asked=workers.strip())
-    attach = None
-    if spec is None:
-        attach, loaded = detached_target()
-    else:
-        loaded = load_job(spec)  # entrypoints are imported and checked in a child process
-    runner = SweepRunner(loaded, options, attach=attach)
-    (err_console if json_out else console).print(sweep_plan_line(*runner.plan(), options.asked), markup=False)
+    # SIGTERM (a scheduler, `kill`) and SIGHUP (a closed terminal) end the sweep as Ctrl-C does: everything it
+    # started is stopped, its record says interrupted and keeps the finished points, exit 128 + the signal.
+    stop_on_signals()
+    runner = None
     try:
+        attach = None
+        if spec is None:
+            attach, loaded = detached_target()
+        else:
+            loaded = load_job(spec)  # entrypoints are imported and checked in a (contained) child process
+        runner = SweepRunner(loaded, options, attach=attach)
+        (err_console if json_out else console).print(sweep_plan_line(*runner.plan(), options.asked), markup=False)
         with LiveView(enabled=not json_out) as view:
             runner.listener = view
             runner.run()
-    except KeyboardInterrupt:
-        err_console.print(f"interrupted: sweep {runner.sweep_id} keeps the points it finished "
-                          f"(`dsctl runs show {runner.sweep_id}`); nothing it started is left running.")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except KeyboardInterrupt as exc:
+        name = signal.Signals(signum_of(exc)).name
+        if runner is None:
+            raise Interrupted(f"interrupted ({name}) before the sweep started; nothing was started.",
+                              signum_of(exc)) from None
+        raise Interrupted(f"interrupted ({name}): sweep {runner.sweep_id} keeps the points it finished "
+                          f"(`dsctl runs show {runner.sweep_id}`); nothing it started is left running.",
+                          signum_of(exc)) from None
     record = runner.store.recorded(runner.sweep_id)
     if json_out:
         print_json(record.as_dict())

@@ -1,14 +1,16 @@
-"""`dsctl tensorboard [RUN...]`: TensorBoard on recorded runs' event files, in the foreground."""
+"""`dsctl tensorboard [RUN...]`: TensorBoard on recorded runs' event files, in the foreground.
+
+The orchestrator starts and records it (orchestrator/boards.py), so `dsctl status` lists it and `dsctl down`
+stops it even after `kill -9` of this command; here it is only parsed and rendered."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
+import signal
 
 import typer
 
-from .errors import EXIT_INTERRUPTED
+from dsctl.errors import signum_of, stop_on_signals
+
 from .render import console
 
 DEFAULT_PORT = 6006
@@ -19,71 +21,23 @@ def tensorboard(
     port: int | None = typer.Option(None, "--port", min=1, max=65535, help=f"default {DEFAULT_PORT}, or a free one if taken"),
     host: str = typer.Option("localhost", "--host", help="address TensorBoard listens on"),
 ) -> None:
-    """Start TensorBoard on runs' event files (loss, batches/s, input stall, workers, cost so far); Ctrl-C stops it."""
+    """Start TensorBoard on runs' event files (loss, batches/s, input stall, workers, cost so far); Ctrl-C stops it
+    (so do SIGTERM and SIGHUP; after kill -9 of this command, `dsctl down` does)."""
+    from dsctl.orchestrator import boards
+    from dsctl.orchestrator.outcome import Interrupted
     from dsctl.orchestrator.store import RunStore
 
-    store = RunStore()
-    logdirs = _logdirs(store, runs or [])
-    port = port or _free_port(host)
-    spec = ",".join(f"{rid}:{path}" for rid, path in logdirs.items())
-    console.print(f"TensorBoard on run(s) {', '.join(logdirs)} at http://{host}:{port}/ (Ctrl-C stops it)",
-                  markup=False, highlight=False)
-    args = [sys.executable, "-m", "tensorboard.main", "--logdir_spec", spec, "--port", str(port), "--host", host]
-    proc = subprocess.Popen(args)
+    logdirs = boards.logdirs(RunStore(), runs or [])
+
+    def started(board: boards.Board) -> None:
+        console.print(f"TensorBoard on run(s) {', '.join(logdirs)} at {board.url} (Ctrl-C stops it; so does "
+                      f"`dsctl down {board.id}`)", markup=False, highlight=False)
+
+    stop_on_signals()
     try:
-        code = proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        code = boards.serve(logdirs, host, port, started)
+    except KeyboardInterrupt as exc:
+        signum = signum_of(exc)
+        raise Interrupted(f"interrupted ({signal.Signals(signum).name}): TensorBoard is stopped.", signum) from None
     if code:
         raise typer.Exit(1)
-
-
-def _logdirs(store, refs: list[str]) -> dict[str, str]:
-    """Run id -> the folder TensorBoard reads: the event files here, else the copy the spec asked for."""
-    from dsctl.orchestrator.tbevents import board_dir, event_files
-    from dsctl.specs import SpecError
-
-    if not refs:
-        latest = store.list(limit=1, kinds=("job",))
-        if not latest:
-            raise SpecError("no runs are recorded yet, so there are no event files to show; `dsctl up JOB.yaml` "
-                            "makes a run (each run writes them).")
-        refs = [latest[0].id]
-    out: dict[str, str] = {}
-    for ref in refs:
-        record = store.get(ref)
-        if record is None:
-            raise SpecError(f"no run '{ref}' is recorded (or that prefix names several runs); `dsctl runs` lists them.")
-        board = record.summary.get("tensorboard") or {}
-        here = board.get("dir") or (str(board_dir(record.run_dir)) if record.run_dir else None)
-        copy = board.get("copy")
-        if here and event_files(here):
-            out[record.id] = here
-        elif copy and (copy.startswith("gs://") or event_files(copy)):
-            out[record.id] = copy
-        else:
-            looked = " or ".join(x for x in (here, copy) if x) or "its run directory"
-            why = f" ({board['error']})" if board.get("error") else (
-                " (it is still running and has not finished a metrics window)" if record.status == "running" else
-                " (its trainers reported no metrics window, or it ran on another machine without trainer.tensorboard_dir)")
-            raise SpecError(f"run {record.id} has no TensorBoard event files in {looked}{why}; choose another run "
-                            "(`dsctl runs` lists them).")
-    return out
-
-
-def _free_port(host: str) -> int:
-    """DEFAULT_PORT if nothing listens there, else one the system picks."""
-    for port in (DEFAULT_PORT, 0):
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return s.getsockname()[1]
-    return DEFAULT_PORT

@@ -256,10 +256,9 @@ def run_concurrently(jobs: list[Callable[[threading.Event], JobOutcome]]) -> lis
         while any(t.is_alive() for t in threads):
             for t in threads:
                 t.join(0.2)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP (dsctl.errors.Signalled): every job tears down first
         stop.set()
-        for t in threads:
-            t.join()
+        _join_all(threads)
         raise
     failures = [e for e in errors if e is not None and not isinstance(e, StopRequested)]
     if failures:
@@ -269,6 +268,17 @@ def run_concurrently(jobs: list[Callable[[threading.Event], JobOutcome]]) -> lis
     done = [r for r in results if r is not None]
     assert len(done) == len(results), "every job returned or raised"
     return done
+
+
+def _join_all(threads: list[threading.Thread]) -> None:
+    """Wait for every thread to end, however often the user interrupts meanwhile: each is tearing down its own
+    deployment, and these threads are daemons, so an exit now would leave what they had not stopped yet."""
+    while any(t.is_alive() for t in threads):
+        try:
+            for t in threads:
+                t.join()
+        except KeyboardInterrupt:
+            continue
 
 
 def experiment_id(name: str) -> str:

@@ -162,7 +162,12 @@ def _with_mode(ctx: RunContext, mode: str, name: str = "spec-trainers.json") -> 
 def cache_used(rec: dict, known: dict | None, spec) -> dict | None:
     """What the run's cache is, from trainer 0's autocache records: where, which hint, written (put) or read
     (get), how many bytes and on what storage (what `dsctl cost report` prices). A put's bytes come with
-    its seal; a put never sealed keeps bytes None (nothing later jobs would read, so nothing to keep)."""
+    its seal; a put never sealed keeps bytes None (nothing later jobs would read, so nothing to keep). A cache that
+    failed mid-job (runtime/autocache.py: recover) says so: a failed put was removed (nothing kept, nothing priced);
+    a failed get was moved aside, and is priced as it was read until someone removes it."""
+    if rec.get("failed") in ("write", "read") and known is not None:
+        failed = {**known, "failed": rec["failed"]}
+        return {**failed, "sealed": False, "bytes": None} if rec["failed"] == "write" else failed
     state, path = rec.get("state"), rec.get("path")
     if state not in ("put", "get") or not path:
         return known

@@ -6,7 +6,12 @@ A relative local `dir` is relative to the spec file's folder, as entrypoints are
 is a gs:// URL (specs/rules.py), since a VM's disk goes with the VM.
 
 A keras trainer saves with TensorFlow's CheckpointManager, numbering each checkpoint by its global
-step: the folder's `checkpoint` state file names the latest (`model_checkpoint_path: "ckpt-120"`).
+step: the folder's `checkpoint` state file names the latest (`model_checkpoint_path: "ckpt-120"`) and
+the ones kept before it (`all_model_checkpoint_paths`). A latest checkpoint whose files are missing or
+empty is damaged: the newest one before it whose files are there is the one a resume restores, and
+the damaged ones are named (`Latest.damaged`). Whether a checkpoint's contents are intact only
+TensorFlow can tell, as it restores it (runtime/checkpoint.py skips a damaged one the same way, and
+says so in the run's record).
 A user's command saves however it likes and says which step it saved in a note beside it
 (runtime/saved.py); for a command only that note counts, since a checkpoint's own number need not
 be its step.
@@ -24,6 +29,7 @@ from dsctl.specs.schema import JobSpec
 
 STATE_FILE = "checkpoint"  # TensorFlow's CheckpointState, a text proto
 LATEST_RE = re.compile(r'^model_checkpoint_path:\s*"([^"]*?)(\d+)"\s*$', re.M)
+ALL_RE = re.compile(r'^all_model_checkpoint_paths:\s*"([^"]*?)(\d+)"\s*$', re.M)
 
 
 def run_checkpoint_dir(spec: JobSpec, base_dir: Path, run_id: str) -> str | None:
@@ -45,6 +51,7 @@ class Latest:
     found: bool | None
     step: int | None = None
     error: str | None = None
+    damaged: tuple[str, ...] = ()  # newer checkpoints skipped: "<folder>/ckpt-200: its .index file is missing"
 
 
 def latest(trainer_dir: str, note_only: bool = False) -> Latest:
@@ -57,7 +64,7 @@ def latest(trainer_dir: str, note_only: bool = False) -> Latest:
     if step is not None or note_only:
         return Latest(found=step is not None, step=step)
     state = _read(f"{trainer_dir}/{STATE_FILE}")
-    return state if isinstance(state, Latest) else _parse(state)
+    return state if isinstance(state, Latest) else _parse(state, trainer_dir)
 
 
 def _read(path: str) -> str | None | Latest:
@@ -78,13 +85,41 @@ def _read(path: str) -> str | None | Latest:
         return Latest(found=None, error=exc.strerror)
 
 
-def _parse(text: str | None) -> Latest:
+def _parse(text: str | None, trainer_dir: str | None = None) -> Latest:
     if not text:
         return Latest(found=False)
     m = LATEST_RE.search(text)
     if m is None:
         return Latest(found="model_checkpoint_path" in text)
-    return Latest(found=True, step=int(m.group(2)))
+    newest_first = [(m.group(1), int(m.group(2)))]
+    for prefix, number in reversed(ALL_RE.findall(text)):
+        if (prefix, int(number)) not in newest_first:
+            newest_first.append((prefix, int(number)))
+    if trainer_dir is None or trainer_dir.startswith("gs://"):  # listing Cloud Storage here is not worth its cost
+        return Latest(found=True, step=newest_first[0][1])
+    damaged: list[str] = []
+    for prefix, step in newest_first:
+        name = f"{Path(prefix).name}{step}"
+        why = _incomplete(Path(trainer_dir), name)
+        if why is None:
+            return Latest(found=True, step=step, damaged=tuple(damaged))
+        damaged.append(f"{trainer_dir}/{name}: {why}")
+    return Latest(found=False, damaged=tuple(damaged))
+
+
+def _incomplete(folder: Path, name: str) -> str | None:
+    """Why checkpoint `name`'s files in `folder` cannot be whole (missing or empty), or None."""
+    index = folder / f"{name}.index"
+    if not index.is_file() or index.stat().st_size == 0:
+        return "its .index file is missing" if not index.is_file() else "its .index file is empty"
+    shards = sorted(folder.glob(f"{name}.data-*-of-*"))
+    if not shards:
+        return "its .data file is missing"
+    m = re.search(r"-of-(\d+)$", shards[0].name)
+    if m and len(shards) < int(m.group(1)):
+        return f"{int(m.group(1)) - len(shards)} of its {int(m.group(1))} .data files are missing"
+    empty = [p.name for p in shards if p.stat().st_size == 0]
+    return f"{empty[0]} is empty" if empty else None
 
 
 def trainer_dirs(base: str, count: int) -> list[str]:

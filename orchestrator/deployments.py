@@ -5,6 +5,10 @@ writes as it starts each process, so it cleans up after a killed `dsctl up`.
 A state file that cannot be read (cut short by a crash, garbled) does not hide a
 deployment: its processes are found by their command line, which names the run
 dir for every process dsctl starts (the launcher, what it forks, a detached monitor).
+
+A run whose `dsctl up` (or detached monitor) is gone is closed from what its trainers wrote for themselves
+(orchestrator/reconcile.py): teardown first, then its record says what the trainers say. Taking a deployment
+down closes every record it interrupts: the run's, and a sweep's with its points.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import errno
 import os
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
@@ -31,13 +35,14 @@ from dsctl.provisioners import (
 from dsctl.provisioners.processes import is_ours, stop_groups
 from dsctl.specs import LoadedSpec, SpecError
 
-from . import cloudruns
+from . import boards, closing, cloudruns, reconcile
 from . import store as records
-from .pricing import cost_summary
 from .store import RunStore, StoreError, dsctl_home
-from .summary import summarize_run
 
 UNREADABLE = "state unreadable"  # the status of a deployment rebuilt from its processes
+NAME_MAX = 255  # bytes in one file name on the file systems dsctl runs on: a longer run id names no run dir
+# What keeps `down` from writing a deployment's state once everything is stopped: said, not raised.
+UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 def active_deployments() -> list[Deployment]:
@@ -93,11 +98,14 @@ def handed_off(dep: Deployment) -> bool:
 
 
 def take_down(dep: Deployment, store: RunStore | None = None) -> None:
-    """Stop the deployment's monitor (if detached), then everything it holds; then close its record.
+    """Stop the deployment's monitor (if detached), then everything it holds; then close every record it
+    interrupts (its run's, a sweep's and its points', a sweep's that was measuring on it).
 
-    Teardown comes first, and what cannot be written after it (its state or record on a full disk, a runs.db
-    that is locked or cannot be opened) stops neither it nor the next deployment's: the user is told how to
-    finish it (a notice, store.notices)."""
+    Teardown comes first, and what cannot be written after it (its state or record on a full or read-only disk, a
+    runs.db that is locked or cannot be opened) stops neither it nor the next deployment's: the user is told how
+    to finish it (a notice, store.notices)."""
+    monitor_gone = dep.monitor is not None and not is_ours(dep.monitor)
+    attached_sweep = _sweep_on(dep)  # read before the deployment goes: who was measuring on it
     if dep.monitor is not None:
         stop_groups([dep.monitor], grace_s=20.0)  # a detached monitor tears down its own deployment on SIGTERM
         dep = Deployment.load(dep.run_dir)
@@ -115,62 +123,196 @@ def take_down(dep: Deployment, store: RunStore | None = None) -> None:
         try:
             provisioner.down(dep, lambda kind, msg: None)
         except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            if exc.errno not in UNWRITABLE:
                 raise
             records.notices.warning(f"run {dep.run_id} is down, but its state in {dep.run_dir} could not be written "
-                              f"({exc.strerror}): free some space there, then `dsctl down {dep.run_id}` again "
-                              "records how it ended.")
+                                    f"({exc.strerror}): {_remedy(exc, dep.run_dir)}, then `dsctl down {dep.run_id}` "
+                                    "again records how it ended.")
             return
     try:
-        _close_record(store or RunStore(), dep)
+        closing.close_records(store or RunStore(), dep, monitor_gone=monitor_gone, attached_sweep=attached_sweep)
     except StoreError as exc:
         records.notices.warning(f"run {dep.run_id} is down, but {exc}")
 
 
-def _close_record(store: RunStore, dep: Deployment) -> None:
-    """A run still recorded as running has lost its `dsctl up`: mark it, with a summary rebuilt from what was
-    stored. StoreError if the record could not be written now."""
-    record = store.get(dep.run_id)
-    if record and record.status == "running":
-        utilization = store.utilization(record.id)
-        # What was measured ends with the last sample stored, not when `dsctl down` came.
-        ended = max((u["t"] for u in utilization), default=time.time())
-        summary = summarize_run(store.trainer_results(record.id), store.windows(record.id), utilization,
-                                record.created_at, ended)
-        error = ("dsctl up did not record how the run ended (it was killed, or the records could not be written); "
-                 "removed by dsctl down")
-        summary["cost"] = cost_summary(replace(record, status="interrupted", error=error, summary=summary))
-        store.update_run(record.id, status="interrupted", ended_at=time.time(), error=error, summary=summary)
-    store.add_event(dep.run_id, "down", "deployment removed by dsctl down")
-    try:
-        kept = store.keep_unwritten(dep.run_dir, wait_s=10.0)
-    except OSError as exc:
-        raise StoreError(f"its record could not be written to {store.path} ({store.last_error}) nor kept in "
-                         f"{dep.run_dir} ({exc.strerror}): free some space there, then `dsctl down {dep.run_id}` "
-                         "again records how it ended.") from None
-    if kept is not None:
-        raise StoreError(f"{store.path} would not take its record ({store.last_error}); it is kept in {kept} and the "
-                         "next dsctl command adds it.")
+def _remedy(exc: OSError, where: str) -> str:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"free some space in {where}"
+    if exc.errno == errno.EROFS:
+        return f"{where} is on a read-only file system: remount it read-write"
+    return f"make {where} writable by you"
+
+
+def _sweep_on(dep: Deployment) -> str | None:
+    """The sweep that holds (or held, and died holding) this detached deployment, from its sweep lock's holder."""
+    from dsctl.runtime.readiness import read_json
+
+    from .control import HOLDER_FILE, control_dir
+
+    holder = read_json(control_dir(dep.run_dir) / HOLDER_FILE) if dep.monitor is not None else None
+    sweep = (holder or {}).get("sweep")
+    return sweep if isinstance(sweep, str) else None
+
+
+def _named_run_dir(run_id: str) -> Path | None:
+    """The folder `run_id` names under DSCTL_HOME/runs, or None when it can name none: too long for a file name,
+    a path rather than a name."""
+    if not run_id or run_id in (".", "..") or "/" in run_id or "\0" in run_id or len(os.fsencode(run_id)) > NAME_MAX:
+        return None
+    return dsctl_home() / "runs" / run_id
 
 
 def find(run_id: str) -> Deployment | None:
-    run_dir = dsctl_home() / "runs" / run_id
-    if (run_dir / STATE_FILE).exists():
-        return load_or_recover(run_dir)
+    """The deployment of a run: its own (by id or a unique prefix), or for a sweep's point the one of the sweep it
+    was measured on."""
+    run_dir = _named_run_dir(run_id)
+    try:
+        if run_dir is not None and (run_dir / STATE_FILE).exists():
+            return load_or_recover(run_dir)
+    except OSError:
+        pass  # a name this file system cannot hold: no state of its own
     matches = [d for d in active_deployments() if d.run_id.startswith(run_id)]
-    return matches[0] if len(matches) == 1 else None
+    if len(matches) == 1:
+        return matches[0]
+    return None if matches else _host_of(run_id)
+
+
+def _host_of(run_id: str) -> Deployment | None:
+    """A recorded run with no deployment of its own (a sweep's point) that was measured on another's: that one."""
+    if _named_run_dir(run_id) is None:
+        return None
+    try:
+        store = RunStore()
+        record = store.get(run_id)
+        store.close()
+    except StoreError:
+        return None
+    if record is None or not record.run_dir or Path(record.run_dir).name == record.id:
+        return None
+    try:
+        if not (Path(record.run_dir) / STATE_FILE).exists():
+            return None
+    except OSError:
+        return None
+    host = load_or_recover(Path(record.run_dir))
+    return host if host.status != "down" else None  # already down: the point's record alone (close_unhosted)
+
+
+def close_unhosted(run_id: str) -> str | None:
+    """`dsctl down POINT` for a point whose sweep's deployment is gone, or never had one of its own (a sweep on a
+    detached deployment): its record, and its sweep's, closed as interrupted unless a sweep still measures it.
+    What was done, or None if `run_id` is no such run."""
+    if _named_run_dir(run_id) is None:
+        return None
+    store = RunStore()
+    record = store.get(run_id)
+    if record is None or record.kind != "point" or not record.parent_id:
+        return None
+    if record.status != "running":
+        return f"{record.id}: nothing to take down (its record says {record.status})"
+    holders = [d for d in active_deployments() if _sweep_on(d) == record.parent_id and _sweep_alive(d)]
+    if holders:
+        raise SpecError(f"point {record.id} is being measured right now by sweep {record.parent_id} on run "
+                        f"{holders[0].run_id}'s deployment; stop that sweep (Ctrl-C where it runs) to end it, or "
+                        f"`dsctl down {holders[0].run_id}` to remove the deployment too.")
+    sweep = closing.exact_record(store, record.parent_id)
+    if sweep is not None and sweep.status == "running":
+        closing.close_sweep(store, sweep, "dsctl down closed it: its sweep's deployment was no longer up")
+    closing.close_points(store, record.parent_id)
+    closing.keep_record(store, record.run_dir or str(dsctl_home()), record.id)
+    return f"{record.id}: its sweep's deployment was no longer up; its record is closed (interrupted)"
+
+
+def _sweep_alive(dep: Deployment) -> bool:
+    from dsctl.runtime.readiness import read_json
+
+    from .control import HOLDER_FILE, control_dir, process_alive
+
+    return process_alive(read_json(control_dir(dep.run_dir) / HOLDER_FILE))
+
+
+def down(run: str | None, all_: bool, where: Where, say: Callable[[str], None]) -> None:
+    """`dsctl down [RUN] [--all]`: RUN (a run, a sweep's point, a TensorBoard), or the only thing up, or all of it.
+    Deployments are taken down one at a time, each torn down before it is recorded."""
+    tensorboards = boards.active_boards()
+    if run:
+        board = boards.find_board(run, tensorboards)
+        if board is not None:
+            boards.stop_board(board)
+            say(f"{board.id}: stopped (TensorBoard at {board.url}, pid {board.pid})")
+            return
+        dep = find(run)
+        if dep is None:
+            closed = close_unhosted(run)
+            if closed is not None:
+                say(closed)
+                return
+            down_by_label(run, where, say)
+            return
+        targets, tensorboards = [dep], []
+    else:
+        targets = active_deployments()
+        names = [d.run_id for d in targets] + [b.id for b in tensorboards]
+        if len(names) > 1 and not all_:
+            raise SpecError(f"{len(names)} deployments are up ({', '.join(names)}); name one with `dsctl down RUN` or "
+                            "use --all.")
+    if not targets and not tensorboards:
+        say("nothing is up.")
+        return
+    for dep in targets:
+        take_down(dep)
+        found = f" ({len(dep.nodes)} process(es) found by command line: its state file could not be read)" \
+            if dep.status == UNREADABLE else ""
+        host = f" (the deployment of {dep.run_id}, which run {run} was measured on)" \
+            if run and not dep.run_id.startswith(run) else ""
+        say(f"{dep.run_id}: down{found}{host}")
+    for board in tensorboards:
+        boards.stop_board(board)
+        say(f"{board.id}: stopped (TensorBoard at {board.url}, pid {board.pid})")
 
 
 def exists(run_id: str) -> bool:
-    return (dsctl_home() / "runs" / run_id).exists() or Path(run_id).exists()
+    run_dir = _named_run_dir(run_id)
+    try:
+        return (run_dir is not None and run_dir.exists()) or Path(run_id).exists()
+    except OSError:
+        return False
 
 
 # -- runs supervised on the cloud, and runs with no local state ---------------------------------------------------
 
-def status_rows() -> tuple[list[dict], list[Deployment]]:
+@dataclass
+class StatusView:
+    """What `dsctl status` shows: a row per deployment that is up, the deployments whose state is unreadable, those
+    whose detached monitor is gone (with what their trainers' own files say), and the TensorBoards serving."""
+
+    rows: list[dict] = field(default_factory=list)
+    unreadable: list[Deployment] = field(default_factory=list)
+    unmonitored: list[dict] = field(default_factory=list)  # {"run", "pid", "trainers_say", "log"}
+    tensorboards: list[dict] = field(default_factory=list)
+
+
+def trainers_say(run_dir: str | Path) -> str:
+    """How far a run got, by its trainers' own metrics files (read whole, nothing written)."""
+    files = reconcile.read_trainer_files(run_dir)
+    if not files.trainers:
+        return "no trainer has written metrics"
+    ended = len(files.ends)
+    if files.errors:
+        index, err = min(files.errors.items())
+        return f"trainer {index} failed ({reconcile.first_line(err.get('message'))})"
+    if ended == len(files.trainers):
+        reasons = ", ".join(sorted({str(e.get("reason")) for e in files.ends.values()}))
+        return f"every trainer ended ({reasons}): {files.batches()} batches"
+    return f"{files.batches()} batches so far; {ended} of {len(files.trainers)} trainer(s) ended"
+
+
+def status_rows() -> StatusView:
     """What `dsctl status` shows: a row per deployment that is up (a run supervised on the cloud as its supervisor
-    last published it; one found ended is taken off the list), and the deployments whose state is unreadable."""
-    rows, unreadable = [], []
+    last published it; one found ended is taken off the list; one whose monitor is gone says so, and how far its
+    trainers got by their own files), and every TensorBoard `dsctl tensorboard` started that still serves.
+    Reads state and metrics files only: never the records."""
+    view = StatusView()
     for d in active_deployments():
         row = {"run": d.run_id, "provider": d.provider, "status": d.status, "dispatcher": d.dispatcher_address,
                "workers": len(d.by_role("worker")), "trainers": len(d.by_role("trainer")), "live_processes": live_nodes(d)}
@@ -183,10 +325,21 @@ def status_rows() -> tuple[list[dict], list[Deployment]]:
             row.update(status=f"supervised on the cloud: {p.get('phase', 'starting')}", workers=p.get("workers"),
                        batches=p.get("batches"), heard_from=None if age is None else f"{age:.0f} s ago",
                        live_processes="-")
-        rows.append(row)
+        elif d.monitor is not None and d.status != UNREADABLE:
+            if is_ours(d.monitor):
+                row["monitor"] = f"pid {d.monitor.pid}"
+            else:
+                said = trainers_say(d.run_dir)
+                row.update(status=f"{d.status}, unsupervised", monitor=f"gone (pid {d.monitor.pid})", trainers_say=said)
+                view.unmonitored.append({"run": d.run_id, "pid": d.monitor.pid, "trainers_say": said,
+                                         "log": d.monitor.log})
+        view.rows.append(row)
         if d.status == UNREADABLE:
-            unreadable.append(d)
-    return rows, unreadable
+            view.unreadable.append(d)
+    for board in boards.active_boards():
+        view.tensorboards.append({"run": board.id, "kind": "tensorboard", "status": "serving", "url": board.url,
+                                  "runs": ", ".join(board.runs), "pid": board.pid, "live_processes": 1})
+    return view
 
 
 def _finder(where: Where) -> FindsByLabel | None:

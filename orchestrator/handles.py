@@ -52,7 +52,11 @@ class OwnedDeployment:
         self.dep.save()
 
     def release(self, events: EventSink) -> None:
-        self.provisioner.down(self.dep, events)
+        try:
+            self.provisioner.down(self.dep, events)
+        except KeyboardInterrupt:  # a second Ctrl-C (or SIGTERM, SIGHUP) while tearing down: finish it, then stop
+            self.provisioner.down(self.dep, events)
+            raise
 
 
 class AttachedDeployment:

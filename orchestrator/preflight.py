@@ -1,8 +1,10 @@
 """A job spec as every command takes it: loaded and checked with what lies above the specs package.
 
-specs.load_spec checks the file itself (schema, rules, that the command and entrypoints are there);
-here come the checks that need the cost model and the orchestrator's parts: the price catalog the
-spec names, and its autoscale policy with its settings.
+specs.load_spec checks the file itself (schema, rules); here come the checks that need more than the
+file: its entrypoints, imported in a child process that is contained (the child and everything the
+user's code starts in it, daemons included, are in a cgroup of their own and end with the check:
+provisioners/containment.py), the command it names, the price catalog it names, and its autoscale
+policy with its settings.
 """
 
 from __future__ import annotations
@@ -12,20 +14,44 @@ import os
 from pathlib import Path
 
 from dsctl.costmodel.catalog import load_catalog
+from dsctl.provisioners import containment
 from dsctl.provisioners.registry import provider_class
-from dsctl.specs import LoadedSpec, SpecError, load_spec
+from dsctl.specs import LoadedSpec, SpecError, entrypoints, load_spec
 from dsctl.specs.command import command_problem
+
+from .store import notices
 
 
 def load_job(path: str | Path, *, autoscale: str | None = None, check_entrypoints: bool = True) -> LoadedSpec:
     """The spec at `path`, checked whole: SpecError (one paragraph, file and line) for anything wrong in it.
     check_entrypoints=False leaves out what runs the user's code or looks for it (a supervisor on the cloud)."""
-    loaded = load_spec(path, check_entrypoints=check_entrypoints)
+    loaded = load_spec(path)
     if check_entrypoints:
+        check_entrypoints_contained(loaded)
         check_command(loaded)
     check_pricing(loaded)
     check_autoscale(loaded, autoscale)
     return loaded
+
+
+_warned: list[str] = []  # the not-contained warning, said once per process
+
+
+def check_entrypoints_contained(loaded: LoadedSpec) -> None:
+    """The spec's entrypoints imported (and a pipeline function called) in a child process with a time limit
+    (specs/entrypoints.py), in a cgroup of its own: when the check ends, everything the user's code started ends
+    with it. Where this machine allows no cgroup, a warning says so and the child's process group is ended."""
+    def uncontained(why: str) -> None:
+        if not _warned:
+            _warned.append(why)
+            notices.warning(f"the entrypoint check's process is stopped by process group only, so a process the "
+                            f"user's code starts in a session of its own (a daemon) outlives the check: {why}. "
+                            f"({containment.CONTAINMENT_ENV}=none says nothing of it.)")
+
+    def run(argv: list[str], limit_s: float) -> tuple[int | None, bool]:
+        return containment.run_contained(argv, limit_s, uncontained)
+
+    entrypoints.check_entrypoints(loaded, run)
 
 
 def check_command(loaded: LoadedSpec) -> None:

@@ -4,7 +4,11 @@ A run can be resumed when it has ended (an interrupted or failed run, or a finis
 steps), trained the same job (the pipeline, the model and the trainer count decide what a checkpoint
 holds and which trainer restores which), and left a checkpoint for every trainer. A resumed run
 that stopped before writing checkpoints of its own is resumed from the run it restored, so chains
-of resumes go back to the latest checkpoint there is.
+of resumes go back to the latest checkpoint there is. A keras trainer's latest checkpoint whose files
+are missing or empty is skipped for the newest intact one before it, and the plan says which
+(`Resume.notes`); damage only TensorFlow can see (a truncated or overwritten file) is found by the
+trainer as it restores, which skips it the same way and says so (runtime/checkpoint.py). A command's
+checkpoints are its own: dsctl resumes from the step its note names, and the program restores it.
 Every refusal is one paragraph naming the run and, for a different job, the field and its line.
 """
 
@@ -31,6 +35,7 @@ class Resume:
     restore_from: str  # the checkpoint folder restored (its trainer-<i> folders)
     holder: str  # the run that wrote those checkpoints: run_id, or an earlier run of its chain
     steps: tuple[int | None, ...] = ()  # each trainer's latest checkpoint step, None where unknown
+    notes: tuple[str, ...] = ()  # newer checkpoints skipped as damaged, one sentence each
 
     @property
     def step(self) -> int | None:
@@ -43,7 +48,7 @@ class Resume:
 
     @classmethod
     def from_dict(cls, d: dict | None) -> Resume | None:
-        return cls(**{**d, "steps": tuple(d.get("steps") or ())}) if d else None
+        return cls(**{**d, "steps": tuple(d.get("steps") or ()), "notes": tuple(d.get("notes") or ())}) if d else None
 
 
 def plan_resume(store: RunStore, ref: str, loaded: LoadedSpec) -> Resume:
@@ -120,6 +125,7 @@ def _checkpoint_base(record: RunRecord) -> str | None:
 def _latest_in_chain(store: RunStore, record: RunRecord, count: int) -> Resume:
     """The named run's checkpoints, or, where it wrote none, those of the run it resumed (and so on)."""
     looked: list[str] = []
+    skipped: list[tuple[str, list[str]]] = []  # (run, its damaged checkpoints) of the runs looked at so far
     current: RunRecord | None = record
     while current is not None and current.id not in looked:
         looked.append(current.id)
@@ -127,8 +133,20 @@ def _latest_in_chain(store: RunStore, record: RunRecord, count: int) -> Resume:
         note_only = bool(JobSpec.model_validate_json(current.spec_json).trainer.command)
         found: list[Latest] = [latest(d, note_only) for d in trainer_dirs(base, count)] if base else []
         if base and found and all(f.found is not False for f in found):
-            return Resume(run_id=record.id, restore_from=base, holder=current.id, steps=tuple(f.step for f in found))
+            notes = [f"skipped as damaged, run {run}'s checkpoints: {'; '.join(d)}" for run, d in skipped]
+            notes += [f"trainer {i}'s latest checkpoint is damaged ({'; '.join(f.damaged)}): it resumes from step "
+                      f"{f.step}, the newest intact one" for i, f in enumerate(found) if f.damaged]
+            return Resume(run_id=record.id, restore_from=base, holder=current.id, steps=tuple(f.step for f in found),
+                          notes=tuple(notes))
+        damaged = [d for f in found for d in f.damaged]
+        if damaged:
+            skipped.append((current.id, damaged))
         current = store.get(current.resumed_from) if current.resumed_from else None
+    if skipped:
+        listed = "; ".join(d for _, ds in skipped for d in ds)
+        raise SpecError(f"--resume {record.id}: no intact checkpoint is left for every trainer (their files are "
+                        f"missing or empty: {listed}). Restore those files from a copy, or start the job afresh "
+                        "without --resume.")
     base = _checkpoint_base(record)
     where = f" in {base}/trainer-<i>" if base else ""
     chain = f" (nor did the run(s) it resumed: {', '.join(looked[1:])})" if len(looked) > 1 else ""

@@ -19,7 +19,7 @@ from pathlib import Path
 from dsctl.provisioners import Deployment, HandsOff, ProcessRef, Provider, TrainerLaunch, get_provider
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 
-from . import caching
+from . import caching, reconcile
 from .accelerators import trainer_accelerators
 from .autoscaling import TrainerWindows, leave_queue_room
 from .checkpoints import run_checkpoint_dir, saved_step
@@ -29,7 +29,7 @@ from .policies import Observation
 from .preflight import check_autoscale
 from .pricing import cost_summary
 from .resume import Resume
-from .store import RunStore, dsctl_home
+from .store import FULL_BELOW, RunStore, dsctl_home
 from .summary import summarize_run
 from .supervision import Supervisor
 from .tail import JsonlTail, trainer_metrics
@@ -138,6 +138,8 @@ class JobRunner:
             except SpecError as exc:
                 raise self.loaded.locate(exc) from None
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not self.hands_off:  # room for the outcome, should the disk fill before this process records the run
+            reconcile.reserve(self.run_dir)
         spec_json = self.spec.model_dump_json(indent=1)
         (self.run_dir / "spec.json").write_text(spec_json)
         spec_yaml = None
@@ -189,7 +191,13 @@ class JobRunner:
         outcome = Outcome()
         try:
             with outcome.classify(self.run_id):
-                self._provision_and_train(dep)
+                try:
+                    self._provision_and_train(dep)
+                except OSError as exc:
+                    if not reconcile.is_full_disk(exc):
+                        raise
+                    # Said as what it is, in the record too: not an errno, nor (later, by `down`) "interrupted".
+                    raise RunFailed(reconcile.full_disk_message(exc, self.run_dir.parent.parent), self.run_id) from exc
         finally:
             self._finish(dep, outcome.status, outcome.error, started, keep_up)
         return self.summary
@@ -367,6 +375,7 @@ class JobRunner:
         Trainers that never sent their end record are summarized from their stored windows."""
         store = self.store
         store.flush()
+        error = self._full_disk_said(status, error)
         results = {**store.trainer_results(self.run_id), **self._results}
         summary = summarize_run(results, store.windows(self.run_id), store.utilization(self.run_id), started, ended,
                                 self.first_batch_wall, self.measured_from_wall)
@@ -393,13 +402,35 @@ class JobRunner:
         try:
             kept = store.keep_unwritten(self.run_dir)
         except OSError as exc:
+            # Its outcome goes where the reserve was, for `dsctl down` to record: the run says how it ended, full disk
+            # and all, not just "interrupted".
+            left = reconcile.leave_outcome(self.run_dir, {"status": status, "error": error, "ended_at": ended,
+                                                         "why": f"{reason}; {exc.strerror}"})
+            where = f"its outcome is kept in {left}" if left else "its outcome could not be kept either"
             raise RunFailed(f"{outcome}, and everything it started is stopped, but its record could not be written to "
-                            f"{store.path} ({reason}) nor kept in {self.run_dir} ({exc.strerror}): free some space in "
-                            f"{store.path.parent}, then `dsctl down {self.run_id}` records it from what was stored."
-                            ) from None
+                            f"{store.path} ({reason}) nor kept in {self.run_dir} ({exc.strerror}); {where}. Free some "
+                            f"space in {store.path.parent}, then `dsctl down {self.run_id}` records it from what was "
+                            "stored.") from None
+        reconcile.release_reserve(self.run_dir)
         if kept is not None:
             raise RunFailed(f"{outcome}, and everything it started is stopped, but {store.path} would not take its "
                             f"record ({reason}); it is kept in {kept} and the next dsctl command adds it.")
+
+    def _full_disk_said(self, status: str, error: str | None) -> str | None:
+        """A run that did not succeed while its disk was full: its error says so first. Whatever failed first (a
+        server that could not write its journal, a trainer its metrics) seldom names the disk itself."""
+        if status == "succeeded" or (error and "filled up" in error):
+            return error
+        try:
+            free: int | None = shutil.disk_usage(self.run_dir).free
+        except OSError:
+            free = None
+        full = free is not None and free < FULL_BELOW
+        if not full and "full" not in (self.store.last_error or ""):
+            return error
+        room = f" ({free} bytes free)" if free is not None else ""
+        return (f"the disk holding {self.run_dir.parent.parent} was full when the run ended{room}, the likely cause"
+                + (f": {error}" if error else "; free some space there and run it again."))
 
     def _start_trainers(self, dep: Deployment) -> None:
         launch = TrainerLaunch(

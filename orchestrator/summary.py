@@ -54,6 +54,8 @@ def summarize_run(trainer_results: dict[int, dict], windows: list[dict], utiliza
     out.update(loss_summary(windows))
     if rebuilt:
         out["summary_source"] = "windows"
+        # Which ones: a reader must not be told that every trainer's end record is missing when one wrote its own.
+        out["rebuilt_trainers"] = sorted(i for i, r in results.items() if r is not trainer_results.get(i))
     return out
 
 

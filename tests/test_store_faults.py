@@ -26,7 +26,6 @@ from helpers import dsctl, processes_under, wait_for, write_spec
 
 SPEC = load_spec_text("name: rec\ntrainer: {steps: 100}\npipeline: {builtin: synthetic}\n").spec
 GARBAGE = b"this is not an SQLite database, whatever its name says\n" * 20
-ENDED = {"succeeded", "failed", "interrupted"}
 
 
 def make_run(store: RunStore, run_id: str = "rec-1", run_dir: Path | None = None) -> None:
@@ -335,8 +334,9 @@ def first_window_stored(home: Path, timeout: float = 180) -> Path:
 
 
 def metrics(run_dir: Path, event: str) -> list[dict]:
+    """The trainer's records of one kind; a last line cut short (a full disk) is not one."""
     lines = (run_dir / "metrics" / "trainer-0.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r.get("event") == event]
+    return [r for r in map(json.loads, (line for line in lines if line.endswith("}"))) if r.get("event") == event]
 
 
 def state(run_dir: Path) -> str | None:
@@ -429,20 +429,41 @@ def long_run(home: Path, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     return up, run_dir
 
 
+def assert_closed_from_trainer_files(run_dir: Path) -> None:
+    """Closed by `dsctl down` after `dsctl up` was gone: interrupted, summarized from what the trainer wrote itself:
+    its own end record when it wrote one (stopped by `down`, it does), else every window in its file."""
+    store = RunStore()
+    record = store.get(run_dir.name)
+    ends, windows = metrics(run_dir, "end"), metrics(run_dir, "window")
+    assert record.status == "interrupted" and "dsctl down" in record.error
+    assert sum(w["batches"] for w in store.windows(record.id)) == sum(w["batches"] for w in windows) > 0
+    shown = " ".join(dsctl("runs", "show", record.id, check=True).stdout.split())
+    if ends:
+        assert ends[0]["reason"] == "signal" and record.summary["batches"] == ends[0]["batches"]
+        assert "summary_source" not in record.summary and "own metrics files" in shown
+    else:  # its end record lost (a full disk): its windows, all of them
+        assert_rebuilt_from_windows(record.id)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stop", ["ctrl-c", "kill -9, then down"])
-def test_a_run_that_ended_before_its_trainers_reported_is_summarized_from_its_windows(home, tmp_path, stop):
+def test_a_run_that_ended_before_its_trainers_reported_is_summarized_from_what_they_wrote(home, tmp_path, stop):
+    """Ctrl-C: `dsctl up` records the windows it read before its teardown. kill -9: `dsctl down` records what the
+    trainer wrote itself, its own end record included (it used to be rebuilt from the
+    windows stored before `dsctl up` died)."""
     up, run_dir = long_run(home, tmp_path)
     if stop == "ctrl-c":
         up.send_signal(signal.SIGINT)
         up.communicate(timeout=60)
         assert up.returncode == 130
+        assert processes_under(home) == []
+        assert_rebuilt_from_windows(run_dir.name)
     else:
         up.kill()
         up.communicate(timeout=30)
         dsctl("down", run_dir.name, check=True)
-    assert processes_under(home) == []
-    assert_rebuilt_from_windows(run_dir.name)
+        assert processes_under(home) == []
+        assert_closed_from_trainer_files(run_dir)
 
 
 @pytest.fixture
@@ -507,9 +528,8 @@ def test_a_full_disk_stops_nothing_halfway_and_the_run_is_recorded_once_there_is
     free(small_disk)
     dsctl("down", run_dir.name, check=True)
     record = RunStore().get(run_dir.name)
-    assert record.status in ENDED and "batches" in record.summary
-    if record.status == "interrupted":  # closed by `down`: rebuilt from what was stored
-        assert record.summary["summary_source"] == "windows"
+    assert record.status == "failed" and "batches" in record.summary
+    assert f"the disk holding {small_disk} " in record.error, "a run a full disk ended says so"
     assert kept_files(small_disk) == [] and processes_under(home) == []
 
 
@@ -526,4 +546,4 @@ def test_down_on_a_full_disk_stops_everything_before_it_records(home, small_disk
     assert proc.returncode == 0 and "free some space" in one_paragraph(proc.stderr, "warning:")
     free(small_disk)
     dsctl("down", run_dir.name, check=True)
-    assert_rebuilt_from_windows(run_dir.name)
+    assert_closed_from_trainer_files(run_dir)

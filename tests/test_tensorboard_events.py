@@ -181,32 +181,45 @@ def test_tensorboard_refuses_runs_without_event_files(home):
     assert proc.returncode == 2 and "no run 'no-such-run' is recorded" in proc.stderr
 
 
-@pytest.mark.slow
-def test_tensorboard_serves_the_runs_by_their_ids_and_stops_on_ctrl_c(home):
+def runs_with_boards(home: Path, *run_ids: str) -> None:
+    """Recorded runs, each with an event file of one window."""
     store = RunStore()
-    for run_id in ("fit-a", "fit-b"):
+    for run_id in run_ids:
         record = recorded(store, run_id)
         board = RunBoard(home / "runs" / run_id, run_id, trainers=1)
         board.window(0, win(0, CREATED + 1, 5, 2.0), 2, record)
         board.close()
         store.update_run(run_id, status="succeeded", summary={"tensorboard": {"dir": str(board.dir)}})
+
+
+def start_tensorboard(*runs: str) -> tuple[subprocess.Popen, int]:
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "dsctl.cli.main", "tensorboard", "fit-a", "fit-b", "--port",
-                             str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-m", "dsctl.cli.main", "tensorboard", *runs, "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), port
+
+
+def served_tags(port: int) -> dict | None:
+    try:
+        with urllib.request.urlopen(f"http://localhost:{port}/data/plugin/scalars/tags", timeout=2) as r:
+            return json.loads(r.read())
+    except OSError:
+        return None
+
+
+def tensorboards(home: Path) -> list:
+    return [p for p in processes_under(home) if "tensorboard" in " ".join(p.cmdline())]
+
+
+@pytest.mark.slow
+def test_tensorboard_serves_the_runs_by_their_ids_and_stops_on_ctrl_c(home):
+    runs_with_boards(home, "fit-a", "fit-b")
+    proc, port = start_tensorboard("fit-a", "fit-b")
     try:
         line = proc.stdout.readline()
         assert f"TensorBoard on run(s) fit-a, fit-b at http://localhost:{port}/" in line
-
-        def runs():
-            try:
-                with urllib.request.urlopen(f"http://localhost:{port}/data/plugin/scalars/tags", timeout=2) as r:
-                    return json.loads(r.read())
-            except OSError:
-                return None
-
-        tags = wait_for(lambda: (runs() or None), timeout=60, what="TensorBoard to serve")
+        tags = wait_for(lambda: served_tags(port), timeout=60, what="TensorBoard to serve")
         assert set(tags) == {"fit-a/.", "fit-b/."} and "loss" in tags["fit-a/."]  # files at the top of each folder
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 130
@@ -214,4 +227,44 @@ def test_tensorboard_serves_the_runs_by_their_ids_and_stops_on_ctrl_c(home):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert not [p for p in processes_under(home) if "tensorboard" in " ".join(p.cmdline())]
+    assert not tensorboards(home)
+
+
+@pytest.mark.slow
+def test_after_kill_9_of_dsctl_tensorboard_status_lists_the_tensorboard_and_down_stops_it(home):
+    runs_with_boards(home, "fit-a")
+    proc, port = start_tensorboard("fit-a")
+    try:
+        assert f"`dsctl down tensorboard-{port}`" in proc.stdout.readline()
+        wait_for(lambda: served_tags(port), timeout=60, what="TensorBoard to serve")
+    finally:
+        proc.kill()
+        proc.wait(30)  # not its pipes: TensorBoard, which outlives it, holds them open
+        proc.stdout.close()
+        proc.stderr.close()
+    assert served_tags(port) is not None, "TensorBoard outlives a killed dsctl tensorboard"
+    [row] = json.loads(dsctl("status", "--json", check=True).stdout)
+    assert (row["run"], row["url"], row["runs"]) == (f"tensorboard-{port}", f"http://localhost:{port}/", "fit-a")
+    assert f"tensorboard-{port}" in dsctl("status", check=True).stdout
+    proc = dsctl("down", "--all", check=True)
+    assert f"tensorboard-{port}: stopped" in proc.stdout
+    assert served_tags(port) is None and not tensorboards(home)
+    assert json.loads(dsctl("status", "--json", check=True).stdout) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_stop_tensorboard_as_ctrl_c_does(home, sig):
+    runs_with_boards(home, "fit-a")
+    proc, port = start_tensorboard("fit-a")
+    try:
+        assert f"http://localhost:{port}/" in proc.stdout.readline()
+        proc.send_signal(sig)
+        assert proc.wait(30) == 128 + sig
+        assert f"interrupted ({signal.Signals(sig).name}): TensorBoard is stopped." in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not tensorboards(home)
+    assert json.loads(dsctl("status", "--json", check=True).stdout) == []
