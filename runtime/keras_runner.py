@@ -20,6 +20,7 @@ the model's other metrics. Warm-up batches go into a window marked warmup, as in
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -54,10 +55,15 @@ def train(spec: JobSpec, ds, writer: MetricsWriter, *, base_dir: Path, steps: in
     with strat.scope():
         model = _build(build, spec.trainer.model.params)
         model.optimizer.build(model.trainable_variables)  # its slots exist before a restore fills them
-    restored = checkpoint.restore(model, restore_from) if restore_from else 0
+    found = checkpoint.restore_newest(model, restore_from) if restore_from else None
+    restored = found.step if found is not None else 0
     every = spec.trainer.checkpoint.every_steps if spec.trainer.checkpoint else None
     saver = checkpoint.Saver(model, checkpoint_dir, every, restored) if checkpoint_dir else None
-    writer.emit("start", pid=os.getpid(), mode=mode, restored_step=restored, strategy=type(strat).__name__)
+    notice = found.notice if found is not None else None  # a damaged newest checkpoint was skipped: which, and why
+    if notice:
+        print(f"dsctl trainer: {notice}", file=sys.stderr, flush=True)
+    writer.emit("start", pid=os.getpid(), mode=mode, restored_step=restored, strategy=type(strat).__name__,
+                **({"restore_notice": notice} if notice else {}))
 
     remaining = None if steps is None else max(steps - restored, 0)
     meter = InputMeter()

@@ -167,19 +167,40 @@ def main(argv: list[str] | None = None) -> int:
                   mode=args.mode, then=lambda: _finish_and_exit(plan, writer, args.index))
         else:
             step_fn = make_step(spec.trainer.model, Path(args.base_dir))
-            harness.run(ds, step_fn)
+            try:
+                harness.run(ds, step_fn)
+            except Exception as exc:  # noqa: BLE001 - the cache's failure is recovered from; anything else re-raised
+                harness.loop.iterator = None  # the failed pipeline goes (its service job, its snapshot writers)
+                if not autocache.recover(plan, exc, writer.emit, served=harness.loop.batches, computes_on=True):
+                    raise
+                print(f"dsctl trainer: {plan.state['reason'] if plan and plan.state else exc}", file=sys.stderr)
+                harness.run(_computed(spec, args, cache_dir), step_fn)
         autocache.after_run(plan, writer.emit, args.index)
     except (PipelineError, ModelError) as exc:
         writer.emit("error", kind="user", message=str(exc))
         print(f"dsctl trainer: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - reported to the launcher, then a non-zero exit
-        writer.emit("error", kind="runtime", message=f"{type(exc).__name__}: {exc}")
+        # A cache that failed under a keras model's fit: cleaned up, and said in one paragraph naming it.
+        told = autocache.recover(plan, exc, writer.emit, served=None, computes_on=False)
+        writer.emit("error", kind="runtime", message=told or f"{type(exc).__name__}: {exc}")
         traceback.print_exc()
         return 1
     finally:
         writer.close()
     return 0
+
+
+def _computed(spec: JobSpec, args: trainer_args.TrainerArgs, cache_dir: Path | str):
+    """The job's pipeline without its cache (every hint a no-op), after the cache failed mid-job. Through the service
+    it is a new job: a shared job name gets a suffix, as the old job's tasks failed (the other trainers, whose
+    tasks failed too, rebuild with the same name and share the new job)."""
+    svc = spec.service
+    if svc.job_name:
+        spec = spec.model_copy(update={"service": svc.model_copy(update={"job_name": f"{svc.job_name}-computed"})})
+    with autocache.active(autocache.Plan(mode="compute")):
+        return build_input(spec, args.mode, args.index, args.dispatcher, cache_dir, Path(args.base_dir),
+                           repeat=args.repeat)
 
 
 def _finish_and_exit(plan, writer: MetricsWriter, index: int) -> None:
