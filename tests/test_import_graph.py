@@ -59,11 +59,17 @@ class Module:
     package: bool  # an __init__.py
 
 
+# The example training scripts are users' programs shipped as examples: they import dsctl.train, the client API
+# every user's script imports, and belong to no layer.
+USER_PROGRAMS = {"dsctl.specs.examples.scripts"}
+
+
 def modules() -> dict[str, Module]:
-    """Every module of the dsctl package, by its dotted name, from pyproject.toml's package-dir."""
+    """Every module of the dsctl package, by its dotted name, from pyproject.toml's package-dir (users' example
+    programs left out)."""
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     out: dict[str, Module] = {}
-    for package in config["packages"]:
+    for package in (p for p in config["packages"] if p not in USER_PROGRAMS):
         dirs = config["package-dir"]
         where = REPO / (dirs[package] if package in dirs else _under(dirs, package))
         for path in sorted(where.glob("*.py")):

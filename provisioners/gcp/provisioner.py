@@ -45,7 +45,7 @@ from .plan import plan as priced_plan
 from .recovery import Recovery
 from .settings import resolve
 from .state import GcpCodec, GcpDeployment, gcp
-from .storage import RunObjects
+from .storage import RunObjects, check_code_size
 from .threads import parallel
 
 
@@ -82,9 +82,12 @@ class GcpProvisioner:
 
     # -- the contract -------------------------------------------------------------------------------------------
     def check(self, spec: JobSpec, workers: int, base_dir: Path) -> None:
-        """Everything that can refuse the run before anything is created: settings, software, the live project."""
+        """Everything that can refuse the run before anything is created: settings, the size of the code the
+        trainers get, software, the live project."""
         settings = resolve(spec)
         data_root(spec, settings.bucket)  # a builtin's cache_dir must be in Cloud Storage
+        if stage.uses_code(spec):
+            check_code_size(base_dir)  # a spec's folder too large to stage, refused before any VM bills
         self._clients = Clients(settings)
         self._preflight(spec, self._clients)
 

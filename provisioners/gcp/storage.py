@@ -82,12 +82,19 @@ def _too_big(base_dir: Path, files: list[tuple[str, Path, int]], total: int) -> 
         ".gitignore (e.g. `*.ckpt`, `data/`), and read large data from Cloud Storage instead.")
 
 
-def code_archive(base_dir: Path, exclude: Sequence[Path] = ()) -> bytes:
-    """tar.gz of the spec's folder as code_files() lists it; SpecError when it is over CODE_LIMIT_BYTES."""
+def check_code_size(base_dir: Path, exclude: Sequence[Path] = ()) -> list[tuple[str, Path, int]]:
+    """The files code_files() lists, or SpecError when together they are over CODE_LIMIT_BYTES: asked before any
+    VM is created (the provider's check) and again when the archive is made."""
     files = code_files(base_dir, exclude)
     total = sum(size for _, _, size in files)
     if total > CODE_LIMIT_BYTES:
         raise _too_big(Path(base_dir).resolve(), files, total)
+    return files
+
+
+def code_archive(base_dir: Path, exclude: Sequence[Path] = ()) -> bytes:
+    """tar.gz of the spec's folder as code_files() lists it; SpecError when it is over CODE_LIMIT_BYTES."""
+    files = check_code_size(base_dir, exclude)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for name, path, _ in files:
@@ -221,4 +228,4 @@ class RunObjects:
             return []
 
 
-__all__ = ["GcpError", "RunObjects", "Staging", "code_archive", "code_files", "run_prefix"]
+__all__ = ["GcpError", "RunObjects", "Staging", "check_code_size", "code_archive", "code_files", "run_prefix"]

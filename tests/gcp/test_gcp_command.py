@@ -18,8 +18,8 @@ from conftest import gcp_spec
 from dsctl.orchestrator.outcome import RunFailed
 from dsctl.orchestrator.run import JobRunner
 from dsctl.orchestrator.store import RunStore
-from dsctl.provisioners.gcp import naming
-from dsctl.specs import load_spec
+from dsctl.provisioners.gcp import GcpProvisioner, naming
+from dsctl.specs import SpecError, load_spec
 
 pytestmark = pytest.mark.slow
 
@@ -111,3 +111,15 @@ def test_a_command_that_fails_fails_the_run_with_its_last_lines(cloud, sshd, hom
     [tpu] = [body["tpu"]["nodeSpec"][0]["node"] for kind, body in cloud.created if kind == "queued_resource"]
     assert tpu["runtimeVersion"] == "tpu-ubuntu2204-base"
     assert cloud.counts() == {"instances": 0, "firewalls": 0, "tpus": 0}
+
+
+def test_a_spec_folder_over_the_limit_is_refused_by_the_check_before_anything_is_created(cloud, home, tmp_path):
+    """The provider's check (before any VM) measures the folder the trainers would get, as staging would."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    spec = command_spec(folder, TRAIN, sshd=None, home=home)
+    (folder / ".dsctlignore").write_text("")  # the 300 MB checkpoint is staged now
+    loaded = load_spec(spec, check_entrypoints=False)
+    with pytest.raises(SpecError, match=r"holds 300.0 MB .*more than the 100 MB limit.* Largest: checkpoints/ \(300.0 MB\)"):
+        GcpProvisioner().check(loaded.spec, 1, loaded.base_dir)
+    assert not list(home.glob("vms/*")), "nothing was created"
