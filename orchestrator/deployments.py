@@ -29,6 +29,7 @@ from dsctl.provisioners import (
     Node,
     RunObjects,
     Where,
+    containment,
     get_provider,
     providers_with,
 )
@@ -111,6 +112,15 @@ def take_down(dep: Deployment, store: RunStore | None = None) -> None:
         dep = Deployment.load(dep.run_dir)
     if dep.status == UNREADABLE:
         stop_groups(dep.nodes)
+        # Its cgroup's path was in the state file: found by the run's name, and ended with what is left in it
+        # (daemons whose command line names no run dir). A process stuck in the kernel: the next `down` tries again.
+        group = containment.find_run_cgroup(dep.run_id)
+        if group is not None:
+            try:
+                group.end(grace_s=containment.STRAY_GRACE_S)
+            except (OSError, TimeoutError) as exc:
+                records.notices.warning(f"run {dep.run_id}: its cgroup {group.path} could not be ended ({exc}); "
+                                        f"`dsctl down {dep.run_id}` tries again")
     else:
         provisioner = get_provider(dep.provider)
         if isinstance(provisioner, HandsOff) and provisioner.handed_off(dep):

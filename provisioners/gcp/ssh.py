@@ -7,7 +7,6 @@ carry key material. Commands are built (and quoted) by remote.py, not here.
 
 from __future__ import annotations
 
-import select
 import socket
 import threading
 import time
@@ -22,10 +21,6 @@ if TYPE_CHECKING:
     from fabric import Connection
 
 CONNECT_TIMEOUT_S = 10
-# How often an idle connection's reader thread wakes (paramiko's default: every 0.1 s, only to see whether the
-# connection was closed meanwhile). The watcher keeps one connection per VM for the whole run, so those wake-ups
-# were a share of the supervisor's CPU that grew with the number of VMs (benchmarks/bench_vm_overhead.py).
-IDLE_CHECK_S = 1.0
 
 
 @dataclass
@@ -70,7 +65,6 @@ class Ssh:
             known.touch(exist_ok=True)
             conn.client.load_host_keys(str(known))  # AutoAddPolicy then saves the first key seen here
             conn.open()
-            conn.client.get_transport().sock.settimeout(IDLE_CHECK_S)  # after the handshake, which keeps its own
             self._conns[host] = conn
             return conn
 
@@ -100,7 +94,9 @@ class Ssh:
     def run(self, host: str, command: str, *, doing: str, timeout: float = 60.0) -> Result:
         """Run a shell command; its exit code is returned, not raised. Connection problems raise SshUnreachable."""
         try:
-            return _exec(self._connection(host).client.get_transport(), command, timeout)
+            conn = self._connection(host)
+            r = conn.run(command, timeout=timeout)
+            return Result(r.exited, r.stdout, r.stderr)
         except Exception as exc:
             raise self._fail(host, doing, exc) from None
 
@@ -184,38 +180,6 @@ class Ssh:
                 ) from None
             time.sleep(delay)
             delay = min(delay * 1.5, 3.0)
-
-
-def _exec(transport, command: str, timeout: float) -> Result:
-    """The command on one session channel, stdout and stderr read as they come, waiting on the channel's own
-    wake-up pipe. fabric's run() started reader threads per command and polled for its end every 10 ms: about
-    2 ms of the supervisor's CPU per command, against under 1 ms this way, and the watcher runs one per VM a second."""
-    deadline = time.monotonic() + timeout
-    chan = transport.open_session(timeout=timeout)
-    try:
-        chan.exec_command(command)
-        wake = chan.fileno()  # readable while stdout or stderr holds data, and for good once the channel ends
-        out: list[bytes] = []
-        err: list[bytes] = []
-        while True:
-            while chan.recv_ready():
-                out.append(chan.recv(1 << 16))
-            while chan.recv_stderr_ready():
-                err.append(chan.recv_stderr(1 << 16))
-            if (chan.eof_received or chan.closed) and not chan.recv_ready() and not chan.recv_stderr_ready():
-                break
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"the command did not end within {timeout:g} s")
-            select.select([wake], [], [], min(left, IDLE_CHECK_S))
-        if not chan.status_event.wait(max(deadline - time.monotonic(), 0.0)):
-            raise TimeoutError(f"no exit status within {timeout:g} s")
-        code = chan.recv_exit_status()
-        if code == -1 and not transport.is_active():
-            raise EOFError("the connection closed while the command ran")
-    finally:
-        chan.close()
-    return Result(code, b"".join(out).decode("utf-8", "replace"), b"".join(err).decode("utf-8", "replace"))
 
 
 def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
