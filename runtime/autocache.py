@@ -346,7 +346,9 @@ def unlisted(path: str, meta: dict) -> list[str]:
     Several writers of one put (workers, or a second epoch that started before TensorFlow finalized the first)
     each write a run folder (`<fingerprint>/<run id>/`) beside the sealed one, also after the seal; TensorFlow
     reads only the run its snapshot.metadata names (a listed, checksummed file), so such a folder is never
-    served. A file anywhere else, in the sealed run's folder above all, would be."""
+    served. TensorFlow also writes a fingerprint folder of its own when a later job's graph hashes differently
+    (seen on Cloud Storage under load); it reads a fingerprint folder only for a graph with that hash. A file
+    anywhere else, in the sealed run's folder above all, would be served."""
     listed = set(meta.get("files") or {})
     run_id = str(meta.get("run_id") or "")
     sealed_dirs = {rel.split("/", 1)[0] for rel in listed if "/" in rel}
@@ -357,6 +359,8 @@ def unlisted(path: str, meta: dict) -> list[str]:
         parts = rel.split("/")
         if len(parts) >= 3 and parts[0] in sealed_dirs and parts[1] != run_id and parts[1].isdigit():
             continue  # another writer's run: not the one TensorFlow reads
+        if len(parts) >= 2 and parts[0].isdigit() and parts[0] not in sealed_dirs:
+            continue  # TensorFlow's snapshot of another graph fingerprint: read only by a graph that hashes to it
         out.append(rel)
     return out
 
