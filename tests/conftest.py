@@ -5,6 +5,7 @@ check that no cgroup of dsctl's is left."""
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import re
 import subprocess
@@ -148,6 +149,34 @@ class _locked:
 
     def __exit__(self, *exc) -> None:
         os.close(self.fd)  # closing the last descriptor releases the lock
+
+
+@pytest.fixture
+def notices() -> list[str]:
+    """What the run store told the user on its own (the WARNING records of its `notices` logger). A warning said
+    once per process is forgotten first, so each test hears it afresh."""
+    from dsctl.orchestrator import store as store_module
+
+    got: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            got.append(record.getMessage())
+
+    handler = Collect()
+    store_module._warned.clear()
+    store_module.notices.addHandler(handler)
+    yield got
+    store_module.notices.removeHandler(handler)
+
+
+@pytest.fixture
+def keep_umask():
+    """dsctl sets its process's umask to 0o077; give pytest's back after the test."""
+    saved = os.umask(0o022)
+    os.umask(saved)
+    yield
+    os.umask(saved)
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "specs" / "examples"
@@ -171,3 +173,43 @@ def hold_port(port: int, prefix: list[str]) -> subprocess.Popen:
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held", "the port holder could not bind"
     return proc
+
+
+# A keras model small enough to train in seconds (a builder function, as a spec's `trainer.model.builder` names).
+TINY_KERAS_MODEL = '''
+import keras
+
+def build_model(features=8, classes=4):
+    inputs = keras.Input((features,))
+    model = keras.Model(inputs, keras.layers.Dense(classes)(inputs))
+    model.compile(optimizer=keras.optimizers.Adam(0.05),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+'''
+
+
+def stepped_job(dir: Path, name: str, steps: int, step_time_ms: int) -> Path:
+    """A one-worker job over an endless synthetic dataset: `steps` batches of a `step_time_ms` model step."""
+    return write_spec(dir, f"""
+        name: {name}
+        service: {{workers: 1}}
+        trainer: {{model: {{step_time_ms: {step_time_ms}}}, steps: {steps}, warmup_batches: 2}}
+        pipeline: {{builtin: synthetic, params: {{latency_ms: 0, batch_size: 8, epochs: null}}}}
+    """)
+
+
+@contextlib.contextmanager
+def tmpfs(folder: Path, size: str):
+    """`folder` (made here) as a tmpfs of `size` (e.g. "5m"), unmounted at the end; the test is skipped where this
+    machine does not let it be mounted."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"mounting a tmpfs is not permitted here: {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)

@@ -4,7 +4,6 @@ shared folder stays 2775, setgid and all), with a warning saying how to close it
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import stat
@@ -14,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from dsctl.orchestrator import store as store_module
 from dsctl.orchestrator.store import RunStore
 from dsctl.provisioners import Deployment
 from dsctl.specs import load_spec_text, spec_hash
 from helpers import dsctl, processes_under, write_spec
+
+pytestmark = pytest.mark.usefixtures("keep_umask")  # dsctl sets the umask of the process it runs in
 
 SPEC = load_spec_text("name: rec\ntrainer: {steps: 100}\npipeline: {builtin: synthetic}\n").spec
 
@@ -42,27 +42,8 @@ def recorded_run(home: Path, run_id: str = "rec-1") -> None:
     Deployment(run_id=run_id, provider="local", run_dir=str(run_dir), status="up").save()
 
 
-@pytest.fixture
-def notices() -> list[str]:
-    got: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            got.append(record.getMessage())
-
-    handler = Collect()
-    store_module.notices.addHandler(handler)
-    getattr(store_module, "_warned", set()).clear()  # said once per process: each test hears it afresh
-    yield got
-    store_module.notices.removeHandler(handler)
 
 
-@pytest.fixture(autouse=True)
-def keep_umask():
-    saved = os.umask(0o022)
-    os.umask(saved)
-    yield
-    os.umask(saved)
 
 
 # -- names -----------------------------------------------------------------------------------------------------------

@@ -11,20 +11,9 @@ from pathlib import Path
 import pytest
 
 from dsctl.specs import load_spec_text
-from helpers import EXAMPLES, dsctl, write_spec
+from helpers import EXAMPLES, TINY_KERAS_MODEL, dsctl, write_spec
 
 pytestmark = pytest.mark.slow
-
-TINY_MODEL = '''
-import keras
-
-def build_model(features=8, classes=4):
-    inputs = keras.Input((features,))
-    model = keras.Model(inputs, keras.layers.Dense(classes)(inputs))
-    model.compile(optimizer=keras.optimizers.Adam(0.05),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
-'''
 
 
 def events(path: Path) -> list[dict]:
@@ -68,7 +57,7 @@ def test_compact_resnet_trains_through_the_service_and_its_loss_falls(home, tmp_
 def trainer(tmp_path: Path, spec_text: str, metrics: str, *args: str) -> subprocess.CompletedProcess:
     spec = tmp_path / "spec.json"
     spec.write_text(load_spec_text(spec_text).spec.model_dump_json())
-    (tmp_path / "tiny.py").write_text(TINY_MODEL)
+    (tmp_path / "tiny.py").write_text(TINY_KERAS_MODEL)
     return subprocess.run([sys.executable, "-m", "dsctl.runtime.trainer", "--spec", str(spec), "--mode", "colocated",
                            "--metrics", str(tmp_path / metrics), "--cache-dir", str(tmp_path / "cache"),
                            "--base-dir", str(tmp_path), *args], capture_output=True, text=True, timeout=180)

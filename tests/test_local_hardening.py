@@ -13,14 +13,7 @@ import pytest
 from dsctl.orchestrator.store import RunStore, private_umask
 from dsctl.runtime import readiness
 
-
-@pytest.fixture(autouse=True)
-def keep_umask():
-    """dsctl sets its process's umask to 0o077; give pytest's back after each test."""
-    saved = os.umask(0o022)
-    os.umask(saved)
-    yield
-    os.umask(saved)
+pytestmark = pytest.mark.usefixtures("keep_umask")  # dsctl sets the umask of the process it runs in
 
 
 def mode(path: Path) -> int:

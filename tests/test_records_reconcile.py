@@ -15,7 +15,7 @@ import pytest
 
 from dsctl.orchestrator.store import RunStore
 from dsctl.provisioners import Deployment
-from helpers import dsctl, processes_under, wait_for, write_spec
+from helpers import dsctl, processes_under, stepped_job, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -23,12 +23,7 @@ STEPS = 400
 
 
 def job(tmp_path: Path, steps: int = STEPS, step_time_ms: int = 10) -> Path:
-    return write_spec(tmp_path, f"""
-        name: recon
-        service: {{workers: 1}}
-        trainer: {{model: {{step_time_ms: {step_time_ms}}}, steps: {steps}, warmup_batches: 2}}
-        pipeline: {{builtin: synthetic, params: {{latency_ms: 0, batch_size: 8, epochs: null}}}}
-    """)
+    return stepped_job(tmp_path, "recon", steps, step_time_ms)
 
 
 def metrics(run_dir: Path, event: str) -> list[dict]:

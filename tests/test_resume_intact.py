@@ -13,19 +13,9 @@ from pathlib import Path
 import pytest
 
 from dsctl.specs import load_spec_text
+from helpers import TINY_KERAS_MODEL
 
 pytestmark = pytest.mark.slow  # keras trainers as processes, keras in this process
-
-TINY_MODEL = '''
-import keras
-
-def build_model(features=8, classes=4):
-    inputs = keras.Input((features,))
-    model = keras.Model(inputs, keras.layers.Dense(classes)(inputs))
-    model.compile(optimizer=keras.optimizers.Adam(0.05),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
-'''
 SPEC = """
 name: t
 trainer:
@@ -40,7 +30,7 @@ pipeline: {{builtin: synthetic, params: {{feature_size: 8, label_classes: 4, bat
 def trainer(tmp: Path, steps: int, metrics: str, *args: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
     spec = tmp / f"{metrics}.spec.json"
     spec.write_text(load_spec_text(SPEC.format(steps=steps)).spec.model_dump_json())
-    (tmp / "tiny.py").write_text(TINY_MODEL)
+    (tmp / "tiny.py").write_text(TINY_KERAS_MODEL)
     proc = subprocess.run([sys.executable, "-m", "dsctl.runtime.trainer", "--spec", str(spec), "--mode", "colocated",
                            "--metrics", str(tmp / metrics), "--cache-dir", str(tmp / "cache"), "--base-dir", str(tmp),
                            *args], capture_output=True, text=True, timeout=180)

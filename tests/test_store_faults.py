@@ -4,7 +4,6 @@ recorded. Whatever happens: no traceback, nothing left running, and the run's re
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import signal
@@ -22,7 +21,7 @@ from dsctl.orchestrator.store import RunStore, StoreError
 from dsctl.orchestrator.summary import complete_results, results_from_windows, summarize, summarize_run
 from dsctl.provisioners import Deployment
 from dsctl.specs import load_spec_text, spec_hash
-from helpers import dsctl, processes_under, wait_for, write_spec
+from helpers import dsctl, processes_under, stepped_job, tmpfs, wait_for, write_spec
 
 SPEC = load_spec_text("name: rec\ntrainer: {steps: 100}\npipeline: {builtin: synthetic}\n").spec
 GARBAGE = b"this is not an SQLite database, whatever its name says\n" * 20
@@ -90,19 +89,6 @@ def test_replay_runs_only_the_statements_the_store_defers(home):
     assert not path.exists(), "a file written whole is removed"
 
 
-@pytest.fixture
-def notices() -> list[str]:
-    """What the store told the user on its own (the WARNING records of its `notices` logger)."""
-    got: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            got.append(record.getMessage())
-
-    handler = Collect()
-    store_module.notices.addHandler(handler)
-    yield got
-    store_module.notices.removeHandler(handler)
 
 
 def test_a_kept_file_goes_only_when_all_of_it_is_written(home, monkeypatch, notices):
@@ -308,12 +294,7 @@ STEPS = 600
 
 
 def short_job(tmp_path: Path, steps: int = STEPS, step_time_ms: int = 20) -> Path:
-    return write_spec(tmp_path, f"""
-        name: faults
-        service: {{workers: 1}}
-        trainer: {{model: {{step_time_ms: {step_time_ms}}}, steps: {steps}, warmup_batches: 2}}
-        pipeline: {{builtin: synthetic, params: {{latency_ms: 0, batch_size: 8, epochs: null}}}}
-    """)
+    return stepped_job(tmp_path, "faults", steps, step_time_ms)
 
 
 def start_up(spec: Path, *args: str) -> subprocess.Popen:
@@ -469,19 +450,9 @@ def test_a_run_that_ended_before_its_trainers_reported_is_summarized_from_what_t
 @pytest.fixture
 def small_disk(home, monkeypatch):
     """DSCTL_HOME on a 2 MB tmpfs of its own, to fill up."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    disk = home / "small"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True,
-                             text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here: {mounted.stderr.strip()}")
-    monkeypatch.setenv("DSCTL_HOME", str(disk))
-    try:
+    with tmpfs(home / "small", "2m") as disk:
+        monkeypatch.setenv("DSCTL_HOME", str(disk))
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def fill(disk: Path) -> Path:
