@@ -23,7 +23,7 @@ import pytest
 
 from dsctl.orchestrator.store import RunStore
 from dsctl.specs import load_spec_text
-from helpers import dsctl, write_spec
+from helpers import dsctl, tmpfs, write_spec
 
 pytestmark = pytest.mark.integration  # trainer processes; `dsctl up`
 
@@ -145,18 +145,8 @@ def test_a_cache_that_turns_unreadable_mid_job_is_set_aside_and_the_job_computes
 @pytest.fixture
 def small_cache(tmp_path):
     """A 5 MB tmpfs for the cache, unmounted after the test."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    disk = tmp_path / "cache5m"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(disk)], capture_output=True,
-                             text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here: {mounted.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "cache5m", "5m") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 FULL_JOB = """
@@ -192,3 +182,19 @@ def test_a_cache_disk_that_fills_in_the_put_epoch_is_emptied_and_the_job_compute
 
     status, reason, _ = ac.inspect(str(path), path.name.split("-", 1)[1])
     assert status == "nospace" and "ran out of space" in reason and str(path) in reason, reason
+
+
+def test_only_other_writers_runs_and_other_fingerprints_are_left_out_of_the_exact_check(tmp_path):
+    """What TensorFlow never reads for the sealed pipeline (another writer's run folder beside the sealed run, a
+    fingerprint folder of its own for a graph that hashed differently) may be there; anything else may not."""
+    from dsctl.runtime import autocache
+
+    listed = ["111/snapshot.metadata", "111/7/00000000.shard/00000000.snapshot"]
+    allowed = ["111/8/00000000.shard/00000000.snapshot", "222/snapshot.metadata", "222/9/00000000.shard/x.snapshot"]
+    refused = ["111/7/00000001.shard/00000000.snapshot", "111/extra.snapshot", "111/tmp/x.snapshot", "junk.txt",
+               "notes/x.snapshot"]
+    for rel in listed + allowed + refused:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    meta = {"run_id": "7", "files": {rel: [1, "-"] for rel in listed}}
+    assert autocache.unlisted(str(tmp_path), meta) == sorted(refused)
