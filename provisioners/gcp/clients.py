@@ -5,16 +5,25 @@ holds its own HTTP connection, so hundreds of calls can be in flight at once
 (one shared client would funnel them through a pool of ten connections).
 An API whose endpoint is overridden (tests, private endpoints) gets anonymous
 credentials; the others use Application Default Credentials. Cloud Resource
-Manager (the project's number, the caller's permissions) is a REST client too.
+Manager (the project's number, the caller's permissions, the project's IAM policy),
+IAM (the VMs' service account, iam.py), Organization Policy (the policies that
+would refuse a run) and OS Login (SSH keys for the caller) are REST clients too.
+`caller()` says who the credentials are: OS Login keys and IAM members name it.
 """
 
 from __future__ import annotations
 
+import configparser
+import os
 import threading
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .settings import SCOPES, GcpSettings
+from dsctl.specs import SpecError
+
+from .iam import IamRest
+from .settings import SCOPES, GcpSettings, no_credentials_error
 
 if TYPE_CHECKING:
     from google.auth.credentials import Credentials
@@ -26,6 +35,7 @@ class Clients:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._adc: Credentials | None = None
+        self._caller: str | None = None
 
     # -- credentials -------------------------------------------------------------
     def _credentials(self, overridden: bool):
@@ -36,8 +46,12 @@ class Clients:
         with self._lock:
             if self._adc is None:
                 import google.auth
+                from google.auth.exceptions import DefaultCredentialsError
 
-                self._adc, _ = google.auth.default(scopes=SCOPES)
+                try:
+                    self._adc, _ = google.auth.default(scopes=SCOPES)
+                except DefaultCredentialsError:
+                    raise no_credentials_error() from None
             return self._adc
 
     def _options(self, endpoint: str | None):
@@ -109,6 +123,61 @@ class Clients:
                 credentials=self._credentials(bool(endpoint)), transport="rest", client_options=self._options(endpoint))
         return cache["projects"]
 
+    def _rest(self, key: str, make):
+        """A REST client of the Google library `make(credentials=..., transport="rest", client_options=...)`, one
+        per thread like the others."""
+        cache = self._local.__dict__
+        if key not in cache:
+            endpoint = getattr(self.settings, f"{key}_endpoint")
+            cache[key] = make(credentials=self._credentials(bool(endpoint)), transport="rest",
+                              client_options=self._options(endpoint))
+        return cache[key]
+
+    # -- IAM: the VMs' service account (iam.py) -----------------------------------------------------------
+    @property
+    def iam(self) -> IamRest:
+        cache = self._local.__dict__
+        if "iam" not in cache:
+            endpoint = self.settings.iam_endpoint
+            cache["iam"] = IamRest(self._credentials(bool(endpoint)), endpoint)
+        return cache["iam"]
+
+    # -- Organization Policy: the effective policies that would refuse a run (orgpolicy.py) --------------------
+    @property
+    def orgpolicy(self):
+        from google.cloud import orgpolicy_v2
+
+        return self._rest("orgpolicy", orgpolicy_v2.OrgPolicyClient)
+
+    # -- OS Login: SSH keys registered for the caller (oslogin.py) -------------------------------------------
+    @property
+    def oslogin(self):
+        """google.cloud.oslogin_v1.OsLoginServiceClient (REST) at DSCTL_OSLOGIN_ENDPOINT or Google's."""
+        from google.cloud import oslogin_v1
+
+        return self._rest("oslogin", oslogin_v1.OsLoginServiceClient)
+
+    # -- who is calling ---------------------------------------------------------------------------------------
+    def caller(self) -> str:
+        """The email of the account this process calls Google Cloud as (OS Login keys are registered for it; IAM
+        bindings name it). From the credentials: a service account's email, or the signed-in user's account where
+        google-auth knows it; where they do not say (anonymous credentials on a stand-in, user credentials without
+        an account), the account gcloud names: CLOUDSDK_CORE_ACCOUNT, else gcloud's active configuration.
+        SpecError (exit 2) saying how to name it when nothing does."""
+        with self._lock:
+            if self._caller is not None:
+                return self._caller
+        account = _from_credentials(self._credentials(bool(self.settings.oslogin_endpoint))) or gcloud_account()
+        if not account:
+            raise SpecError(
+                "dsctl could not tell which Google account it calls Google Cloud as (the credentials do not say), "
+                "and it needs to: SSH keys are registered with OS Login for that account. Set CLOUDSDK_CORE_ACCOUNT "
+                "to its email (e.g. export CLOUDSDK_CORE_ACCOUNT=you@example.com), or `gcloud config set account "
+                "you@example.com`.")
+        with self._lock:
+            self._caller = account
+        return account
+
     # -- Cloud TPU (per thread) -----------------------------------------------------
     @property
     def tpu(self):
@@ -132,3 +201,38 @@ class Clients:
 
             return storage.Client(project=self.settings.project, credentials=AnonymousCredentials())
         return storage.Client(project=self.settings.project, credentials=self._credentials(False))
+
+
+def _from_credentials(creds) -> str | None:
+    """The account credentials are for, where google-auth exposes it (None for anonymous ones)."""
+    email = getattr(creds, "service_account_email", None)
+    if email == "default":  # on a VM: the metadata server names the account once the credentials are refreshed
+        try:
+            from google.auth.transport.requests import Request
+
+            creds.refresh(Request())
+            email = creds.service_account_email
+        except Exception:
+            email = None
+    if email and email != "default":
+        return email
+    account = getattr(creds, "account", None)  # user credentials (gcloud auth application-default login)
+    return account or None
+
+
+def gcloud_account() -> str | None:
+    """The account gcloud calls with: CLOUDSDK_CORE_ACCOUNT, else [core] account of gcloud's active configuration."""
+    account = os.environ.get("CLOUDSDK_CORE_ACCOUNT")
+    if account:
+        return account
+    config = Path(os.environ.get("CLOUDSDK_CONFIG") or Path.home() / ".config" / "gcloud")
+    try:
+        active = (config / "active_config").read_text().strip() or "default"
+    except OSError:
+        active = "default"
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(config / "configurations" / f"config_{active}")
+    except configparser.Error:
+        return None
+    return parser.get("core", "account", fallback=None) or None

@@ -4,9 +4,11 @@ Project and zone come from the spec, else the environment (GOOGLE_CLOUD_PROJECT,
 CLOUDSDK_CORE_PROJECT; CLOUDSDK_COMPUTE_ZONE), else (project only) Application
 Default Credentials. Endpoints can be overridden for tests and private endpoints:
 DSCTL_GCE_ENDPOINT (Compute Engine), DSCTL_TPU_ENDPOINT (Cloud TPU),
-DSCTL_CRM_ENDPOINT (Cloud Resource Manager), STORAGE_EMULATOR_HOST (Cloud
-Storage); an overridden API is called with
-anonymous credentials. DSCTL_SSH_PORT and DSCTL_REMOTE_PYTHON override the
+DSCTL_CRM_ENDPOINT (Cloud Resource Manager), DSCTL_IAM_ENDPOINT (IAM: the VMs'
+service account), DSCTL_ORGPOLICY_ENDPOINT (Organization Policy),
+DSCTL_OSLOGIN_ENDPOINT (OS Login), STORAGE_EMULATOR_HOST (Cloud Storage); an
+overridden API is called with anonymous credentials, and who the caller is then
+comes from CLOUDSDK_CORE_ACCOUNT (clients.py, `Clients.caller`). DSCTL_SSH_PORT and DSCTL_REMOTE_PYTHON override the
 spec's ssh_port and python.
 
 The settings are plain data, saved in the run's state, so `dsctl down` in a new
@@ -48,7 +50,6 @@ class GcpSettings:
     subnetwork: str | None = _spec_default("subnetwork")
     service_account: str | None = _spec_default("service_account")
     public_ips: bool = _spec_default("public_ips")
-    ssh_user: str = _spec_default("ssh_user")
     ssh_port: int = _spec_default("ssh_port")  # DSCTL_SSH_PORT overrides the spec's
     boot_disk_gb: int = _spec_default("boot_disk_gb")
     boot_disk_type: str = _spec_default("boot_disk_type")
@@ -65,11 +66,15 @@ class GcpSettings:
     ready_timeout_s: float = _spec_default("ready_timeout_s")
     outage_limit_s: float = _spec_default("outage_limit_s")
     max_duration_s: float = _spec_default("max_duration_s")
+    heartbeat_limit_s: float = _spec_default("heartbeat_limit_s")
     labels: dict[str, str] = _spec_default("labels")
     software: Software | None = None  # the TensorFlow and images per VM kind (None: a run found by label needs none)
     compute_endpoint: str | None = None  # DSCTL_GCE_ENDPOINT
     tpu_endpoint: str | None = None  # DSCTL_TPU_ENDPOINT
     crm_endpoint: str | None = None  # DSCTL_CRM_ENDPOINT
+    iam_endpoint: str | None = None  # DSCTL_IAM_ENDPOINT
+    orgpolicy_endpoint: str | None = None  # DSCTL_ORGPOLICY_ENDPOINT
+    oslogin_endpoint: str | None = None  # DSCTL_OSLOGIN_ENDPOINT
     storage_host: str | None = None  # STORAGE_EMULATOR_HOST
 
     @property
@@ -103,6 +108,9 @@ class GcpSettings:
         self.compute_endpoint = env.get("DSCTL_GCE_ENDPOINT") or None
         self.tpu_endpoint = env.get("DSCTL_TPU_ENDPOINT") or None
         self.crm_endpoint = env.get("DSCTL_CRM_ENDPOINT") or None
+        self.iam_endpoint = env.get("DSCTL_IAM_ENDPOINT") or None
+        self.orgpolicy_endpoint = env.get("DSCTL_ORGPOLICY_ENDPOINT") or None
+        self.oslogin_endpoint = env.get("DSCTL_OSLOGIN_ENDPOINT") or None
         self.storage_host = env.get("STORAGE_EMULATOR_HOST") or None
         return self
 
@@ -130,7 +138,7 @@ def adc_project() -> str | None:
     return project
 
 
-def _no_credentials_error() -> SpecError:
+def no_credentials_error() -> SpecError:
     return SpecError(
         "provider: gcp needs Google Cloud credentials and none were found. dsctl uses Application Default "
         "Credentials: run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a "
@@ -141,7 +149,7 @@ def _no_credentials_error() -> SpecError:
 def check_credentials(settings: GcpSettings) -> None:
     """Fail early (SpecError, exit 2) when an API that is not overridden has no credentials."""
     if settings.compute_endpoint and settings.tpu_endpoint and settings.crm_endpoint and settings.storage_host:
-        return
+        return  # every API a run needs is elsewhere (the others, if not, say so when first used: clients.py)
     try:
         import google.auth
         from google.auth.exceptions import DefaultCredentialsError
@@ -150,7 +158,7 @@ def check_credentials(settings: GcpSettings) -> None:
     try:
         google.auth.default(scopes=SCOPES)
     except DefaultCredentialsError:
-        raise _no_credentials_error() from None
+        raise no_credentials_error() from None
 
 
 def resolve(spec: JobSpec, *, check_creds: bool = True) -> GcpSettings:

@@ -24,6 +24,7 @@ from sshd import AuthorizedKeysWriter, Sshd, loopback_range, sshd_available
 PROJECT = "dsctl-test"
 ZONE = "us-central1-b"
 BUCKET = "dsctl-test-staging"
+CALLER = "tester@example.com"  # the account dsctl calls the stand-ins as (CLOUDSDK_CORE_ACCOUNT)
 VM_ADDRESSES = 16  # sshd listens on 127.0.0.2 .. 127.0.0.17 (OpenSSH allows 16 listen sockets per process)
 INTERNAL_FIRST, EXTERNAL_FIRST = "127.0.0.2", "127.0.1.2"  # the stand-in's internal / external address ranges
 
@@ -60,7 +61,8 @@ def gcs_emulator():
 def no_credentials(tmp_path, monkeypatch):
     """An environment with no Application Default Credentials and no endpoint overrides."""
     for var in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "CLOUDSDK_COMPUTE_ZONE",
-                "DSCTL_GCE_ENDPOINT", "DSCTL_TPU_ENDPOINT", "DSCTL_CRM_ENDPOINT", "STORAGE_EMULATOR_HOST"):
+                "DSCTL_GCE_ENDPOINT", "DSCTL_TPU_ENDPOINT", "DSCTL_CRM_ENDPOINT", "DSCTL_IAM_ENDPOINT",
+                "DSCTL_ORGPOLICY_ENDPOINT", "DSCTL_OSLOGIN_ENDPOINT", "CLOUDSDK_CORE_ACCOUNT", "STORAGE_EMULATOR_HOST"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -125,6 +127,9 @@ def cloud(request, gcs_emulator, monkeypatch, home):
         monkeypatch.setenv("DSCTL_GCE_ENDPOINT", server.endpoint)
         monkeypatch.setenv("DSCTL_TPU_ENDPOINT", server.endpoint)
         monkeypatch.setenv("DSCTL_CRM_ENDPOINT", server.endpoint)
+        for api in ("IAM", "ORGPOLICY", "OSLOGIN"):  # IAM, Organization Policy, OS Login: the same stand-in
+            monkeypatch.setenv(f"DSCTL_{api}_ENDPOINT", server.endpoint)
+        monkeypatch.setenv("CLOUDSDK_CORE_ACCOUNT", CALLER)  # anonymous credentials do not say who calls
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
         monkeypatch.setenv("DSCTL_GCP_RETRY_BASE_S", "0.05")
         monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)

@@ -15,7 +15,10 @@ API returns (full resource URLs, kinds, defaults).
                      globalOperations get/wait
   Cloud TPU v2       nodes create/get/list/delete, queuedResources create/get/list/delete,
                      acceleratorTypes get/list, runtimeVersions get/list, operations get
-  Resource Manager   projects.get, projects.testIamPermissions
+  Resource Manager   projects.get, projects.testIamPermissions, projects.getIamPolicy/setIamPolicy (etags)
+  IAM v1             serviceAccounts get/create, serviceAccounts getIamPolicy/setIamPolicy
+  Org Policy v2      projects.policies.getEffectivePolicy (set by tests; a 403 mode)
+  OS Login v1        users.importSshPublicKey, users.getLoginProfile, users.sshPublicKeys.delete
 
 Addresses: the k-th live resource gets internal address 127.0.(2j).N and, when it asks
 for an external one, 127.0.(2j+1).N, with j = k // 253 and N = 2 + k % 253 (so the first
@@ -420,9 +423,301 @@ def _is_uuid(text: str) -> bool:
 
 
 # ================================================================================================
+# Identity: IAM service accounts, the project's IAM policy, organization policies, OS Login
+# ================================================================================================
+# IAM v1 projects.serviceAccounts: https://cloud.google.com/iam/docs/reference/rest/v1/projects.serviceAccounts
+# "accountId ... must be 6-30 characters long, and match the regular expression [a-z]([-a-z0-9]*[a-z0-9])".
+SA_ACCOUNT_ID_RE = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])")
+# Members of a binding: https://cloud.google.com/iam/docs/reference/rest/v1/Policy#Binding
+MEMBER_RE = re.compile(r"(user|serviceAccount|group|domain|principal|principalSet):.+|allUsers|allAuthenticatedUsers")
+ROLE_RE = re.compile(r"roles/[a-zA-Z0-9_.]+|(projects|organizations)/[^/]+/roles/[a-zA-Z0-9_.]+")
+# Organization Policy v2 constraints the stand-in knows (https://cloud.google.com/resource-manager/docs/
+# organization-policy/org-policy-constraints): list constraints take values/allowAll/denyAll, boolean ones enforce.
+ORG_CONSTRAINTS = {"compute.vmExternalIpAccess": "list", "compute.trustedImageProjects": "list",
+                   "compute.requireOsLogin": "boolean", "iam.disableServiceAccountCreation": "boolean",
+                   "iam.automaticIamGrantsForDefaultServiceAccounts": "boolean"}
+
+
+def _denied(permission: str) -> ApiError:
+    return ApiError(403, f"Permission '{permission}' denied on resource (or it may not exist).",
+                    grpc="PERMISSION_DENIED")
+
+
+class IdentityApis:
+    """IAM service accounts (get/create, each account's own policy), projects.getIamPolicy/setIamPolicy with
+    etags, organization policies (projects.policies.getEffectivePolicy) and OS Login keys, on FakeCloud's lock.
+
+    Tests set: `secure_by_default` (before the project's first use: its default Compute Engine account gets no
+    role, as organizations made since May 2024 have it), `set_org_policy(constraint, rules)`, `orgpolicy_denied`
+    (the caller may not read organization policies: 403). The caller's permissions are FakeCloud's
+    `granted_permissions` (None: every one), checked where the real API checks them."""
+
+    lock: threading.RLock
+    granted_permissions: set[str] | None
+
+    def _init_identity(self) -> None:
+        self.secure_by_default = False
+        self.service_accounts: dict[str, dict] = {}  # email -> ServiceAccount resource
+        self.account_policies: dict[str, dict] = {}  # email -> that account's own Policy
+        self.project_policies: dict[str, dict] = {}  # project id -> Policy
+        self.org_policies: dict[str, list[dict]] = {}  # constraint name -> the effective policy's rules
+        self.orgpolicy_denied = False
+        self.oslogin_profiles: dict[str, dict] = {}  # account email -> {"username", "keys": {fingerprint: key}}
+
+    def project_number(self, project: str) -> str:  # FakeCloud's
+        raise NotImplementedError
+
+    def _may(self, permission: str) -> None:
+        if self.granted_permissions is not None and permission not in self.granted_permissions:
+            raise _denied(permission)
+
+    # -- service accounts ------------------------------------------------------------------------------
+    def _default_account(self, project: str) -> str:
+        """The project's Compute Engine default service account exists with the project."""
+        email = f"{self.project_number(project)}-compute@developer.gserviceaccount.com"
+        if email not in self.service_accounts:
+            self._new_account(project, email, "Compute Engine default service account")
+        return email
+
+    def _new_account(self, project: str, email: str, display: str, description: str = "") -> dict:
+        unique = str(100000000000000000000 + int(hashlib.sha1(email.encode()).hexdigest()[:15], 16) % 10**20)
+        sa = {"name": f"projects/{project}/serviceAccounts/{email}", "projectId": project, "uniqueId": unique,
+              "email": email, "displayName": display, "etag": "MDEwMjE5MjA=", "oauth2ClientId": unique}
+        if description:
+            sa["description"] = description
+        self.service_accounts[email] = sa
+        return sa
+
+    def iam_get_account(self, project: str, email: str) -> dict:
+        """projects.serviceAccounts.get (name projects/{PROJECT_ID or -}/serviceAccounts/{EMAIL or UNIQUE_ID})."""
+        from urllib.parse import unquote
+
+        email = unquote(email)
+        with self.lock:
+            if project != "-":
+                self._default_account(project)
+            self._may("iam.serviceAccounts.get")
+            sa = self.service_accounts.get(email) or next(
+                (a for a in self.service_accounts.values() if a["uniqueId"] == email), None)
+            if sa is None or (project != "-" and sa["projectId"] != project):
+                raise ApiError(404, f"Unknown service account: projects/{project}/serviceAccounts/{email}",
+                               grpc="NOT_FOUND")
+            return dict(sa)
+
+    def iam_create_account(self, project: str, body: dict) -> dict:
+        """projects.serviceAccounts.create: accountId 6-30 characters of [a-z]([-a-z0-9]*[a-z0-9]); only
+        displayName and description are assignable; an existing one is 409 ALREADY_EXISTS."""
+        with self.lock:
+            self._default_account(project)
+            self._may("iam.serviceAccounts.create")
+            account_id = body.get("accountId") or ""
+            if not (6 <= len(account_id) <= 30 and SA_ACCOUNT_ID_RE.fullmatch(account_id)):
+                raise ApiError(400, f"Invalid account ID '{account_id}'. The account ID must be between 6 and 30 "
+                               "characters and match the regular expression [a-z]([-a-z0-9]*[a-z0-9]).",
+                               grpc="INVALID_ARGUMENT")
+            given = body.get("serviceAccount") or {}
+            extra = set(given) - {"displayName", "description"}
+            if extra:
+                raise ApiError(400, f"Only displayName and description can be set on create, not {sorted(extra)}.",
+                               grpc="INVALID_ARGUMENT")
+            email = f"{account_id}@{project}.iam.gserviceaccount.com"
+            if email in self.service_accounts:
+                raise ApiError(409, f"Service account {account_id} already exists within project "
+                               f"projects/{project}.", grpc="ALREADY_EXISTS")
+            self.created.append(("service_account", copy.deepcopy(body)))  # type: ignore[attr-defined]
+            return dict(self._new_account(project, email, given.get("displayName", ""), given.get("description", "")))
+
+    # -- IAM policies (the project's, and each service account's own) ------------------------------------------
+    @staticmethod
+    def _etag(policy: dict) -> str:
+        import base64
+
+        return base64.b64encode(hashlib.sha1(json.dumps(policy.get("bindings", []), sort_keys=True).encode()
+                                             + str(policy.get("_serial", 0)).encode()).digest()[:8]).decode()
+
+    @classmethod
+    def _policy_view(cls, policy: dict) -> dict:
+        out = {"version": policy.get("version", 1), "etag": cls._etag(policy)}
+        if policy.get("bindings"):
+            out["bindings"] = copy.deepcopy(policy["bindings"])
+        return out
+
+    def _project_policy(self, project: str) -> dict:
+        """A new project's policy; unless secure by default, its Compute Engine default account is an Editor
+        (https://cloud.google.com/iam/docs/service-account-types#default)."""
+        if project not in self.project_policies:
+            default = self._default_account(project)
+            bindings = [] if self.secure_by_default else [{"role": "roles/editor",
+                                                            "members": [f"serviceAccount:{default}"]}]
+            self.project_policies[project] = {"version": 1, "bindings": bindings, "_serial": 0}
+        return self.project_policies[project]
+
+    def _set_policy(self, stored: dict, body: dict) -> dict:
+        """setIamPolicy: a stale etag is 409 ABORTED; members and roles must be well formed; a service account
+        member must exist (https://cloud.google.com/iam/docs/reference/rest/v1/Policy)."""
+        policy = body.get("policy") or {}
+        if policy.get("etag") and policy["etag"] != self._etag(stored):
+            raise ApiError(409, "There were concurrent policy changes. Please retry the whole read-modify-write with "
+                           "exponential backoff.", grpc="ABORTED")
+        bindings = policy.get("bindings") or []
+        for b in bindings:
+            if not ROLE_RE.fullmatch(b.get("role") or ""):
+                raise ApiError(400, f"Role {b.get('role')} is not supported for this resource.",
+                               grpc="INVALID_ARGUMENT")
+            for m in b.get("members") or []:
+                if not MEMBER_RE.fullmatch(m):
+                    raise ApiError(400, f"Invalid member: {m}", grpc="INVALID_ARGUMENT")
+                email = m.removeprefix("serviceAccount:")
+                if m.startswith("serviceAccount:") and email.endswith(".iam.gserviceaccount.com") \
+                        and email not in self.service_accounts:
+                    raise ApiError(400, f"Service account {email} does not exist.", grpc="INVALID_ARGUMENT")
+        stored["bindings"] = copy.deepcopy(bindings)
+        stored["version"] = policy.get("version", 1)
+        stored["_serial"] = stored.get("_serial", 0) + 1
+        return self._policy_view(stored)
+
+    def crm_get_iam_policy(self, project: str) -> dict:
+        """projects.getIamPolicy (v3): needs resourcemanager.projects.getIamPolicy."""
+        with self.lock:
+            self._may("resourcemanager.projects.getIamPolicy")
+            return self._policy_view(self._project_policy(project))
+
+    def crm_set_iam_policy(self, project: str, body: dict) -> dict:
+        """projects.setIamPolicy (v3): needs resourcemanager.projects.setIamPolicy."""
+        with self.lock:
+            self._may("resourcemanager.projects.setIamPolicy")
+            return self._set_policy(self._project_policy(project), body)
+
+    def iam_get_account_policy(self, project: str, email: str) -> dict:
+        from urllib.parse import unquote
+
+        email = unquote(email)
+        with self.lock:
+            self.iam_get_account(project, email)
+            self._may("iam.serviceAccounts.getIamPolicy")
+            return self._policy_view(self.account_policies.setdefault(email, {"version": 1, "bindings": []}))
+
+    def iam_set_account_policy(self, project: str, email: str, body: dict) -> dict:
+        from urllib.parse import unquote
+
+        email = unquote(email)
+        with self.lock:
+            self.iam_get_account(project, email)
+            self._may("iam.serviceAccounts.setIamPolicy")
+            return self._set_policy(self.account_policies.setdefault(email, {"version": 1, "bindings": []}), body)
+
+    def roles_of(self, project: str, email: str) -> set[str]:
+        """For assertions: the roles the project's policy grants the service account `email`."""
+        with self.lock:
+            member = f"serviceAccount:{email}"
+            return {b["role"] for b in self._project_policy(project)["bindings"] if member in b.get("members", ())}
+
+    # -- organization policies -------------------------------------------------------------------------------
+    def set_org_policy(self, constraint: str, rules: list[dict] | None) -> None:
+        """The effective policy of `constraint` (e.g. "compute.vmExternalIpAccess"); None: not set."""
+        assert constraint in ORG_CONSTRAINTS, constraint
+        with self.lock:
+            if rules is None:
+                self.org_policies.pop(constraint, None)
+            else:
+                self.org_policies[constraint] = copy.deepcopy(rules)
+
+    def orgpolicy_effective(self, project: str, constraint: str) -> dict:
+        """projects.policies.getEffectivePolicy (v2): needs orgpolicy.policy.get; an unknown constraint is 400."""
+        with self.lock:
+            if self.orgpolicy_denied:
+                raise _denied("orgpolicy.policy.get")
+            self._may("orgpolicy.policy.get")
+            if constraint not in ORG_CONSTRAINTS:
+                raise ApiError(400, f"Constraint constraints/{constraint} is not supported.", grpc="INVALID_ARGUMENT")
+            number = self.project_number(project)
+            spec = {"etag": "CAE=", "updateTime": "2024-05-03T00:00:00Z"}
+            if constraint in self.org_policies:
+                spec["rules"] = copy.deepcopy(self.org_policies[constraint])
+            return {"name": f"projects/{number}/policies/{constraint}", "spec": spec}
+
+    # -- OS Login v1 (https://cloud.google.com/compute/docs/oslogin/rest/v1/users) ---------------------------------
+    def _posix_username(self, account: str) -> str:
+        """The POSIX username OS Login gives: a user's email with every character that is not a letter or digit as
+        "_" (user@example.com -> user_example_com); a service account's is sa_<uniqueId>."""
+        sa = self.service_accounts.get(account)
+        if account.endswith(".gserviceaccount.com"):
+            unique = sa["uniqueId"] if sa else str(int(hashlib.sha1(account.encode()).hexdigest()[:15], 16))
+            return f"sa_{unique}"
+        return re.sub(r"[^a-zA-Z0-9]", "_", account)[:32]
+
+    def _login_profile(self, account: str, project: str | None) -> dict:
+        prof = self.oslogin_profiles.setdefault(account, {"keys": {}})
+        now_us = time.time() * 1e6
+        keys = {fp: k for fp, k in prof["keys"].items()
+                if not k.get("expirationTimeUsec") or int(k["expirationTimeUsec"]) > now_us}
+        username = self._posix_username(account)
+        uid = str(1000 + int(hashlib.sha1(account.encode()).hexdigest()[:6], 16) % 100000)
+        posix = {"primary": True, "username": username, "uid": uid, "gid": uid,
+                 "homeDirectory": f"/home/{username}", "shell": "/bin/bash", "gecos": account,
+                 "systemId": "", "accountId": project or "", "operatingSystemType": "LINUX",
+                 "name": f"users/{account}/projects/{project or ''}"}
+        return {"name": account, "posixAccounts": [posix], "sshPublicKeys": copy.deepcopy(keys)}
+
+    @staticmethod
+    def _user(user: str) -> str:
+        from urllib.parse import unquote
+
+        account = unquote(user)
+        if "@" not in account:
+            raise ApiError(400, f"Invalid user: users/{account}", grpc="INVALID_ARGUMENT")
+        return account
+
+    def oslogin_import_key(self, user: str, query: dict, body: dict) -> dict:
+        """users.importSshPublicKey: the key (OpenSSH "type base64 [comment]") with an optional
+        expirationTimeUsec; returns the login profile. Keys are identified by their SHA-256 fingerprint."""
+        import base64
+        import binascii
+
+        account = self._user(user)
+        key = (body.get("key") or "").strip()
+        parts = key.split()
+        try:
+            blob = base64.b64decode(parts[1], validate=True) if len(parts) >= 2 else b""
+        except (binascii.Error, ValueError):
+            blob = b""
+        if not parts or not parts[0].startswith(("ssh-", "ecdsa-", "sk-")) or not blob:
+            raise ApiError(400, "Invalid key format.", grpc="INVALID_ARGUMENT")
+        with self.lock:
+            fingerprint = hashlib.sha256(blob).hexdigest()
+            entry = {"key": key, "fingerprint": fingerprint, "name": f"users/{account}/sshPublicKeys/{fingerprint}"}
+            if body.get("expirationTimeUsec"):
+                entry["expirationTimeUsec"] = str(body["expirationTimeUsec"])
+            self.oslogin_profiles.setdefault(account, {"keys": {}})["keys"][fingerprint] = entry
+            return {"loginProfile": self._login_profile(account, (query.get("projectId") or [None])[0])}
+
+    def oslogin_get_profile(self, user: str, query: dict) -> dict:
+        account = self._user(user)
+        with self.lock:
+            return self._login_profile(account, (query.get("projectId") or [None])[0])
+
+    def oslogin_delete_key(self, user: str, fingerprint: str) -> dict:
+        account = self._user(user)
+        with self.lock:
+            keys = self.oslogin_profiles.get(account, {"keys": {}})["keys"]
+            if fingerprint not in keys:
+                raise ApiError(404, f"Requested entity was not found: users/{account}/sshPublicKeys/{fingerprint}",
+                               grpc="NOT_FOUND")
+            del keys[fingerprint]
+            return {}
+
+    def oslogin_keys(self, username: str) -> list[str]:
+        """For the test sshd: the unexpired public keys registered for the POSIX user `username`."""
+        with self.lock:
+            return [k["key"] for account in list(self.oslogin_profiles)
+                    if self._posix_username(account) == username
+                    for k in self._login_profile(account, None)["sshPublicKeys"].values()]
+
+
+# ================================================================================================
 # The cloud
 # ================================================================================================
-class FakeCloud:
+class FakeCloud(IdentityApis):
     """The state behind the stand-in: projects, networks, instances, firewalls, TPU nodes and queued
     resources, operations, quotas."""
 
@@ -451,6 +746,7 @@ class FakeCloud:
         self.granted_permissions: set[str] | None = None
         # Resource Manager: projects that do not exist (or the caller may not see): 403 on get.
         self.hidden_projects: set[str] = set()
+        self._init_identity()  # IAM, organization policies, OS Login (IdentityApis)
         # The state a queued resource waits in before PROVISIONING. The documented state is
         # WAITING_FOR_RESOURCES, which replaced ACCEPTED (https://cloud.google.com/tpu/docs/queued-resources);
         # set "ACCEPTED" to play an older service.
@@ -2292,6 +2588,17 @@ ROUTES: list[tuple[str, str, str]] = [
     # Cloud Resource Manager v3
     ("GET", rf"/v3/projects/{_P}", "crm_get"),
     ("POST", rf"/v3/projects/{_P}:testIamPermissions", "crm_test"),
+    ("POST", rf"/v3/projects/{_P}:getIamPolicy", "crm_get_policy"),
+    ("POST", rf"/v3/projects/{_P}:setIamPolicy", "crm_set_policy"),
+    # IAM v1, Organization Policy v2, OS Login v1 (IdentityApis)
+    ("GET", rf"/v1/projects/{_P}/serviceAccounts/{_P}", "iam_get"),
+    ("POST", rf"/v1/projects/{_P}/serviceAccounts", "iam_create"),
+    ("POST", rf"/v1/projects/{_P}/serviceAccounts/{_P}:getIamPolicy", "iam_get_policy"),
+    ("POST", rf"/v1/projects/{_P}/serviceAccounts/{_P}:setIamPolicy", "iam_set_policy"),
+    ("GET", rf"/v2/projects/{_P}/policies/{_P}:getEffectivePolicy", "org_effective"),
+    ("POST", rf"/v1/users/{_P}:importSshPublicKey", "oslogin_import"),
+    ("GET", rf"/v1/users/{_P}/loginProfile", "oslogin_profile"),
+    ("DELETE", rf"/v1/users/{_P}/sshPublicKeys/{_P}", "oslogin_delete"),
 ]
 _COMPILED = [(m, re.compile(p + r"/?"), h) for m, p, h in ROUTES]
 
@@ -2364,6 +2671,16 @@ def _dispatch(cloud: FakeCloud, method: str, path: str, query: dict, body: dict)
             "tpu_op": lambda: c.get_tpu_op(a[0]),
             "crm_get": lambda: c.crm_get_project(a[0]),
             "crm_test": lambda: c.crm_test_permissions(a[0], body),
+            "crm_get_policy": lambda: c.crm_get_iam_policy(a[0]),
+            "crm_set_policy": lambda: c.crm_set_iam_policy(a[0], body),
+            "iam_get": lambda: c.iam_get_account(*a),
+            "iam_create": lambda: c.iam_create_account(a[0], body),
+            "iam_get_policy": lambda: c.iam_get_account_policy(*a),
+            "iam_set_policy": lambda: c.iam_set_account_policy(*a, body),
+            "org_effective": lambda: c.orgpolicy_effective(*a),
+            "oslogin_import": lambda: c.oslogin_import_key(a[0], query, body),
+            "oslogin_profile": lambda: c.oslogin_get_profile(a[0], query),
+            "oslogin_delete": lambda: c.oslogin_delete_key(*a),
         }
         return table[h]()
     if path.startswith("/compute/"):
