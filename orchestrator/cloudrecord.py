@@ -10,6 +10,8 @@ supervisor's own SQLite store, on the dispatcher VM, and publishes it under the 
   stop                 written by `dsctl down`: the supervisor tears the run down and records why
   follower             rewritten by an attached `dsctl up` while it follows the run; a supervisor that
                        sees it unchanged for gcp.outage_limit_s tears the run down (nobody is attached)
+  left-behind          written by a supervisor whose teardown left something of the run: what, and that it
+                       kept its own VM (`dsctl status` shows it until `dsctl down` deletes the rest)
 
 Any dsctl imports the parts it has not seen into its own store (`import_record`), so `dsctl runs
 show`, `dsctl logs` and `dsctl cost report` work from any machine with access to the bucket. The
@@ -30,6 +32,7 @@ from .store import RunStore
 LATEST = "latest.json"
 STOP = "stop"
 FOLLOWER = "follower"
+LEFT_BEHIND = "left-behind"
 PART = "part-{:06d}.json"
 RECENT_EVENTS = 12  # events carried in latest.json, for `dsctl logs --follow` and `status`
 UTILIZATION_EVERY_S = 30.0  # one utilization sample per process this often in the parts
@@ -125,3 +128,13 @@ def still_following(objects: Objects, beat: int) -> None:
 def follower_beat(objects: Objects) -> int | None:
     data = objects.get(FOLLOWER)
     return json.loads(data).get("beat") if data else None
+
+
+def record_left_behind(objects: Objects, what: str) -> None:
+    objects.put(LEFT_BEHIND, json.dumps({"what": what, "at": time.time()}).encode())
+
+
+def left_behind(objects: Objects) -> str | None:
+    """What the run's supervisor said it could not delete, if anything."""
+    data = objects.get(LEFT_BEHIND)
+    return json.loads(data).get("what") if data else None

@@ -36,7 +36,7 @@ from dsctl.provisioners import (
 from dsctl.provisioners.processes import is_ours, stop_groups
 from dsctl.specs import LoadedSpec, SpecError
 
-from . import boards, closing, cloudruns, reconcile
+from . import boards, closing, cloudrecord, cloudruns, reconcile
 from . import store as records
 from .store import RunStore, StoreError, dsctl_home
 
@@ -328,7 +328,12 @@ def status_rows() -> StatusView:
                "workers": len(d.by_role("worker")), "trainers": len(d.by_role("trainer")), "live_processes": live_nodes(d)}
         if handed_off(d):
             latest = cloudruns.refresh(RunStore(), d) or {}
-            if cloudruns.ended(latest):
+            left = _left_behind(d) if cloudruns.ended(latest) and d.status != "down" else None
+            if cloudruns.ended(latest) and not left:
+                continue
+            if left:
+                row.update(status="ended; its supervisor left resources behind", left_behind=left)
+                view.rows.append(row)
                 continue
             p = latest.get("progress") or {}
             age = time.time() - latest["written_at"] if latest.get("written_at") else None
@@ -350,6 +355,13 @@ def status_rows() -> StatusView:
         view.tensorboards.append({"run": board.id, "kind": "tensorboard", "status": "serving", "url": board.url,
                                   "runs": ", ".join(board.runs), "pid": board.pid, "live_processes": 1})
     return view
+
+
+def _left_behind(dep: Deployment) -> str | None:
+    """What a supervised run's supervisor said it could not delete (cloudrecord.LEFT_BEHIND), if anything."""
+    provider = get_provider(dep.provider)
+    assert isinstance(provider, HandsOff)
+    return cloudrecord.left_behind(provider.run_objects(dep))
 
 
 def _finder(where: Where) -> FindsByLabel | None:

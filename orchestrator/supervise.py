@@ -7,7 +7,9 @@ VMs, waits out SSH outages, records windows and events in its own store, and tea
 down when the job ends or fails, when `dsctl down` asks (cloudrecord.STOP), or when the run has
 lasted gcp.max_duration_s. Its record is published every PUBLISH_S (cloudrecord.py), where any
 dsctl reads it, the user's machine no longer needed. Its own VM is deleted last, after the final
-record is published: until then it is the one machine still billing.
+record is published: until then it is the one machine still billing. It is kept when anything else
+of the run is left (cloudrecord.LEFT_BEHIND says what): the supervisor's heartbeat ends with this
+process, and every VM of the run then deletes itself (provisioners/gcp/watchdog.py).
 """
 
 from __future__ import annotations
@@ -144,5 +146,9 @@ def supervise(run_dir: Path) -> int:
             store.flush()
             watchdog.finish()
         finally:
-            cloud.delete_self(dep)
+            try:
+                cloud.delete_self(dep)
+            except Exception as exc:  # noqa: BLE001 - its VM stays: said where `dsctl status` reads it
+                cloudrecord.record_left_behind(objects, str(exc))
+                code = code or 1
     return code

@@ -323,8 +323,13 @@ class GcpSpec(Strict):
                           "stay connected: dsctl up only)")
     max_duration_s: float = Field(86400.0, gt=0, le=MAX_DURATION_S,
                                   description="a run supervised on the cloud (dsctl up --detach) is torn down after "
-                                              "this long even if its job goes on; its VMs also carry it (plus an hour) "
-                                              "as Compute Engine's maxRunDuration, in case the supervisor is lost")
+                                              "this long even if its job goes on; the VMs of every run also carry it "
+                                              "(plus an hour) as Compute Engine's maxRunDuration, which deletes them "
+                                              "then, in case the supervisor is lost")
+    heartbeat_limit_s: float = Field(600.0, ge=15, le=MAX_TIMEOUT_S,
+                                     description="every VM and TPU VM of a run deletes itself once the run's supervisor "
+                                                 "(dsctl up here, or dsctl supervise on the dispatcher VM) has not "
+                                                 "written its heartbeat to the bucket for this long")
     outage_limit_s: float = Field(600.0, gt=0, le=7 * 24 * 3600,
                                   description="how long a run goes on while dsctl cannot reach its VMs over SSH (a laptop "
                                               "asleep, a VPN drop); past it the run fails and is torn down")

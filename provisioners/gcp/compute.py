@@ -4,8 +4,11 @@ Workers are created with ONE bulkInsert call whatever their number; the
 dispatcher and each GPU/CPU trainer with an insert. VMs get an ephemeral external
 address (unless gcp.public_ips is false), the run's network tag (for the firewall
 rules), its labels, the run's SSH public key and a startup script in their
-metadata. Spot VMs are created as Spot (provisioningModel SPOT, stopped when
-preempted); GPU VMs stop for host maintenance, as GPUs cannot live-migrate.
+metadata. Every VM of a run carries a maximum run time (maxRunDuration, with
+instanceTerminationAction DELETE): Compute Engine deletes it then, disks and all,
+whatever became of dsctl. Spot VMs are created as Spot (provisioningModel SPOT); the
+termination action is also what a preemption does, so a preempted Spot VM of a run is
+deleted, not stopped. GPU VMs stop for host maintenance, as GPUs cannot live-migrate.
 Bulk insert's instanceProperties take bare names (machine, disk and accelerator
 types), single inserts zonal URLs: the API refuses the other form.
 """
@@ -32,7 +35,7 @@ class VmConfig:
     metadata: dict  # key -> value (ssh-keys, startup-script, dsctl-*)
     image: str = ""  # boot image (a family or image URL)
     provisioning: str = "standard"  # standard (on-demand) | spot
-    max_run_s: float | None = None  # Compute Engine ends the VM after this long (a run supervised on the cloud)
+    max_run_s: float | None = None  # Compute Engine deletes the VM after this long (every run's VMs have one)
 
 
 def _network_url(s: GcpSettings) -> str:
@@ -76,19 +79,19 @@ def _common(s: GcpSettings, vm: VmConfig, *, zonal_urls: bool) -> dict:
 
 
 def scheduling(provisioning: str, *, gpu: bool, max_run_s: float | None = None):
-    """Spot: preemptible, stopped (not deleted) when preempted, never restarted by Compute Engine; GPU
-    VMs stop for host maintenance (they cannot live-migrate) and come back; others live-migrate.
+    """Spot: preemptible, never restarted by Compute Engine; GPU VMs stop for host maintenance (they cannot
+    live-migrate) and come back; others live-migrate.
 
-    With max_run_s, Compute Engine itself ends the VM after that long (maxRunDuration), whatever
-    happens to dsctl: standard VMs are deleted then; Spot VMs are stopped, as when preempted (one
-    termination action serves both, and a preempted worker must stay restartable).
+    With max_run_s, Compute Engine itself deletes the VM after that long (maxRunDuration, 30 s to 120 days),
+    whatever happens to dsctl. The action is DELETE for Spot VMs too: STOP would leave their disks billing, and
+    one termination action serves both the limit and a preemption. Without a limit a Spot VM is stopped when
+    preempted (what Compute Engine does by default).
     """
     from google.cloud import compute_v1 as c
 
     limit = {}
     if max_run_s is not None:
-        limit = dict(max_run_duration=c.Duration(seconds=int(max_run_s)),
-                     instance_termination_action="STOP" if provisioning == "spot" else "DELETE")
+        limit = dict(max_run_duration=c.Duration(seconds=int(max_run_s)), instance_termination_action="DELETE")
     if provisioning == "spot":
         return c.Scheduling(provisioning_model="SPOT", automatic_restart=False, on_host_maintenance="TERMINATE",
                             **{"instance_termination_action": "STOP", **limit})

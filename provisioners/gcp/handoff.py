@@ -5,9 +5,9 @@ spec and SSH key to the dispatcher VM and starts `dsctl supervise` there (hand_o
 that process in the state so `dsctl down` from here knows the run is supervised there. On the
 VM, the supervisor checks that the VMs' service account may do what it must (check_supervisor),
 takes the deployment over (adopt: every VM reached at its internal address), runs the job,
-publishes its record to Cloud Storage (run_objects) and deletes its own VM last (delete_self).
-Its VMs carry gcp.max_duration_s (plus an hour) as Compute Engine's maxRunDuration, so they end
-even if the supervisor is lost.
+publishes its record to Cloud Storage (run_objects) and deletes its own VM last (delete_self), only
+once nothing else of the run is left. Should the supervisor be lost, its heartbeat stops and every
+VM of the run deletes itself (lifetime.py, watchdog.py); its dispatcher VM is never Spot.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ from .keys import key_dir
 from .state import RemoteProcess, gcp
 from .storage import RunObjects
 from .watch import Watched
-
-MAX_RUN_MARGIN_S = 3600.0  # the VMs outlive the run's own limit by this much: the supervisor ends it first
 
 
 def _gcp(spec: JobSpec) -> GcpSpec:
@@ -49,11 +47,6 @@ def detaching(spec: JobSpec) -> SpecError | None:
         return SpecError("a detached run is supervised by its dispatcher VM; with gcp.supervisor: here, run it "
                          "attached (without --detach).", field="gcp.supervisor")
     return None
-
-
-def max_run_s(spec: JobSpec) -> float:
-    """Compute Engine's maxRunDuration for the VMs of a run to be handed over."""
-    return _gcp(spec).max_duration_s + MAX_RUN_MARGIN_S
 
 
 def hand_off(ctx: Context, files: dict[str, bytes], base_dir: Path, events: EventSink) -> None:
@@ -146,11 +139,26 @@ def check_supervisor(ctx: Context, spec: JobSpec) -> None:
 def run_objects(ctx: Context) -> RunObjects:
     """Where a supervised run's record is published (orchestrator/cloudrecord.py)."""
     return RunObjects(ctx.clients.storage, ctx.settings.bucket, ctx.dep.run_id)
+def left_behind(ctx: Context, inside: str) -> list[str]:
+    """What of the run its teardown could not confirm gone, besides the VM `inside` (the state keeps a VM or rule
+    until the API no longer lists it)."""
+    vms = [gcp(n).vm.name for n in ctx.dep.nodes if gcp(n).vm.name != inside]
+    trainers = [vm.name for vm in ctx.state.trainer_vms.values() if vm.name != inside and vm.name not in vms]
+    return vms + trainers + [f"firewall rule {rule.name}" for rule in ctx.state.firewalls]
+
+
 
 
 def delete_self(ctx: Context, inside: str) -> None:
     """The supervisor's last act, after the run's record is published: delete the VM it runs on, which ends this
-    process."""
+    process. Not while anything else of the run is left: GcpError says what, and the VM stays; this process ends,
+    its heartbeat with it, and every VM of the run, this one too, deletes itself (watchdog.py)."""
+    left = left_behind(ctx, inside)
+    if left:
+        raise GcpError(f"the run's teardown could not delete {', '.join(left[:10])}{' ...' if len(left) > 10 else ''}; "
+                       f"its supervisor left its own VM {inside} too. Its VMs delete themselves once the supervisor "
+                       f"has been gone gcp.heartbeat_limit_s ({ctx.settings.heartbeat_limit_s:.0f} s); "
+                       f"`dsctl down {ctx.dep.run_id}` deletes whatever is left.")
     op = compute.delete(ctx.clients, inside)
     if op is not None:
         operations.wait(ctx.clients, op, doing=f"deleting VM {inside}", timeout_s=300)

@@ -98,6 +98,14 @@ class Plan:
         return "\n".join(out)
 
 
+def _priced(catalog, machine: str, provisioning: str) -> bool:
+    try:
+        catalog.split(machine, provisioning=provisioning, needed_by="for the plan")
+    except SpecError:
+        return False
+    return True
+
+
 def _kind_label(machine: str) -> str:
     kind = machine_kind(machine).kind
     return {"tpu": "TPU VM", "gpu": "GPU VM"}.get(kind, "VM")
@@ -149,8 +157,17 @@ def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | No
     svc, tr = spec.service, spec.trainer
     lines = []
     if n_workers:
+        # The dispatcher VM that runs the run's supervisor is never Spot (vms.record).
+        dispatcher = "standard" if g.supervisor == "vm" else svc.provisioning
+        if dispatcher != svc.provisioning:
+            notes.append("the dispatcher VM runs the run's supervisor, so it is on-demand whatever "
+                         "service.provisioning says: a preempted supervisor would leave the run unsupervised.")
+            if not _priced(catalog, svc.dispatcher_machine, dispatcher):
+                notes.append(f"this catalog has no on-demand price for {svc.dispatcher_machine}: the dispatcher is "
+                             f"priced here as {MODEL_NAMES[svc.provisioning]}, below what it will cost.")
+                dispatcher = svc.provisioning
         lines.append(PlanLine("dispatcher", svc.dispatcher_machine, 1, _kind_label(svc.dispatcher_machine),
-                              svc.provisioning, price(svc.dispatcher_machine, svc.provisioning)))
+                              dispatcher, price(svc.dispatcher_machine, dispatcher)))
         lines.append(PlanLine("workers", svc.worker_machine, n_workers, _kind_label(svc.worker_machine),
                               svc.provisioning, price(svc.worker_machine, svc.provisioning)))
     lines.append(PlanLine("trainers", tr.machine, tr.count, _kind_label(tr.machine), tr.provisioning,

@@ -17,8 +17,8 @@ A job's life, as the orchestrator drives it, and where each step is done:
 A failure or Ctrl-C inside `up` deletes everything created so far before the error propagates.
 
 This class holds what one process knows of one deployment beyond its state file: the context (context.py: settings,
-clients, SSH; built once per deployment), the spec it was started with, what the checks found, how long its VMs
-may run, and, on the supervising VM, that VM's name.
+clients, SSH; built once per deployment), the spec it was started with, what the checks found, whether the run is
+to be handed over, the heartbeat it writes while it supervises the run, and, on the supervising VM, that VM's name.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from .clients import Clients
 from .context import Context
 from .data import root as data_root
 from .errors import GcpError, SshUnreachable
+from .heartbeat import Heartbeat
 from .machinetypes import machine_kind
 from .plan import confirm as ask_first
 from .plan import plan as priced_plan
@@ -61,7 +62,8 @@ class GcpProvisioner:
         self._ctx: Context | None = None  # the deployment worked on (context.py)
         self._spec: JobSpec | None = None  # to scale workers, and to build trainers' VMs in a baseline
         self._recovery: Recovery | None = None  # what to do about stopped VMs and SSH outages (poll)
-        self._max_run_s: float | None = None  # prepare_hand_off: Compute Engine's limit on the run's VMs
+        self._hands_off = False  # prepare_hand_off: the dispatcher VM will run the run's supervisor
+        self._heartbeat: Heartbeat | None = None  # while this process supervises the run (heartbeat.py)
         self._inside: str | None = None  # adopt: the VM this process runs on (deleted last, by delete_self)
 
     # -- context ------------------------------------------------------------------------------------------------
@@ -99,11 +101,11 @@ class GcpProvisioner:
             findings = self._preflight(spec, ctx.clients)
             stage.software(ctx, spec, {"cpu", machine_kind(spec.trainer.machine).kind}, findings.service_account,
                            events)
-            machines = vms.record(ctx, spec, "dispatcher", [0], spec.service.dispatcher_machine, self._max_run_s)
-            machines += vms.record(ctx, spec, "worker", list(range(workers)), spec.service.worker_machine,
-                                 self._max_run_s)
-            machines += vms.record(ctx, spec, "trainer", list(range(spec.trainer.count)), spec.trainer.machine,
-                                 self._max_run_s)
+            self._beat(ctx)
+            machines = vms.record(ctx, spec, "dispatcher", [0], spec.service.dispatcher_machine,
+                                  supervisor=self._hands_off)
+            machines += vms.record(ctx, spec, "worker", list(range(workers)), spec.service.worker_machine)
+            machines += vms.record(ctx, spec, "trainer", list(range(spec.trainer.count)), spec.trainer.machine)
             dispatcher = dep.by_role("dispatcher")[0]
             gcp(dispatcher).fault_tolerant = spec.service.fault_tolerant
             for node in dep.by_role("worker"):
@@ -146,8 +148,7 @@ class GcpProvisioner:
             raise GcpError("scaling needs the run's spec; scale from the process that started the run.")
         ctx = self._context(dep, spec)
         if workers > len(current):
-            machines = vms.record(ctx, spec, "worker", list(range(len(current), workers)), spec.service.worker_machine,
-                                self._max_run_s)
+            machines = vms.record(ctx, spec, "worker", list(range(len(current), workers)), spec.service.worker_machine)
             new = [vms.node_of(dep, m) for m in machines]
             try:
                 reports = vms.create(ctx, machines, rules=False, events=events)
@@ -191,9 +192,9 @@ class GcpProvisioner:
     def _create_trainers(self, ctx: Context, spec: JobSpec, count: int, events: EventSink) -> None:
         findings = self._preflight(spec, ctx.clients)
         stage.software(ctx, spec, {machine_kind(spec.trainer.machine).kind}, findings.service_account, events)
+        self._beat(ctx)
         have = {n.index for n in ctx.dep.by_role("trainer")}
-        machines = vms.record(ctx, spec, "trainer", [i for i in range(count) if i not in have], spec.trainer.machine,
-                            self._max_run_s)
+        machines = vms.record(ctx, spec, "trainer", [i for i in range(count) if i not in have], spec.trainer.machine)
         reports = vms.create(ctx, machines, rules=False, events=events)
         vms.check_versions(ctx, reports)
 
@@ -260,6 +261,18 @@ class GcpProvisioner:
         if self._recovery is not None:
             self._recovery.close()
         teardown.down(ctx, events, keep=self._inside)
+        self._stop_beating()
+
+    def _beat(self, ctx: Context) -> None:
+        """This process supervises the run from now on: its VMs' watchdogs hear from it (heartbeat.py)."""
+        if self._heartbeat is None:
+            self._heartbeat = Heartbeat(ctx.clients, ctx.dep.run_id)
+        self._heartbeat.start()
+
+    def _stop_beating(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+
 
     # -- HandsOff: a run supervised on its dispatcher VM (handoff.py) ----------------------------------------------
     def hands_off(self, spec: JobSpec, mode: str) -> bool:
@@ -272,12 +285,14 @@ class GcpProvisioner:
         return handoff.detaching(spec)
 
     def prepare_hand_off(self, spec: JobSpec) -> None:
-        """Before `up` of a run to be handed over: its VMs carry gcp.max_duration_s (plus an hour) as Compute
-        Engine's maxRunDuration, so they end even if the supervisor is lost (TPU VMs have no such limit)."""
-        self._max_run_s = handoff.max_run_s(spec)
+        """Before `up` of a run to be handed over: its dispatcher VM, which will run the supervisor, is created
+        standard (on-demand) whatever service.provisioning says: a preempted supervisor would leave the run
+        unsupervised until its VMs' watchdogs end it."""
+        self._hands_off = True
 
     def hand_off(self, dep: Deployment, files: dict[str, bytes], base_dir: Path, events: EventSink) -> None:
         handoff.hand_off(self._context(dep), files, base_dir, events)
+        self._stop_beating()  # the supervisor on the dispatcher VM beats from now on
 
     def handed_off(self, dep: Deployment) -> bool:
         return isinstance(dep.state, GcpDeployment) and dep.state.supervisor is not None
@@ -290,9 +305,13 @@ class GcpProvisioner:
 
     def adopt(self, dep: Deployment, spec: JobSpec) -> None:
         self._spec = spec
+        self._beat(self._context(dep))
         self._inside = handoff.adopt(self._context(dep))
 
     def check_supervisor(self, dep: Deployment, spec: JobSpec) -> None:
+        """The supervisor's first act on the dispatcher VM: it beats from here on (the user's machine stopped when
+        it handed over), then checks its permissions."""
+        self._beat(self._context(dep))
         handoff.check_supervisor(self._context(dep), spec)
 
     def delete_self(self, dep: Deployment) -> None:

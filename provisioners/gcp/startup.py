@@ -1,9 +1,11 @@
 """The startup script that gives a VM the run's TensorFlow and this dsctl, from Cloud Storage only.
 
-It runs as root at first boot (the guest environment's metadata script runner) and needs
+It runs as root at every boot (the guest environment's metadata script runner) and needs
 no apt and no PyPI, so it works the same on 640 VMs at once and on VMs whose only way out
 is Private Google Access:
 
+0. start the run's watchdog (watchdog.py), before anything can fail: the VM deletes itself
+   once the run's supervisor is gone, whatever became of its bootstrap;
 1. fetch the run's wheelhouse (wheelhouse.py; every file checked against its manifest's
    sha256) and the staged dsctl wheel from Cloud Storage, with the image's own Python and
    the VM's service-account token from the metadata server;
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import shlex
 
+from . import watchdog
 from .remote import FETCH, REAL_STORAGE
 from .software import KindSoftware
 
@@ -81,6 +84,7 @@ done"""
 set -uo pipefail
 mkdir -p /var/lib/dsctl {WHEELS}
 exec >> {LOG} 2>&1
+{watchdog.start_lines(kind.python)}
 [ -s {MARKER} ] && grep -q '"ok": true' {MARKER} && exit 0   # done at an earlier boot
 PY={q(kind.python)}
 T0=$(date +%s.%N)

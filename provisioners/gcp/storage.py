@@ -6,6 +6,8 @@ Objects live under gs://<bucket>/dsctl/runs/<run>/:
   staging/code.tar.gz           the spec's folder (the user's pipeline and model code, or program), if the spec uses
                                 it, less what its .dsctlignore leaves out (ignore.py); at most CODE_LIMIT_BYTES
   results/...                   metrics and logs collected at the end of the run
+  heartbeat                     rewritten every few seconds by the run's supervisor (heartbeat.py); every VM of the
+                                run deletes itself once it stops changing (watchdog.py)
 Staging objects are deleted with the run; results are kept. Caches shared by runs live beside
 them: dsctl/wheelhouses/<digest>/ (wheelhouse.py) and dsctl/data/<kind>-<digest>/ (data.py).
 
@@ -16,8 +18,10 @@ service account is given Storage Object Viewer on it, so every VM can read what 
 from __future__ import annotations
 
 import io
+import json
 import os
 import tarfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,6 +41,10 @@ SKIP_DIRS = {"__pycache__", "node_modules", ".git", ".venv", "venv", ".tox", ".m
 
 def run_prefix(run_id: str) -> str:
     return f"dsctl/runs/{run_id}/"
+
+
+def heartbeat_object(run_id: str) -> str:
+    return run_prefix(run_id) + "heartbeat"
 
 
 def code_files(base_dir: Path, exclude: Sequence[Path] = ()) -> list[tuple[str, Path, int]]:
@@ -200,6 +208,16 @@ class Staging:
         return [b.name for b in self.clients.storage.list_blobs(self.bucket_name, prefix=self.staging_prefix)]
 
 
+class HeartbeatObject:
+    """The run's heartbeat: its generation changes at each write, which is all a watchdog compares (never clocks)."""
+
+    def __init__(self, storage_client, bucket: str, run_id: str):
+        self.blob = storage_client.bucket(bucket).blob(heartbeat_object(run_id))
+
+    def beat(self, count: int) -> None:
+        self.blob.upload_from_string(json.dumps({"beat": count, "at": time.time()}), content_type="application/json")
+
+
 class RunObjects:
     """One run's record objects, gs://<bucket>/dsctl/runs/<run>/record/<name> (orchestrator/cloudrecord.py)."""
 
@@ -228,4 +246,4 @@ class RunObjects:
             return []
 
 
-__all__ = ["GcpError", "RunObjects", "Staging", "check_code_size", "code_archive", "code_files", "run_prefix"]
+__all__ = ["GcpError", "HeartbeatObject", "RunObjects", "Staging", "check_code_size", "code_archive", "code_files", "run_prefix"]

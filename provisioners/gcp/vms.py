@@ -18,7 +18,7 @@ from dsctl.specs.schema import JobSpec
 
 from ..contract import EventSink
 from ..state import Deployment, Node
-from . import compute, firewall, naming, remote, startup, versions
+from . import compute, firewall, lifetime, naming, remote, startup, versions, watchdog
 from .context import Context
 from .errors import CloudTimeout, RemoteError
 from .keys import load_key_pair
@@ -50,23 +50,33 @@ def metadata(ctx: Context, kind: str, role: str = "worker") -> dict:
 
 
 def record(ctx: Context, spec: JobSpec, role: str, indices: list[int], machine: str,
-         max_run_s: float | None = None) -> list[Machine]:
+           supervisor: bool = False) -> list[Machine]:
     """Record nodes for VMs about to be created (the caller saves before any API call) and return what to create.
-    `max_run_s`: Compute Engine ends the VMs after that long (a run supervised on the cloud; TPU VMs have no such
-    limit)."""
+    Every Compute Engine VM is deleted by Compute Engine after lifetime.max_run_s (TPU VMs have no such limit), and
+    every VM runs the run's watchdog (watchdog.py; a startup script of its own without gcp.bootstrap).
+    `supervisor`: this dispatcher VM will run the run's supervisor, so it is standard whatever
+    service.provisioning says."""
     s, dep = ctx.settings, ctx.dep
     kind = machine_kind(machine).kind
     tag = naming.network_tag(dep.run_id)
     md = metadata(ctx, kind, role)
+    md.setdefault("startup-script", watchdog.script())
+    md[lifetime.WATCHDOG_KEY] = lifetime.watchdog_config(s, dep.run_id).to_json()
     image = s.run_software.for_kind(kind).image  # a boot image, or a TPU VM's runtime version
     provisioning = spec.trainer.provisioning if role == "trainer" else spec.service.provisioning
+    if supervisor and role == "dispatcher":
+        provisioning = "standard"
     out = []
     for i in indices:
         name = naming.instance_name(dep.run_id, role, i)
         # Workers share one bulk insert, hence one set of labels: their index is in their names only.
         labels = naming.labels(dep.run_id, spec.name, role, s.labels, index=None if role == "worker" else i)
-        config = compute.VmConfig(machine=machine, labels=labels, tag=tag, metadata=md, image=image,
-                                  provisioning=provisioning, max_run_s=max_run_s if kind != "tpu" else None)
+        vm_md = md
+        if kind == "tpu":  # a TPU VM's metadata server does not name its node: the watchdog is told
+            vm_md = {**md, lifetime.WATCHDOG_KEY: lifetime.watchdog_config(s, dep.run_id, tpu_node=name).to_json()}
+        config = compute.VmConfig(machine=machine, labels=labels, tag=tag, metadata=vm_md, image=image,
+                                  provisioning=provisioning,
+                                  max_run_s=lifetime.max_run_s(s) if kind != "tpu" else None)
         vm = Vm(name=name, kind=kind, machine=machine, dir=remote.node_dir(s.remote_dir, dep.run_id, name))
         dep.nodes.append(Node(role=role, index=i, state=GcpNode(vm=vm)))
         if role == "trainer":

@@ -1019,6 +1019,8 @@ class FakeCloud(IdentityApis):
         Returns the resources now gone (for hooks); the created ones go to self._pending_created."""
         now = time.monotonic()
         gone = []
+        for inst in self.instances.values():
+            self._enforce_max_run(inst, now)
         for key, inst in list(self.instances.items()):
             if inst.get("_deleted_at") is not None and now >= inst["_deleted_at"] + self.timing.stopping_s:
                 del self.instances[key]
@@ -1031,6 +1033,21 @@ class FakeCloud(IdentityApis):
                 gone.append(node)
         self._advance_queued(now)
         return gone
+
+    def _enforce_max_run(self, inst: dict, now: float) -> None:
+        """scheduling.maxRunDuration: "Compute Engine automatically stops or deletes the VM" (its
+        instanceTerminationAction) once it has run that long, counted from when it was last started
+        (https://cloud.google.com/compute/docs/instances/limit-vm-runtime)."""
+        limit = (inst.get("scheduling") or {}).get("maxRunDuration")
+        if not limit or inst.get("_deleted_at") is not None or inst.get("_terminated"):
+            return
+        running_since = inst.get("_started_at", inst["_created_at"]) + self.timing.provisioning_s + self.timing.staging_s
+        if now - running_since < int(limit.get("seconds", 0)):
+            return
+        if inst["scheduling"].get("instanceTerminationAction") == "DELETE":
+            inst["_deleted_at"] = now
+        else:
+            self._stop(inst)
 
     def _fire(self, hooks, items) -> None:
         for item in items:

@@ -561,3 +561,80 @@ def test_tensorflow_runs_a_tf_data_service_inside_the_vm(rootfs, tmp_path):
                                                      "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout_s=180)
         assert res.ok, res
         assert res.stdout.split()[-1] == "45" and res.stdout.split()[0] == tensorflow.__version__, res
+
+
+# ================================================================================================
+# The run's watchdog, started by the REAL startup script (provisioners/gcp/watchdog.py)
+# ================================================================================================
+def _watchdogs(vm: BootedVm) -> list[str]:
+    """The watchdog programs running in the VM (not the loop that restarts them)."""
+    out = vm.exec(["pgrep", "-af", "/opt/dsctl/watchdog.py"]).stdout.splitlines()
+    return [line.split(" ", 1)[1] for line in out if "until" not in line]
+
+
+def test_the_startup_scripts_watchdog_deletes_its_vm_once_the_heartbeat_stops(rootfs, tmp_path):
+    """A VM booted with the run's startup script (whose bootstrap fails here: nothing is staged) runs the
+    watchdog as the unit's command (no systemd in this root filesystem: the nohup'd loop), keeps its VM while
+    the heartbeat changes, and deletes it through the Compute API (the stand-in) once it has not changed for
+    gcp.heartbeat_limit_s."""
+    sys.path.insert(0, str(HERE))
+    from fake_gce import FakeCloud, FakeGce, Faults, Timing
+
+    from dsctl.provisioners.gcp import lifetime, software, startup, watchdog
+    from dsctl.provisioners.gcp.settings import GcpSettings, local_tensorflow_version
+    from dsctl.provisioners.gcp.storage import HeartbeatObject
+    from dsctl.specs import load_spec_text
+
+    spec = load_spec_text("name: b\nprovider: gcp\ntrainer: {machine: n2-standard-8, steps: 1}\n"
+                          "pipeline: {builtin: synthetic}\ngcp: {project: dsctl-test, zone: us-central1-b}\n").spec
+    sw = software.resolve(spec, local_tensorflow_version())
+    limit = 15.0
+    cloud = FakeCloud(Faults(), Timing(op_s=0.05, provisioning_s=0.1, staging_s=0.1, stopping_s=0.1))
+    with BootedVm(tmp_path / "vm", bucket=BUCKET) as vm, FakeGce(cloud, host=vm.host_ip) as api:
+        cloud.insert_instance(vm.project, vm.zone, {
+            "name": vm.name, "machineType": f"zones/{vm.zone}/machineTypes/e2-standard-4",
+            "disks": [{"boot": True, "autoDelete": True, "initializeParams": {
+                "sourceImage": "projects/debian-cloud/global/images/family/debian-12"}}],
+            "networkInterfaces": [{"network": "global/networks/default"}]}, None)
+        settings = GcpSettings(project=vm.project, zone=vm.zone, bucket=BUCKET, heartbeat_limit_s=limit,
+                               storage_host=vm.gcs_endpoint, compute_endpoint=api.endpoint)
+        config = lifetime.watchdog_config(settings, "run-1")
+        heart = HeartbeatObject(vm.storage_client(), BUCKET, "run-1")
+        heart.beat(1)
+        vm.metadata.set_attribute(lifetime.WATCHDOG_KEY, config.to_json())
+        vm.metadata.set_attribute("startup-script", startup.script(
+            kind=sw.for_kind("cpu"), tf_version=sw.tensorflow_version, bucket=BUCKET,
+            wheelhouse_prefix="dsctl/wheelhouses/missing/", dsctl_prefix="dsctl/runs/run-1/staging/",
+            dsctl_wheel="dsctl-0.1.0+g0-py3-none-any.whl", storage_host=vm.gcs_endpoint))
+        result = vm.run_startup_script(timeout_s=120)
+        assert result.exit_code != 0 and not result.held_open_by, result  # the bootstrap failed; the watchdog runs
+        unit = vm.exec(["cat", watchdog.UNIT_PATH]).check().stdout
+        command = next(line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("ExecStart="))
+        running = wait_for_value(lambda: _watchdogs(vm), what="the watchdog to run")
+        assert running == [command.removeprefix("/usr/bin/env ")], (running, unit)
+        assert "Restart=on-failure" in unit and "WantedBy=multi-user.target" in unit
+        vm.run_startup_script(timeout_s=120)  # the next boot's run: still one watchdog
+        assert len(_watchdogs(vm)) == 1
+
+        for beat in range(2, 13):  # beats for longer than the limit: the VM stays
+            time.sleep(2)
+            heart.beat(beat)
+            assert cloud.counts()["instances"] == 1, vm.exec(["cat", watchdog.LOG]).stdout
+        stopped = time.monotonic()
+        _wait_until(lambda: cloud.counts()["instances"] == 0, timeout=limit + 2 * config.check_s + 10,
+                    what="the VM to delete itself")
+        took = time.monotonic() - stopped
+        assert limit - 2 <= took <= limit + 2 * config.check_s + 3, took
+        log = vm.exec(["cat", watchdog.LOG]).stdout
+        assert f"deleting projects/{vm.project}/zones/{vm.zone}/instances/{vm.name}: HTTP 200" in log, log
+        assert ("DELETE", f"/compute/v1/projects/{vm.project}/zones/{vm.zone}/instances/{vm.name}") in cloud.calls
+
+
+def wait_for_value(fn, timeout: float = 10.0, what: str = "value"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
