@@ -286,9 +286,10 @@ class GcpSpec(Strict):
     ssh_user: str = Field("dsctl", min_length=1, description="user the run's SSH key is installed for")
     ssh_port: int = Field(22, ge=1, le=65535, description="overridden by DSCTL_SSH_PORT")
     image: str = Field("projects/debian-cloud/global/images/family/debian-12", description="boot image of CPU VMs")
-    gpu_image: str = Field("projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11-py310",
+    gpu_image: str = Field("projects/deeplearning-platform-release/global/images/family/"
+                           "common-cu129-ubuntu-2204-nvidia-580",
                            description="boot image of GPU trainer VMs "
-                                       "(a Deep Learning VM image; its driver is installed at boot)")
+                                       "(a Deep Learning VM image, which comes with its NVIDIA driver)")
     image_python: str | None = Field(None, min_length=1,
                                      description="the image's own Python, which makes the venv; default: known per image")
     image_python_version: str | None = Field(None, pattern=r"^3\.[0-9]{1,2}$",

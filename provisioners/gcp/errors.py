@@ -5,6 +5,8 @@ code 1, which the orchestrator records as the run's failure. Operation errors ar
 from the operation's own error fields (see operations.py), API errors from the
 google.api_core exception the client raised: a quota (never worth retrying) is told apart
 from a rate limit (retry.py retries those) here, so the retry policy and the errors agree.
+One is not a runtime failure: an organization policy that forbids what the spec asks for
+(PolicyRefused) is a SpecError too, exit 2, naming the constraint and the field to change.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from dsctl.errors import DsctlError
+from dsctl.specs import SpecError
 
 
 class GcpError(DsctlError):
@@ -56,6 +59,70 @@ class SshUnreachable(RemoteError):
 
 class ApiUnavailable(GcpError):
     """Google Cloud kept answering 429 or 503 after every retry."""
+
+
+class PolicyRefused(GcpError, SpecError):
+    """An organization policy constraint forbids what the run asked for (HTTP 412 conditionNotMet, "Constraint
+    constraints/NAME violated for project NUMBER. ..."): retrying cannot help; the spec or the policy must change."""
+
+    def __init__(self, message: str, constraint: str):
+        super().__init__(message)
+        self.constraint = constraint
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What an organization policy constraint forbids, and how a dsctl user gets past it."""
+
+    forbids: str
+    fix: str
+
+
+_ADMIN = "ask an organization policy administrator to exempt this project"
+CONSTRAINTS: dict[str, Constraint] = {
+    "compute.vmExternalIpAccess": Constraint(
+        "VMs with external IP addresses",
+        "set gcp.public_ips: false (the VMs get internal addresses only, and dsctl must then run inside the VPC, "
+        f"e.g. on a VM there), or {_ADMIN} or allow these VMs external addresses"),
+    "compute.requireOsLogin": Constraint(
+        "VMs that turn OS Login off (metadata enable-oslogin: FALSE, on the VM or the project)",
+        f"keep OS Login on for the run's VMs (no enable-oslogin: FALSE in their or the project's metadata), or {_ADMIN}"),
+    "compute.trustedImageProjects": Constraint(
+        "boot images from projects the policy does not trust",
+        "use images from a trusted project (gcp.image, gcp.gpu_image; Google's are in debian-cloud, ubuntu-os-cloud "
+        f"and deeplearning-platform-release), or {_ADMIN} or trust the image's project"),
+    "compute.requireShieldedVm": Constraint(
+        "VMs that are not Shielded VMs with Secure Boot on",
+        f"use Shielded VM images with Secure Boot (gcp.image, gcp.gpu_image), or {_ADMIN}"),
+    "iam.automaticIamGrantsForDefaultServiceAccounts": Constraint(
+        "roles granted automatically to default service accounts (the Compute Engine default service account "
+        "has none, so VMs running as it cannot read the run's staging bucket)",
+        "name a service account that has Storage Object Viewer on the bucket in gcp.service_account, or grant the "
+        "default one that role"),
+    "gcp.resourceLocations": Constraint(
+        "resources outside the locations the policy allows",
+        "choose a zone (gcp.zone) and a bucket (gcp.bucket) in an allowed location, or ask an organization policy "
+        "administrator which locations are allowed"),
+}
+_CONSTRAINT_IN_MESSAGE = re.compile(r"Constraint\s+(?:constraints/)?([A-Za-z0-9_.]+)\s+violated"
+                                    r"(?:\s+for\s+(?:project\s+)?(?:projects/)?([A-Za-z0-9_.:-]*[A-Za-z0-9]))?")
+_REQUEST_LINE = re.compile(r"^[A-Z]+ \S+: ")  # google.api_core's "POST https://...: " before the API's message
+
+
+def policy_refusal(message: str, *, doing: str) -> PolicyRefused | None:
+    """The PolicyRefused an API error or failed operation stands for, if its message names a violated constraint."""
+    m = _CONSTRAINT_IN_MESSAGE.search(message or "")
+    if not m:
+        return None
+    name, project = m.group(1), m.group(2)
+    known = CONSTRAINTS.get(name)
+    said = _REQUEST_LINE.sub("", message.strip()).rstrip(".")
+    where = f" on project {project}" if project else ""
+    what = (f"it forbids {known.forbids}. To run, {known.fix}." if known else
+            f"see what it forbids with `gcloud org-policies describe {name} --effective --project=PROJECT`, and change "
+            "the spec to keep to it, or ask an organization policy administrator to exempt this project.")
+    return PolicyRefused(f"Google Cloud refused {doing}: the organization policy constraint constraints/{name} is "
+                         f"enforced{where}, and {what} (Google said: {said}.)", name)
 
 
 @dataclass(frozen=True)
@@ -139,6 +206,9 @@ def from_operation_error(code: str, message: str, *, resource: str, zone: str, c
                          quota: QuotaInfo | None = None) -> GcpError:
     """Classify an operation's error (`error.errors[0].code`) for `count` of `resource` in `zone`."""
     asked = f"{describe(count, resource)} in zone {zone}"
+    refused = policy_refusal(message, doing=f"to create {asked}")
+    if refused is not None:
+        return refused
     message = message.strip().rstrip(".")
     were = f"{count} {'was' if count == 1 else 'were'} asked for"
     if code == "QUOTA_EXCEEDED":
@@ -169,6 +239,9 @@ def from_api_error(exc: Exception, *, doing: str, resource: str | None = None, z
     from google.api_core import exceptions as gx
 
     detail = getattr(exc, "message", None) or str(exc)
+    refused = policy_refusal(detail, doing=doing)
+    if refused is not None:
+        return refused
     quota = quota_info(detail, metadata=dict(getattr(exc, "metadata", None) or {})) if is_quota(exc) else None
     if resource and zone:
         reasons = {e.get("reason", "") for e in (getattr(exc, "errors", None) or []) if isinstance(e, dict)}

@@ -86,19 +86,32 @@ JAX_TENSORFLOW = ("2.18.1", "2.19.0", "2.19.1", "2.20.0", "2.21.0")
 LIBTPU = "/lib/libtpu.so"
 PJRT_ENV = {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": LIBTPU}
 
-# Boot images whose Python dsctl knows: image family -> (interpreter, version, glibc). The glibc
-# version bounds the manylinux wheels the wheelhouse may hold. A custom image names its Python
-# with gcp.image_python_version (and gcp.image_python); its glibc is assumed to be 2.28 or newer.
-IMAGE_PYTHONS: dict[str, tuple[str, str, str]] = {
-    "debian-cloud/global/images/family/debian-12": ("/usr/bin/python3", "3.11", "2.36"),
-    "ubuntu-os-cloud/global/images/family/ubuntu-2204-lts": ("/usr/bin/python3", "3.10", "2.35"),
-    "ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64": ("/usr/bin/python3", "3.12", "2.39"),
+# The Python of the operating systems dsctl boots, as each OS ships it at /usr/bin/python3: (version, glibc). The
+# glibc version bounds the manylinux wheels the wheelhouse may hold.
+SYSTEM_PYTHON = "/usr/bin/python3"
+OS_PYTHONS: dict[str, tuple[str, str]] = {
+    "debian-11": ("3.9", "2.31"), "debian-12": ("3.11", "2.36"),
+    "ubuntu-2204": ("3.10", "2.35"), "ubuntu-2404": ("3.12", "2.39"),
 }
+# Google's public OS image families, and the OS each is.
+OS_IMAGE_FAMILIES = {
+    "debian-cloud/global/images/family/debian-12": "debian-12",
+    "debian-cloud/global/images/family/debian-11": "debian-11",
+    "ubuntu-os-cloud/global/images/family/ubuntu-2204-lts": "ubuntu-2204",
+    "ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64": "ubuntu-2404",
+}
+# A custom image names its Python with gcp.image_python_version (and gcp.image_python); its glibc is assumed to be
+# 2.28 or newer.
 CUSTOM_IMAGE_GLIBC = "2.28"
-# Deep Learning VM families name their Python: common-cu124-debian-11-py310 -> conda's 3.10.
-_DLVM = re.compile(r"deeplearning-platform-release/global/images/family/[a-z0-9-]*-(debian-11|ubuntu-2204)-py3(\d+)$")
-DLVM_PYTHON = "/opt/conda/bin/python3"
-DLVM_GLIBC = {"debian-11": "2.31", "ubuntu-2204": "2.35"}
+# Deep Learning VM images (https://cloud.google.com/deep-learning-vm/docs/images, checked 2026-11-26) are named
+# FRAMEWORK-CUDA-OS: common-cu129-ubuntu-2204-nvidia-580 (images: the family and -vDATE), the OS with its NVIDIA
+# driver. Their own ML Python (3.12 in the cu129 families) is not what dsctl uses: it makes its venv from the OS's
+# /usr/bin/python3, which every Ubuntu and Debian image has. Families before 2025 ended in their conda Python
+# (common-cu124-debian-11-py310, image common-cu124-v20250325-debian-11-py310): /opt/conda/bin/python3 at that version.
+_DLVM = re.compile(r"deeplearning-platform-release/global/images/(?:family/)?([a-z0-9-]+)$")
+_DLVM_OS = re.compile(r"-(debian-\d+|ubuntu-\d{4})(?=-|$)")
+_DLVM_CONDA = re.compile(r"-py3(\d+)(?=-|$)")
+DLVM_CONDA_PYTHON = "/opt/conda/bin/python3"
 
 
 def _version_key(v: str) -> tuple[int, ...]:
@@ -179,20 +192,37 @@ class Software:
         return cls(data["tensorflow_version"], data["why"], {k: KindSoftware(**v) for k, v in data["kinds"].items()})
 
 
-def _image_python(g: GcpSpec, image: str, field_prefix: str) -> tuple[str, str, str]:
-    """(interpreter, version, glibc) of a boot image: the spec's, else the known table, else refuse."""
-    known = next((pv for suffix, pv in IMAGE_PYTHONS.items() if image.endswith(suffix)), None)
+def known_image_python(image: str) -> tuple[str, str, str] | None:
+    """(interpreter, version, glibc) that dsctl infers from a boot image's name, or None where it cannot."""
+    os_name = next((os for suffix, os in OS_IMAGE_FAMILIES.items() if image.endswith(suffix)), None)
+    if os_name:
+        return (SYSTEM_PYTHON, *OS_PYTHONS[os_name])
     dlvm = _DLVM.search(image)
-    if known is None and dlvm:
-        known = (DLVM_PYTHON, f"3.{dlvm.group(2)}", DLVM_GLIBC[dlvm.group(1)])
-    python = g.image_python or (known[0] if known else "/usr/bin/python3")
+    if not dlvm:
+        return None
+    named_os, conda = _DLVM_OS.search(dlvm.group(1)), _DLVM_CONDA.search(dlvm.group(1))
+    os_python = OS_PYTHONS.get(named_os.group(1)) if named_os else None
+    if conda:
+        return DLVM_CONDA_PYTHON, f"3.{conda.group(1)}", os_python[1] if os_python else CUSTOM_IMAGE_GLIBC
+    return (SYSTEM_PYTHON, *os_python) if os_python else None
+
+
+def _default_gpu_family() -> str:
+    return str(GcpSpec.model_fields["gpu_image"].default).rsplit("/", 1)[-1]
+
+
+def _image_python(g: GcpSpec, image: str, field_prefix: str) -> tuple[str, str, str]:
+    """(interpreter, version, glibc) of a boot image: the spec's, else what its name tells, else refuse."""
+    known = known_image_python(image)
+    python = g.image_python or (known[0] if known else SYSTEM_PYTHON)
     version = g.image_python_version or (known[1] if known else None)
     if not version:
         raise SpecError(
-            f"dsctl does not know which Python the image {image} has, and the wheelhouse of TensorFlow and dsctl "
+            f"dsctl cannot tell which Python the image {image} has, and the wheelhouse of TensorFlow and dsctl "
             "is built for one Python version: set gcp.image_python_version (e.g. '3.11') and, if it is not "
-            "/usr/bin/python3, gcp.image_python (its interpreter), or use a known image (debian-12, ubuntu-2204-lts, or a Deep "
-            "Learning VM family ending in -py310).", field=field_prefix)
+            f"{SYSTEM_PYTHON}, gcp.image_python (its interpreter), or use an image whose name says: Google's "
+            f"{', '.join(f.rsplit('/', 1)[-1] for f in OS_IMAGE_FAMILIES)}, or a Deep Learning VM family naming its "
+            f"OS ({', '.join(OS_PYTHONS)}) like {_default_gpu_family()}.", field=field_prefix)
     return python, version, known[2] if known else CUSTOM_IMAGE_GLIBC
 
 

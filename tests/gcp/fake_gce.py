@@ -216,6 +216,12 @@ for _fam, _name in (("common-cu124-debian-11-py310", "common-cu124-v20250325-deb
                     ("common-cu121-debian-11-py310", "common-cu121-v20250325-debian-11-py310"),
                     ("common-cpu-debian-11-py310", "common-cpu-v20250325-debian-11-py310")):
     _add_image("deeplearning-platform-release", _name, _fam, 50, f"Google, Deep Learning VM, {_fam}")
+# Today's families (FRAMEWORK-CUDA-OS-nvidia-DRIVER; the image is the family and -vDATE), with the OS's own
+# /usr/bin/python3 (Ubuntu 22.04: 3.10, 24.04: 3.12) beside the image's ML Python (3.12 in the cu129 families; 3.10 in
+# cu128). Debian Deep Learning VM images are all deprecated.
+for _fam in ("common-cu129-ubuntu-2404-nvidia-580", "common-cu129-ubuntu-2204-nvidia-580",
+             "common-cu128-ubuntu-2204-nvidia-570", "pytorch-2-9-cu129-ubuntu-2204-nvidia-580"):
+    _add_image("deeplearning-platform-release", f"{_fam}-v20260818", _fam, 50, f"Google, Deep Learning VM, {_fam}")
 
 # Cloud TPU accelerator types and their zones: https://cloud.google.com/tpu/docs/regions-zones ;
 # shapes (type/topology, cores or chips): https://cloud.google.com/tpu/docs/system-architecture-tpu-vm
@@ -1482,6 +1488,7 @@ class FakeCloud(IdentityApis):
                 inst = self._build_instance(project, zone, body, bare=False, root="resource")
             except _InternalError:  # not reachable for insert (URLs are what it takes)
                 raise ApiError(500, "Internal error.", "backendError") from None
+            self._org_policy(project, zone, body, name)
             target = f"{COMPUTE}/projects/{project}/zones/{zone}/instances/{name}"
             error = self._label_fault(project, zone, inst["labels"], inst["machineType"].rsplit("/", 1)[-1])
             if error is None:
@@ -1499,6 +1506,28 @@ class FakeCloud(IdentityApis):
             op = self._new_op("zone", project, zone, "insert", target, request_id=request_id)
             op["targetId"] = inst["id"]
             return self._op_view(op)
+
+    def _org_policy(self, project: str, zone: str, body: dict, name: str) -> None:
+        """Refuse an instance the effective organization policies (set_org_policy) forbid, synchronously, as Compute
+        Engine does: HTTP 412, reason conditionNotMet, "Constraint constraints/NAME violated for project NUMBER. ..."
+        (as public reports of real refusals quote it). compute.vmExternalIpAccess: an access config on any interface
+        where a rule denies all, or allowed values do not list the instance (projects/P/zones/Z/instances/N);
+        compute.requireOsLogin enforced: enable-oslogin set to false in the instance's metadata
+        (https://cloud.google.com/compute/docs/oslogin/manage-oslogin-in-an-org)."""
+        number = self.project_number(project)
+        where = f"projects/{project}/zones/{zone}/instances/{name}"
+        ips = self.org_policies.get("compute.vmExternalIpAccess", [])
+        allowed = [v for r in ips for v in (r.get("values") or {}).get("allowedValues", [])]
+        external = any(nic.get("accessConfigs") for nic in body.get("networkInterfaces") or [])
+        if external and not any(r.get("allowAll") for r in ips) and (
+                any(r.get("denyAll") for r in ips) or allowed and where not in allowed):
+            raise ApiError(412, f"Constraint constraints/compute.vmExternalIpAccess violated for project {number}. Add "
+                           f"instance {where} to the constraint to use external IP with it.", "conditionNotMet")
+        items = (body.get("metadata") or {}).get("items") or []
+        if any(r.get("enforce") for r in self.org_policies.get("compute.requireOsLogin", [])) and any(
+                i.get("key") == "enable-oslogin" and str(i.get("value", "")).strip().lower() == "false" for i in items):
+            raise ApiError(412, f"Constraint constraints/compute.requireOsLogin violated for project {number}. "
+                           f"Instance {where} may not set metadata enable-oslogin to false.", "conditionNotMet")
 
     def _sync_refusal(self, error: dict) -> None:
         """Faults.fail_sync: the call itself is refused (bulk API troubleshooting: HTTP 403 quotaExceeded,
@@ -1578,6 +1607,8 @@ class FakeCloud(IdentityApis):
                                               "or contact Google Support. (Code: '-1234567890')"}]},
                         "httpErrorStatusCode": 500, "httpErrorMessage": "INTERNAL SERVER ERROR"})
                     return self._op_view(op)
+            for b in bodies:
+                self._org_policy(project, zone, b, b["name"])
             # How many can be made: the fail_nth knob (per instance, in order), then configured quotas.
             error, fit = None, len(insts)
             for i, inst in enumerate(insts):

@@ -36,8 +36,73 @@ def test_a_cpu_or_gpu_run_keeps_this_machines_tensorflow_when_every_kind_has_it(
     assert (s.tensorflow_version, s.why) == ("2.21.0", "this machine's")
     assert s.for_kind("cpu").tensorflow == "tensorflow-cpu==2.21.0" and s.for_kind("cpu").python_version == "3.11"
     g = software.resolve(_spec("a2-highgpu-1g"), "2.21.0").for_kind("gpu")
-    # The Deep Learning VM family names its Python (py310); its conda interpreter makes the venv.
-    assert (g.tensorflow, g.python, g.python_version) == ("tensorflow[and-cuda]==2.21.0", "/opt/conda/bin/python3", "3.10")
+    # The default Deep Learning VM family is a current one; its OS (Ubuntu 22.04) has the Python that makes the venv.
+    assert g.image.endswith("/family/common-cu129-ubuntu-2204-nvidia-580")
+    assert (g.tensorflow, g.python, g.python_version, g.glibc) == ("tensorflow[and-cuda]==2.21.0", "/usr/bin/python3",
+                                                                  "3.10", "2.35")
+
+
+DLVM = "projects/deeplearning-platform-release/global/images/"
+
+
+# Names as Google lists them (https://cloud.google.com/deep-learning-vm/docs/images, 2026): families and their images.
+@pytest.mark.parametrize("image, python", [
+    # Today's: FRAMEWORK-CUDA-OS-nvidia-DRIVER; the OS's own Python.
+    (f"{DLVM}family/common-cu129-ubuntu-2204-nvidia-580", ("/usr/bin/python3", "3.10", "2.35")),
+    (f"{DLVM}family/common-cu129-ubuntu-2404-nvidia-580", ("/usr/bin/python3", "3.12", "2.39")),
+    (f"{DLVM}family/common-cu128-ubuntu-2204-nvidia-570", ("/usr/bin/python3", "3.10", "2.35")),
+    (f"{DLVM}family/pytorch-2-9-cu129-ubuntu-2404-nvidia-580", ("/usr/bin/python3", "3.12", "2.39")),
+    (f"{DLVM}common-cu129-ubuntu-2204-nvidia-580-v20260818", ("/usr/bin/python3", "3.10", "2.35")),
+    (f"https://www.googleapis.com/compute/v1/{DLVM}family/common-cu129-ubuntu-2204-nvidia-580",
+     ("/usr/bin/python3", "3.10", "2.35")),
+    (f"{DLVM}family/common-cu124-debian-12", ("/usr/bin/python3", "3.11", "2.36")),
+    # Before 2025: the conda Python the family names, on Debian 11 (or, not named, glibc 2.28 assumed).
+    (f"{DLVM}family/common-cu124-debian-11-py310", ("/opt/conda/bin/python3", "3.10", "2.31")),
+    (f"{DLVM}common-cu124-v20250325-debian-11-py310", ("/opt/conda/bin/python3", "3.10", "2.31")),
+    (f"{DLVM}family/tf-2-17-cu123-py310", ("/opt/conda/bin/python3", "3.10", "2.28")),
+    # Google's OS images.
+    ("projects/debian-cloud/global/images/family/debian-12", ("/usr/bin/python3", "3.11", "2.36")),
+    ("projects/debian-cloud/global/images/family/debian-11", ("/usr/bin/python3", "3.9", "2.31")),
+    ("projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts", ("/usr/bin/python3", "3.10", "2.35")),
+    ("projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64", ("/usr/bin/python3", "3.12", "2.39")),
+])
+def test_the_python_of_an_image_is_read_from_its_name(image, python):
+    assert software.known_image_python(image) == python
+    k = software.resolve(_spec("a2-highgpu-1g", gpu_image=image), None).for_kind("gpu")
+    assert (k.python, k.python_version, k.glibc) == python
+
+
+@pytest.mark.parametrize("image", [
+    f"{DLVM}family/common-cu129-ubuntu-2004-nvidia-580",  # an OS whose Python dsctl does not know
+    f"{DLVM}family/common-cu113",  # no OS, no Python
+    f"{DLVM}family/common-cu129-ubuntu-22045-nvidia-580",  # not an OS dsctl knows: a longer word
+    "projects/acme/global/images/family/common-cu129-ubuntu-2204-nvidia-580",  # someone else's image of that name
+    "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts-arm64",
+])
+def test_an_image_whose_python_cannot_be_told_is_refused_with_the_way_out(image):
+    assert software.known_image_python(image) is None
+    with pytest.raises(SpecError) as info:
+        software.resolve(_spec("a2-highgpu-1g", gpu_image=image), None)
+    message = str(info.value)
+    assert info.value.field == "gcp.gpu_image" and "\n" not in message
+    assert image in message and "gcp.image_python_version" in message and "gcp.image_python" in message
+    assert "common-cu129-ubuntu-2204-nvidia-580" in message  # a family that works: the default
+    # The way out: the spec says which Python the image has.
+    k = software.resolve(_spec("a2-highgpu-1g", gpu_image=image, image_python_version="3.11",
+                               image_python="/opt/py/bin/python3"), None).for_kind("gpu")
+    assert (k.python, k.python_version, k.glibc) == ("/opt/py/bin/python3", "3.11", software.CUSTOM_IMAGE_GLIBC)
+
+
+def test_the_default_gpu_image_is_in_the_stand_ins_catalog_and_google_lists_it():
+    """The schema's default family exists where preflight looks for it (the stand-in's images, from Google's list)."""
+    from fake_gce import IMAGES
+
+    from dsctl.specs.schema import GcpSpec
+
+    default = GcpSpec().gpu_image
+    project, family = default.split("/")[1], default.rsplit("/", 1)[-1]
+    assert any(p == project and i["family"] == family for (p, _), i in IMAGES.items())
+    assert family.startswith("common-cu129-") and "debian" not in family  # Google deprecated every Debian image
 
 
 def test_a_tpu_run_pins_the_newest_version_with_a_tensorflow_tpu_runtime_for_its_generation():
