@@ -280,7 +280,9 @@ class GcpSpec(Strict):
     network: str = Field("default", min_length=1, description="VPC network name or URL")
     subnetwork: str | None = Field(None, min_length=1, description="subnetwork name or URL (custom-mode VPCs)")
     service_account: str | None = Field(None, min_length=1,
-                                        description="VM service account email; default: the Compute Engine default")
+                                        description="VM service account email; default: dsctl's own (dsctl-vms@PROJECT."
+                                                    "iam.gserviceaccount.com) where you may create it, else the "
+                                                    "Compute Engine default's; none: no account")
     public_ips: bool = Field(True, description="ephemeral external addresses, SSH reaches them there; "
                                                "false: run dsctl inside the VPC")
     ssh_user: str = Field("dsctl", min_length=1, description="user the run's SSH key is installed for")

@@ -3,6 +3,11 @@
 - permissions: the caller's, by Cloud Resource Manager's testIamPermissions on the project,
   for exactly what this run will do (instances, firewall rules, TPU queued resources, the
   staging bucket, acting as the VMs' service account);
+- the organization's policies that would refuse the run's VMs (orgpolicy.py: external
+  addresses, boot images), where the caller may read them (else a note in the plan);
+- the VMs' service account (serviceaccount.py): dsctl's own where the caller may make it
+  (made in `up`, after the plan is confirmed), else the chosen one, checked for the roles
+  the VMs need;
 - what the spec names exists in the zone: machine types, GPU types, boot images, TPU types
   and the TPU runtime;
 - the network: some rule admits SSH to the VMs; with gcp.public_ips false, the subnet can
@@ -21,7 +26,7 @@ from dataclasses import dataclass, field
 from dsctl.specs import SpecError
 from dsctl.specs.schema import JobSpec
 
-from . import firewall
+from . import firewall, orgpolicy, serviceaccount
 from .clients import Clients
 from .machinetypes import machine_kind
 from .retry import call
@@ -41,6 +46,7 @@ class Findings:
 
     project_number: str | None = None
     service_account: str | None = None  # the VMs' service account
+    account: serviceaccount.AccountPlan | None = None  # ... and what `up` does to it (serviceaccount.ensure)
     notes: list[str] = field(default_factory=list)
 
 
@@ -241,9 +247,15 @@ def run(clients: Clients, spec: JobSpec, software: Software) -> Findings:
     findings = Findings()
     check_permissions(clients, spec)
     findings.project_number = project_number(clients)
-    s = clients.settings
-    findings.service_account = (s.service_account if s.service_account not in (None, "none")
-                                else f"{findings.project_number}-compute@developer.gserviceaccount.com")
     check_catalog(clients, spec, software)
+    policies = orgpolicy.check(clients, software)
+    findings.notes += policies.notes
+    s = clients.settings
+    lacking = [] if s.service_account else missing_permissions(clients, serviceaccount.MAKES_ACCOUNTS,
+                                                               f"checking your permissions on project {s.project}")
+    findings.account = serviceaccount.decide(clients, spec, findings.project_number, lacking=lacking,
+                                             may_not_create=policies.service_account_creation_disabled)
+    findings.service_account = findings.account.email
+    findings.notes += findings.account.notes
     check_network(clients, findings)
     return findings

@@ -34,7 +34,7 @@ from dsctl.specs.schema import JobSpec
 from ..contract import EventSink, HandOffLimits, Poll, TrainerLaunch, TrainerState, Where
 from ..registry import register
 from ..state import Deployment, Node, StateCodec
-from . import context, handoff, preflight, processes, restore, stage, sweep, teardown, vms
+from . import context, handoff, preflight, processes, restore, serviceaccount, stage, sweep, teardown, vms
 from .clients import Clients
 from .context import Context
 from .data import root as data_root
@@ -99,6 +99,7 @@ class GcpProvisioner:
             ctx = self._context(dep, spec)
             ctx.cancel.clear()
             findings = self._preflight(spec, ctx.clients)
+            serviceaccount.ensure(ctx.clients, findings.account, events)  # confirmed: the VMs' account, before them
             stage.software(ctx, spec, {"cpu", machine_kind(spec.trainer.machine).kind}, findings.service_account,
                            events)
             self._beat(ctx)
@@ -191,6 +192,7 @@ class GcpProvisioner:
 
     def _create_trainers(self, ctx: Context, spec: JobSpec, count: int, events: EventSink) -> None:
         findings = self._preflight(spec, ctx.clients)
+        serviceaccount.ensure(ctx.clients, findings.account, events)
         stage.software(ctx, spec, {machine_kind(spec.trainer.machine).kind}, findings.service_account, events)
         self._beat(ctx)
         have = {n.index for n in ctx.dep.by_role("trainer")}

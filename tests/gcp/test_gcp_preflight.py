@@ -168,3 +168,127 @@ def test_the_supervisor_checks_its_own_permissions_before_it_touches_anything(cl
     assert "lacks 2 permission(s)" in message and "compute.instances.start" in message
     assert "roles/compute.instanceAdmin.v1" in message and "gcp.supervisor: here" in message
     assert cloud.counts() == NOTHING
+
+
+# -- the VMs' service account (serviceaccount.py) and the organization's policies (orgpolicy.py) -----------------------
+def _cpu_spec(tmp_path, home, **gcp):
+    return gcp_spec(tmp_path / "job", home=home, trainer_machine="n2-standard-8", gcp=gcp or None)
+
+
+def _creates(cloud) -> list:
+    """Every call that would change the project: creates of VMs, rules, TPUs, accounts, and policy writes."""
+    return [c for c in cloud.calls if c[0] in ("POST", "DELETE", "PATCH") and not c[1].endswith(
+        (":testIamPermissions", ":getIamPolicy"))]
+
+
+def test_a_default_account_without_roles_is_refused_when_dsctl_may_not_make_its_own(cloud, home, tmp_path):
+    """Secure by default (organizations since May 2024): the Compute Engine default account has no role. A caller
+    who may not create service accounts is told, before anything is created, which roles and how to grant them."""
+    from dsctl.provisioners.gcp.preflight import required_permissions
+    from dsctl.provisioners.gcp.serviceaccount import default_account, roles_for
+
+    cloud.secure_by_default = True
+    spec = _cpu_spec(tmp_path, home)
+    cloud.granted_permissions = set(required_permissions(load_spec(spec).spec, public_ips=True)) | {
+        "resourcemanager.projects.getIamPolicy"}
+    message = _refusal(spec)
+    account = default_account(cloud.project_number(PROJECT))
+    assert f"the run's VMs would run as {account} (the Compute Engine default account)" in message
+    for role in roles_for(load_spec(spec).spec):
+        if role.name != "roles/iam.serviceAccountUser":  # its own policy is not readable to this caller
+            assert role.name in message
+            assert (f"gcloud projects add-iam-policy-binding {PROJECT} --member=serviceAccount:{account} "
+                    f"--role={role.name}") in message
+    assert "roles/tpu.admin" not in message  # a CPU trainer: no TPU role asked for
+    assert "iam.serviceAccounts.create" in message and "gcp.service_account" in message
+    assert cloud.counts() == NOTHING and not _creates(cloud)
+    # Granted the roles (as the message says), the same account passes.
+    for role in roles_for(load_spec(spec).spec):
+        cloud.project_policies[PROJECT]["bindings"].append({"role": role.name, "members": [f"serviceAccount:{account}"]})
+    _check(spec)
+    # An account the spec names is checked the same way, and never changed by dsctl.
+    cloud.granted_permissions = None
+    named = _cpu_spec(tmp_path / "named", home, service_account=f"ml-runner@{PROJECT}.iam.gserviceaccount.com")
+    message = _refusal(named)
+    assert f"ml-runner@{PROJECT}.iam.gserviceaccount.com (the account gcp.service_account names)" in message
+    assert "roles/compute.instanceAdmin.v1" in message and not _creates(cloud)
+
+
+def test_dsctl_makes_its_own_account_once_with_exactly_the_roles_and_the_vms_carry_it(cloud, home, tmp_path):
+    from dsctl.provisioners.gcp import GcpProvisioner, compute, serviceaccount
+    from dsctl.provisioners.gcp.clients import Clients
+
+    cloud.secure_by_default = True
+    spec = _cpu_spec(tmp_path, home)
+    loaded = load_spec(spec).spec
+    own = serviceaccount.own_account(PROJECT)
+    p = GcpProvisioner()
+    p.check(loaded, 1, spec.parent)
+    assert p._findings.service_account == own and p._findings.account.create
+    assert any(f"dsctl's own service account {own} (dsctl makes it now" in n for n in p._findings.notes)
+    assert not _creates(cloud)  # check only reads: the account is made in `up`, after the plan was confirmed
+    events = []
+    serviceaccount.ensure(p._clients, p._findings.account, lambda kind, msg: events.append(msg))
+    wanted = {r.name for r in serviceaccount.roles_for(loaded)}
+    project_roles = wanted - {serviceaccount.ACTING_AS_ITSELF}
+    assert cloud.roles_of(PROJECT, own) == project_roles
+    assert cloud.account_policies[own]["bindings"] == [{"role": serviceaccount.ACTING_AS_ITSELF,
+                                                        "members": [f"serviceAccount:{own}"]}]
+    assert [kind for kind, _ in cloud.created] == ["service_account"]
+    assert p._clients.settings.service_account == own and any("created the VMs' service account" in e for e in events)
+    # The VMs are created with it.
+    vm = compute.VmConfig(machine="e2-standard-2", labels={}, tag="t", metadata={},
+                          image="projects/debian-cloud/global/images/family/debian-12")
+    compute.insert(Clients(p._clients.settings), "sa-probe", vm)
+    assert cloud.get_instance(PROJECT, ZONE, "sa-probe")["serviceAccounts"][0]["email"] == own
+    # A second run finds the account and its roles: nothing is made or granted again.
+    before = len(_creates(cloud))
+    q = GcpProvisioner()
+    q.check(loaded, 1, spec.parent)
+    assert not q._findings.account.create and not q._findings.account.grant
+    serviceaccount.ensure(q._clients, q._findings.account, lambda kind, msg: None)
+    assert len(_creates(cloud)) == before and [kind for kind, _ in cloud.created].count("service_account") == 1
+    # A TPU run adds the one role it needs more, and only that.
+    tpu = load_spec(gcp_spec(tmp_path / "tpu", home=home, trainer_machine="tpu-v2-8")).spec
+    r = GcpProvisioner()
+    r.check(tpu, 1, spec.parent)
+    assert [g.name for g in r._findings.account.grant] == ["roles/tpu.admin"]
+    serviceaccount.ensure(r._clients, r._findings.account, lambda kind, msg: None)
+    assert cloud.roles_of(PROJECT, own) == project_roles | {"roles/tpu.admin"}
+
+
+def test_organization_policies_refuse_before_anything_is_created(cloud, home, tmp_path):
+    from dsctl.provisioners.gcp import GcpProvisioner
+
+    spec = _cpu_spec(tmp_path, home)
+    cloud.set_org_policy("compute.vmExternalIpAccess", [{"denyAll": True}])
+    message = _refusal(spec)
+    assert "constraints/compute.vmExternalIpAccess" in message and "gcp.public_ips: false" in message
+    assert "job.yaml:" in message and cloud.counts() == NOTHING and not _creates(cloud)
+    # A list of allowed instances cannot name VMs that do not exist yet: still refused; allowAll passes.
+    cloud.set_org_policy("compute.vmExternalIpAccess", [{"values": {"allowedValues": [
+        f"projects/{PROJECT}/zones/{ZONE}/instances/bastion"]}}])
+    with pytest.raises(SpecError, match="vmExternalIpAccess"):
+        _check(spec)
+    cloud.set_org_policy("compute.vmExternalIpAccess", [{"allowAll": True}])
+    _check(spec)
+    # Boot images from a project the organization does not trust.
+    cloud.set_org_policy("compute.trustedImageProjects", [{"values": {"allowedValues": ["projects/ubuntu-os-cloud"]}}])
+    message = _refusal(spec)
+    assert "constraints/compute.trustedImageProjects" in message and "projects/debian-cloud" in message
+    assert "gcp.image" in message and cloud.counts() == NOTHING
+    cloud.set_org_policy("compute.trustedImageProjects", [{"values": {"allowedValues": ["is:projects/debian-cloud"]}}])
+    _check(spec)
+    # A caller who may not read the policies: a note in the plan, and the run goes on.
+    cloud.orgpolicy_denied = True
+    p = GcpProvisioner()
+    p.check(load_spec(spec).spec, 1, spec.parent)
+    assert any("organization's policies could not be read" in n for n in p._findings.notes)
+
+
+def test_a_policy_against_new_service_accounts_falls_back_to_checking_the_default_account(cloud, home, tmp_path):
+    cloud.secure_by_default = True
+    cloud.set_org_policy("iam.disableServiceAccountCreation", [{"enforce": True}])
+    message = _refusal(_cpu_spec(tmp_path, home))
+    assert "constraints/iam.disableServiceAccountCreation" in message and "-compute@developer" in message
+    assert not _creates(cloud)

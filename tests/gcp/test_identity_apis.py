@@ -82,6 +82,7 @@ def test_os_login_keys_through_the_real_client(cloud):
 
     clients = _clients()
     assert clients.caller() == CALLER
+    getattr(cloud, "posix_usernames", {}).clear()  # the usernames Google derives, not those set for the test sshd
     reply = clients.oslogin.import_ssh_public_key(parent=f"users/{CALLER}", project_id=PROJECT,
                                                   ssh_public_key=common.SshPublicKey(key=PUBLIC_KEY))
     account = reply.login_profile.posix_accounts[0]
