@@ -285,7 +285,6 @@ class GcpSpec(Strict):
                                                     "Compute Engine default's; none: no account")
     public_ips: bool = Field(True, description="ephemeral external addresses, SSH reaches them there; "
                                                "false: run dsctl inside the VPC")
-    ssh_user: str = Field("dsctl", min_length=1, description="user the run's SSH key is installed for")
     ssh_port: int = Field(22, ge=1, le=65535, description="overridden by DSCTL_SSH_PORT")
     image: str = Field("projects/debian-cloud/global/images/family/debian-12", description="boot image of CPU VMs")
     gpu_image: str = Field("projects/deeplearning-platform-release/global/images/family/"

@@ -4,17 +4,20 @@ On the way up it is made from the spec's settings (resolved by `check`), records
 state before anything is created and makes the run's SSH key; on the way down, or in another
 process (`dsctl down` after kill -9, the run's supervisor on its dispatcher VM), it is made from
 the deployment's state with this process's endpoints. Either way what it holds is fixed from then
-on: the settings, the API clients made with them, the run's SSH connections (none without the
-run's key: a run that never made a VM), the run's cancel event, and the lock under which threads
-change nodes and save the state. Only the watcher waits for the first process to watch.
+on: the settings, the API clients made with them, the run's SSH key (none: a run that never made a
+VM), the run's cancel event, and the lock under which threads change nodes and save the state. The
+SSH connections wait for the key's OS Login registration (`sign_in`, which names the user to
+connect as), the watcher for the first process to watch.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 
 from ..contract import EventSink
 from ..state import Deployment
+from . import oslogin
 from .clients import Clients
 from .errors import GcpError
 from .keys import KeyPair, ensure_key_pair, key_dir, load_key_pair
@@ -26,11 +29,12 @@ from .watch import Watcher
 
 
 class Context:
-    def __init__(self, dep: Deployment, clients: Clients, ssh: Ssh | None):
+    def __init__(self, dep: Deployment, clients: Clients, key: KeyPair | None):
         self.dep = dep
         self.clients = clients
         self.settings: GcpSettings = clients.settings
-        self._ssh = ssh
+        self._key = key
+        self._ssh: Ssh | None = None
         self.cancel = threading.Event()  # set: whatever still waits on the way up stops (a failure, Ctrl-C, down)
         self.lock = threading.Lock()  # threads change nodes and save the whole state: one at a time
         self.watcher: Watcher | None = None  # reads the processes over SSH once the first one runs (watch.py)
@@ -38,15 +42,39 @@ class Context:
     @property
     def has_ssh(self) -> bool:
         """False for a run without its SSH key here (it never made a VM): nothing of it can be reached."""
-        return self._ssh is not None
+        return self._key is not None
 
     @property
     def ssh(self) -> Ssh:
-        """The run's SSH connections, for the steps that reach its VMs (every run that made one has its key)."""
-        if self._ssh is None:
+        """The run's SSH connections, for the steps that reach its VMs (every run that made one has its key), as
+        the user OS Login gave the key's identity."""
+        if self._key is None:
             raise GcpError(f"run {self.dep.run_id} has no SSH key in {key_dir(self.dep.run_dir)}, so its VMs cannot "
                            "be reached.")
+        if self._ssh is None:
+            self._ssh = Ssh(self.state.ssh_user, self.settings.ssh_port, self._key.private_path,
+                            key_dir(self.dep.run_dir) / "known_hosts")
         return self._ssh
+
+    def sign_in(self, lifetime_s: float) -> None:
+        """Register this machine's key for the run with OS Login for this process's identity, unless it already is
+        (valid for `lifetime_s` more); SSH connects as the user OS Login names from then on."""
+        login = self.state.login
+        if login is not None and login.account == self.clients.caller() and login.expires_at > time.time() + 60:
+            return
+        if self._key is None:
+            self._key = ensure_key_pair(self.dep.run_dir, comment=f"dsctl-{self.dep.run_id}")
+        self.state.login = oslogin.register(self.clients, self._key, lifetime_s)
+        self.save()
+        if self._ssh is not None:
+            self._ssh.close()
+            self._ssh = None
+
+    def sign_out(self) -> None:
+        """Delete the run's key from OS Login (the run's VMs are gone); it would expire on its own."""
+        login = self.state.login
+        if login is not None and login.account == self.clients.caller():
+            oslogin.unregister(self.clients, login)
 
     @property
     def state(self) -> GcpDeployment:
@@ -69,18 +97,13 @@ class Context:
         return self.watcher
 
 
-def _ssh(settings: GcpSettings, dep: Deployment, key: KeyPair) -> Ssh:
-    return Ssh(settings.ssh_user, settings.ssh_port, key.private_path, key_dir(dep.run_dir) / "known_hosts")
-
-
 def for_run(dep: Deployment, clients: Clients) -> Context:
     """On the way up: the deployment's state recorded (before anything is created, so `dsctl down` knows where to
     look) and the run's SSH key made."""
     if dep.state is None:
         dep.state = GcpDeployment(settings=clients.settings)
         dep.save()
-    key = ensure_key_pair(dep.run_dir, comment=f"dsctl-{dep.run_id}")
-    return Context(dep, clients, _ssh(clients.settings, dep, key))
+    return Context(dep, clients, ensure_key_pair(dep.run_dir, comment=f"dsctl-{dep.run_id}"))
 
 
 def from_state(dep: Deployment) -> Context:
@@ -90,5 +113,4 @@ def from_state(dep: Deployment) -> Context:
         raise GcpError(f"run {dep.run_id} has no Google Cloud settings in its state; nothing to do.")
     settings = of(dep).settings.with_env_endpoints()
     check_credentials(settings)
-    key = load_key_pair(dep.run_dir)
-    return Context(dep, Clients(settings), _ssh(settings, dep, key) if key is not None else None)
+    return Context(dep, Clients(settings), load_key_pair(dep.run_dir))

@@ -1,9 +1,10 @@
 """A run supervised on the cloud (orchestrator/supervise.py): handed from the user's machine to its dispatcher VM.
 
-Once its servers serve, the user's machine stages the trainers' files, copies the run's state,
-spec and SSH key to the dispatcher VM and starts `dsctl supervise` there (hand_off), recording
-that process in the state so `dsctl down` from here knows the run is supervised there. On the
-VM, the supervisor checks that the VMs' service account may do what it must (check_supervisor),
+Once its servers serve, the user's machine stages the trainers' files, copies the run's state
+and spec to the dispatcher VM and starts `dsctl supervise` there (hand_off), recording that
+process in the state so `dsctl down` from here knows the run is supervised there. No key goes
+with them: on the VM, the supervisor checks that the VMs' service account may do what it must
+(check_supervisor), makes an SSH key of its own and registers it with OS Login for that account,
 takes the deployment over (adopt: every VM reached at its internal address), runs the job,
 publishes its record to Cloud Storage (run_objects) and deletes its own VM last (delete_self), only
 once nothing else of the run is left. Should the supervisor be lost, its heartbeat stops and every
@@ -22,7 +23,6 @@ from ..contract import EventSink, HandOffLimits
 from . import compute, operations, preflight, remote, stage
 from .context import Context
 from .errors import GcpError, RemoteError
-from .keys import key_dir
 from .state import RemoteProcess, gcp
 from .storage import RunObjects
 from .watch import Watched
@@ -64,13 +64,8 @@ def hand_off(ctx: Context, files: dict[str, bytes], base_dir: Path, events: Even
     dep.save()
     bundle = {f"{run_dir}/{name}": (data, 0o600) for name, data in files.items()}
     bundle[f"{run_dir}/state.json"] = ((Path(dep.run_dir) / "state.json").read_bytes(), 0o600)
-    keys = key_dir(dep.run_dir)
-    for name in ("id_ed25519", "id_ed25519.pub"):
-        bundle[f"{run_dir}/ssh/{name}"] = ((keys / name).read_bytes(), 0o600)
     ctx.ssh.put(disp.ssh_host, bundle)
-    env = {"DSCTL_HOME": f"{base}/home", **{k: v for k, v in (
-        ("DSCTL_GCE_ENDPOINT", s.compute_endpoint), ("DSCTL_TPU_ENDPOINT", s.tpu_endpoint),
-        ("DSCTL_CRM_ENDPOINT", s.crm_endpoint), ("STORAGE_EMULATOR_HOST", s.storage_host)) if v}}
+    env = {"DSCTL_HOME": f"{base}/home", **s.endpoint_environment()}
     res = ctx.ssh.run(disp.ssh_host, remote.launch(remote.Layout(base), s.python, "dsctl.cli.main", ["supervise", run_dir],
                                                env), doing="starting the run's supervisor")
     if res.code != 0:
@@ -105,6 +100,7 @@ def adopt(ctx: Context) -> str:
     dep, state = ctx.dep, ctx.state
     inside = gcp(dep.by_role("dispatcher")[0]).vm.name
     state.supervisor = None
+    ctx.sign_in(ctx.settings.max_duration_s)  # this VM's own key, for the VMs' service account
     for vm in [gcp(n).vm for n in dep.nodes] + list(state.trainer_vms.values()):
         if vm.internal_ip:
             vm.host = vm.internal_ip
@@ -139,14 +135,14 @@ def check_supervisor(ctx: Context, spec: JobSpec) -> None:
 def run_objects(ctx: Context) -> RunObjects:
     """Where a supervised run's record is published (orchestrator/cloudrecord.py)."""
     return RunObjects(ctx.clients.storage, ctx.settings.bucket, ctx.dep.run_id)
+
+
 def left_behind(ctx: Context, inside: str) -> list[str]:
     """What of the run its teardown could not confirm gone, besides the VM `inside` (the state keeps a VM or rule
     until the API no longer lists it)."""
     vms = [gcp(n).vm.name for n in ctx.dep.nodes if gcp(n).vm.name != inside]
     trainers = [vm.name for vm in ctx.state.trainer_vms.values() if vm.name != inside and vm.name not in vms]
     return vms + trainers + [f"firewall rule {rule.name}" for rule in ctx.state.firewalls]
-
-
 
 
 def delete_self(ctx: Context, inside: str) -> None:

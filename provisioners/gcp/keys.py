@@ -2,7 +2,8 @@
 
 The private key is written once, with O_EXCL and mode 0600 from the start (never
 world-readable, even briefly), and is never printed, logged or put in state:
-state holds its path only. The public key goes into the VMs' `ssh-keys` metadata.
+state holds its path only. The public key is registered with OS Login for the identity that runs
+dsctl (oslogin.py), never put in a VM's metadata; the key never leaves the machine that made it.
 """
 
 from __future__ import annotations
@@ -18,10 +19,6 @@ KEY_FILE = "id_ed25519"
 class KeyPair:
     private_path: Path
     public: str  # "ssh-ed25519 AAAA... dsctl-<run>"
-
-    def metadata_entry(self, user: str) -> str:
-        """The `ssh-keys` metadata value that installs this key for `user`."""
-        return f"{user}:{self.public}"
 
 
 def key_dir(run_dir: str | Path) -> Path:

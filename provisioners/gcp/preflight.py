@@ -33,6 +33,7 @@ from .retry import call
 from .software import Software, tpu_generation
 
 ROLES = {
+    "compute.instances.osLogin": "Compute OS Login (SSH to the run's VMs through OS Login)",
     "compute.": "Compute Instance Admin (v1) and Compute Security Admin (firewall rules)",
     "tpu.": "TPU Admin",
     "storage.": "Storage Admin",
@@ -56,7 +57,7 @@ def required_permissions(spec: JobSpec, public_ips: bool) -> list[str]:
              "compute.instances.setServiceAccount", "compute.disks.create", "compute.subnetworks.use",
              "compute.firewalls.create", "compute.firewalls.delete", "compute.firewalls.list",
              "compute.networks.updatePolicy", "compute.zoneOperations.get", "compute.globalOperations.get",
-             "iam.serviceAccounts.actAs",
+             "iam.serviceAccounts.actAs", "compute.instances.osLogin",
              "storage.buckets.get", "storage.buckets.getIamPolicy", "storage.buckets.setIamPolicy",
              "storage.objects.create", "storage.objects.delete", "storage.objects.get", "storage.objects.list"]
     if public_ips:
@@ -72,12 +73,12 @@ def supervisor_permissions(spec: JobSpec, public_ips: bool) -> list[str]:
     """What a run's supervisor on the dispatcher VM does with the VMs' service account (orchestrator/supervise.py):
     watch and restart VMs, publish the record, delete everything; with autoscaling, create workers too."""
     perms = ["compute.instances.delete", "compute.instances.get", "compute.instances.list", "compute.instances.start",
-             "compute.firewalls.delete", "compute.firewalls.list", "compute.zoneOperations.get",
+             "compute.instances.osLogin", "iam.serviceAccounts.actAs", "compute.firewalls.delete",
+             "compute.firewalls.list", "compute.zoneOperations.get",
              "compute.globalOperations.get", "storage.objects.create", "storage.objects.delete",
              "storage.objects.get", "storage.objects.list"]
     if spec.autoscale is not None:
         perms += [p for p in required_permissions(spec, public_ips) if p.startswith("compute.") and p not in perms]
-        perms.append("iam.serviceAccounts.actAs")
     if machine_kind(spec.trainer.machine).kind == "tpu":
         perms += ["tpu.nodes.get", "tpu.nodes.list", "tpu.nodes.delete", "tpu.queuedResources.get",
                   "tpu.queuedResources.list", "tpu.queuedResources.delete", "tpu.operations.get"]
@@ -100,7 +101,8 @@ def check_permissions(clients: Clients, spec: JobSpec) -> None:
     missing = missing_permissions(clients, required_permissions(spec, s.public_ips),
                                   f"checking your permissions on project {s.project}")
     if missing:
-        roles = sorted({role for prefix, role in ROLES.items() for p in missing if p.startswith(prefix)})
+        roles = sorted({next(role for prefix, role in ROLES.items() if p.startswith(prefix)) for p in missing
+                        if any(p.startswith(prefix) for prefix in ROLES)})
         raise SpecError(
             f"your credentials lack {len(missing)} permission(s) this run needs on project {s.project}: "
             f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}. Nothing was created. Grant the roles "

@@ -104,15 +104,23 @@ class GcpSettings:
 
     def with_env_endpoints(self) -> GcpSettings:
         """The endpoints of *this* process's environment (a `dsctl down` may run with other ones)."""
-        env = os.environ
-        self.compute_endpoint = env.get("DSCTL_GCE_ENDPOINT") or None
-        self.tpu_endpoint = env.get("DSCTL_TPU_ENDPOINT") or None
-        self.crm_endpoint = env.get("DSCTL_CRM_ENDPOINT") or None
-        self.iam_endpoint = env.get("DSCTL_IAM_ENDPOINT") or None
-        self.orgpolicy_endpoint = env.get("DSCTL_ORGPOLICY_ENDPOINT") or None
-        self.oslogin_endpoint = env.get("DSCTL_OSLOGIN_ENDPOINT") or None
-        self.storage_host = env.get("STORAGE_EMULATOR_HOST") or None
+        for attribute, variable in ENDPOINT_VARIABLES.items():
+            setattr(self, attribute, os.environ.get(variable) or None)
         return self
+
+    def endpoint_environment(self) -> dict[str, str]:
+        """The variables that point another process (the run's supervisor on its VM) at these endpoints."""
+        return {variable: value for attribute, variable in ENDPOINT_VARIABLES.items()
+                if (value := getattr(self, attribute))}
+
+
+# Each overridable endpoint and the environment variable that overrides it.
+ENDPOINT_VARIABLES = {
+    "compute_endpoint": "DSCTL_GCE_ENDPOINT", "tpu_endpoint": "DSCTL_TPU_ENDPOINT",
+    "crm_endpoint": "DSCTL_CRM_ENDPOINT", "iam_endpoint": "DSCTL_IAM_ENDPOINT",
+    "orgpolicy_endpoint": "DSCTL_ORGPOLICY_ENDPOINT", "oslogin_endpoint": "DSCTL_OSLOGIN_ENDPOINT",
+    "storage_host": "STORAGE_EMULATOR_HOST",
+}
 
 
 def local_tensorflow_version() -> str | None:
@@ -184,7 +192,7 @@ def resolve(spec: JobSpec, *, check_creds: bool = True) -> GcpSettings:
     if not zone:
         raise SpecError(
             "provider: gcp needs a zone to create the machines in: set gcp.zone in the spec (e.g. us-central1-a; "
-            "TPU v2-8 VMs are offered in us-central1-b, -c and -f) or CLOUDSDK_COMPUTE_ZONE in the environment.",
+            "TPU v2-8 VMs are offered in us-central1-b and -c) or CLOUDSDK_COMPUTE_ZONE in the environment.",
             field="gcp.zone",
         )
     software = resolve_software(spec, local_tensorflow_version())

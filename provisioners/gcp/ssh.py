@@ -175,8 +175,9 @@ class Ssh:
                 raise CloudTimeout(
                     f"{what} at {host} did not answer SSH on port {self.port} as {self.user} within {timeout_s:.0f} s "
                     f"(last: {type(last).__name__}: {last}). dsctl connects to the VMs' external addresses (or, with "
-                    "gcp.public_ips: false, their internal ones, from inside the VPC): make sure the network admits "
-                    "SSH (tcp:22) from here and OS Login is not enforced by an organization policy."
+                    "gcp.public_ips: false, their internal ones, from inside the VPC) as the user OS Login names for "
+                    "your account: make sure the network admits SSH (tcp:22) from here and your account may log in "
+                    "through OS Login (roles/compute.osLogin on the project)."
                 ) from None
             time.sleep(delay)
             delay = min(delay * 1.5, 3.0)

@@ -68,6 +68,20 @@ class FirewallRule:
 
 
 @dataclass
+class Login:
+    """The run's SSH key as OS Login registered it (oslogin.py): whose it is, the user it logs in as, and how
+    to delete it."""
+
+    account: str  # the identity the key is registered for (a user's or a service account's email)
+    username: str  # the POSIX username OS Login gives that identity on this project's VMs
+    fingerprint: str  # the key's name under users/<account>/sshPublicKeys/
+    expires_at: float  # Unix time after which OS Login no longer accepts it
+
+
+LEGACY_SSH_USER = "dsctl"  # runs made before OS Login put their key in metadata for this user
+
+
+@dataclass
 class RemoteProcess:
     """A process on a VM that is no node of the run: the run's supervisor (`dsctl supervise`) after a hand-over."""
 
@@ -108,6 +122,12 @@ class GcpDeployment(DeploymentState):
     trainer_files: list[str] = field(default_factory=list)  # the spec (and code) staged for the trainers, when a
     #                                                          hand-over staged them from the user's machine
     supervisor: RemoteProcess | None = None  # the run's supervisor on its dispatcher VM, once handed over
+    login: Login | None = None  # the run's key in OS Login, for this machine's identity (None: not registered yet)
+
+    @property
+    def ssh_user(self) -> str:
+        """Who dsctl connects to the run's VMs as: OS Login's username for the key's identity."""
+        return self.login.username if self.login is not None else LEGACY_SSH_USER
 
 
 def gcp(node: Node) -> GcpNode:
@@ -147,6 +167,7 @@ class GcpCodec:
             data_root=data.get("data_root"),
             trainer_files=list(data.get("trainer_files") or []),
             supervisor=from_dict(RemoteProcess, supervisor) if supervisor else None,
+            login=from_dict(Login, data["login"]) if data.get("login") else None,
         )
 
     def from_legacy(self, data: dict) -> dict:

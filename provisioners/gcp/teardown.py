@@ -4,8 +4,8 @@ Trainers are stopped first (they hang if their workers vanish), then the servers
 come home over SSH. Then every VM and firewall rule in the state is deleted in parallel, each
 forgotten only once the API no longer lists it, and whatever else carries the run's label is
 swept up. Billing resources gone, the bookkeeping follows: a copy of the results in Cloud
-Storage, the run's staging objects deleted. A run's supervisor on the cloud runs this too, but
-keeps its own VM for last (handoff.delete_self).
+Storage, the run's staging objects deleted, the run's SSH key deleted from OS Login. A run's
+supervisor on the cloud runs this too, but keeps its own VM for last (handoff.delete_self).
 """
 
 from __future__ import annotations
@@ -51,6 +51,10 @@ def down(ctx: Context, events: EventSink, keep: str | None = None) -> None:
                 events("cloud", f"{len(left)} staging object(s) could not be deleted: {', '.join(left[:3])}")
     except Exception as exc:  # keeping a copy in GCS is a convenience; deleting VMs was not
         events("cloud", f"copying metrics and logs to Cloud Storage, or deleting the staging objects, failed: {exc}")
+    try:
+        ctx.sign_out()
+    except Exception as exc:  # the key expires on its own (oslogin.KEY_MARGIN_S after the run's limit)
+        events("cloud", f"deleting the run's SSH key from OS Login failed (it expires on its own): {exc}")
     dep.status = "down"
     ctx.save()
     also = f"; also removed {found.summary()} found by label" if not found.empty else ""

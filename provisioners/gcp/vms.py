@@ -21,7 +21,6 @@ from ..state import Deployment, Node
 from . import compute, firewall, lifetime, naming, remote, startup, versions, watchdog
 from .context import Context
 from .errors import CloudTimeout, RemoteError
-from .keys import load_key_pair
 from .machinetypes import machine_kind
 from .resources import Machine
 from .retry import Cancelled
@@ -31,12 +30,12 @@ from .threads import parallel, relay
 
 
 def metadata(ctx: Context, kind: str, role: str = "worker") -> dict:
-    """A VM's metadata: the run's SSH key, its run, and (gcp.bootstrap) the startup script for its kind; the
-    dispatcher's also installs what the run's supervisor needs."""
+    """A VM's metadata: OS Login on, its run, and (gcp.bootstrap) the startup script for its kind; the
+    dispatcher's also installs what the run's supervisor needs. No SSH key: keys go through OS Login
+    (oslogin.py), and turning OS Login off here would override the project's setting (and is refused
+    where an organization policy requires it)."""
     s = ctx.settings
-    kp = load_key_pair(ctx.dep.run_dir)
-    assert kp is not None, "context.for_run made the run's key before any VM"
-    md = {"ssh-keys": kp.metadata_entry(s.ssh_user), "enable-oslogin": "FALSE", "dsctl-run": ctx.dep.run_id}
+    md = {"enable-oslogin": "TRUE", "dsctl-run": ctx.dep.run_id}
     if kind == "gpu":
         md["install-nvidia-driver"] = "True"  # the Deep Learning VM image installs the driver at first boot
     if s.bootstrap:
@@ -110,6 +109,7 @@ def create(ctx: Context, machines: list[Machine], rules: bool, events: EventSink
         new_rules = firewall.run_rules(dep.run_id, naming.network_tag(dep.run_id), s.dispatcher_port, s.worker_port)
         state.firewalls = [FirewallRule(rule.name) for rule in new_rules]
     ctx.save()  # intent first: a kill -9 from here on leaves names `dsctl down` can delete
+    ctx.sign_in(s.max_duration_s)  # the key SSH reaches these VMs with, in OS Login, before any of them boots
     t0 = time.monotonic()
     fleet.create(machines, new_rules)
     for m in machines:

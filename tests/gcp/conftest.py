@@ -9,7 +9,6 @@ processes started in its directory, as deleting a real VM would.
 
 from __future__ import annotations
 
-import getpass
 import os
 import socket
 import sys
@@ -25,6 +24,7 @@ PROJECT = "dsctl-test"
 ZONE = "us-central1-b"
 BUCKET = "dsctl-test-staging"
 CALLER = "tester@example.com"  # the account dsctl calls the stand-ins as (CLOUDSDK_CORE_ACCOUNT)
+VM_ACCOUNT = f"vms@{PROJECT}.iam.gserviceaccount.com"  # who a process on a "VM" calls as (its sessions' account)
 VM_ADDRESSES = 16  # sshd listens on 127.0.0.2 .. 127.0.0.17 (OpenSSH allows 16 listen sockets per process)
 INTERNAL_FIRST, EXTERNAL_FIRST = "127.0.0.2", "127.0.1.2"  # the stand-in's internal / external address ranges
 
@@ -41,7 +41,8 @@ def sshd(tmp_path_factory):
         pytest.skip("OpenSSH server (/usr/sbin/sshd) is not installed; `apt-get install openssh-server`")
     # Two sshd processes on one port, one authorized_keys: internal addresses (networkIP) and external ones (natIP).
     server = Sshd(tmp_path_factory.mktemp("sshd"), loopback_range(INTERNAL_FIRST, VM_ADDRESSES),
-                  external_addresses=loopback_range(EXTERNAL_FIRST, VM_ADDRESSES)).start()
+                  external_addresses=loopback_range(EXTERNAL_FIRST, VM_ADDRESSES),
+                  env={"CLOUDSDK_CORE_ACCOUNT": VM_ACCOUNT}).start()
     yield server
     server.stop()
 
@@ -113,7 +114,11 @@ def cloud(request, gcs_emulator, monkeypatch, home):
     fake.on_deleted.append(kill_vm_processes)
     if sshd_available():
         server_sshd = request.getfixturevalue("sshd")
-        keys = AuthorizedKeysWriter(server_sshd)
+        # OS Login: every identity logs in as the sshd's one local user (an administrator's POSIX username).
+        for account in (CALLER, VM_ACCOUNT):
+            fake.posix_usernames[account] = server_sshd.user
+        keys = AuthorizedKeysWriter(server_sshd, oslogin_keys=fake.oslogin_keys)
+        fake.on_oslogin_changed.append(keys.refresh)
         fake.on_created.append(keys.created)
         fake.on_deleted.append(keys.deleted)
         # A stopped VM answers no SSH, then its processes are gone: in that order, so no reading over SSH
@@ -137,7 +142,7 @@ def cloud(request, gcs_emulator, monkeypatch, home):
         fake.endpoint = server.endpoint
         yield fake
         # Whatever a test leaves, the stand-in's VMs go (and with them their processes).
-        for hooks in (fake.on_created, fake.on_deleted, fake.on_stopped, fake.on_started):
+        for hooks in (fake.on_created, fake.on_deleted, fake.on_stopped, fake.on_started, fake.on_oslogin_changed):
             hooks.clear()
         with fake.lock:
             leftovers = list(fake.instances.values()) + list(fake.tpus.values())
@@ -170,7 +175,6 @@ def gcp_spec(dir: Path, *, sshd: Sshd | None = None, home: Path, name: str = "gc
         gcp:
           project: {PROJECT}
           zone: {ZONE}
-          bucket: {BUCKET}
-          ssh_user: {sshd.user if sshd else getpass.getuser()}{extra}
+          bucket: {BUCKET}{extra}
         """))
     return path

@@ -228,7 +228,7 @@ for _fam in ("common-cu129-ubuntu-2404-nvidia-580", "common-cu129-ubuntu-2204-nv
 # and https://cloud.google.com/tpu/docs/v5e , /v5p , /v6e. Quota units: TensorCores for v2/v3/v4/v5p,
 # chips for v5e/v6e (https://cloud.google.com/tpu/docs/quota).
 TPU_ZONE_REGION = {**ZONES, "us-central2-b": "us-central2"}
-_V2_8 = _zones("us-central1:bcf europe-west4:a asia-east1:c")
+_V2_8 = _zones("us-central1:bc europe-west4:a asia-east1:c")
 _V3_8 = _zones("us-central1:abf europe-west4:a")
 _V4 = frozenset({"us-central2-b"})
 _V5E = _zones("us-central1:a us-east5:abc us-south1:a us-west1:c us-west4:a europe-west4:b")
@@ -469,6 +469,10 @@ class IdentityApis:
         self.org_policies: dict[str, list[dict]] = {}  # constraint name -> the effective policy's rules
         self.orgpolicy_denied = False
         self.oslogin_profiles: dict[str, dict] = {}  # account email -> {"username", "keys": {fingerprint: key}}
+        # POSIX usernames an administrator set (Cloud Identity lets them replace the derived one), by account: the
+        # test sshd has one local user, so tests give every identity that user.
+        self.posix_usernames: dict[str, str] = {}
+        self.on_oslogin_changed: list[Callable[[], None]] = []  # a key was imported or deleted (the guest agent)
 
     def project_number(self, project: str) -> str:  # FakeCloud's
         raise NotImplementedError
@@ -646,6 +650,8 @@ class IdentityApis:
     def _posix_username(self, account: str) -> str:
         """The POSIX username OS Login gives: a user's email with every character that is not a letter or digit as
         "_" (user@example.com -> user_example_com); a service account's is sa_<uniqueId>."""
+        if account in self.posix_usernames:
+            return self.posix_usernames[account]
         sa = self.service_accounts.get(account)
         if account.endswith(".gserviceaccount.com"):
             unique = sa["uniqueId"] if sa else str(int(hashlib.sha1(account.encode()).hexdigest()[:15], 16))
@@ -695,7 +701,10 @@ class IdentityApis:
             if body.get("expirationTimeUsec"):
                 entry["expirationTimeUsec"] = str(body["expirationTimeUsec"])
             self.oslogin_profiles.setdefault(account, {"keys": {}})["keys"][fingerprint] = entry
-            return {"loginProfile": self._login_profile(account, (query.get("projectId") or [None])[0])}
+            profile = self._login_profile(account, (query.get("projectId") or [None])[0])
+        for hook in self.on_oslogin_changed:
+            hook()
+        return {"loginProfile": profile}
 
     def oslogin_get_profile(self, user: str, query: dict) -> dict:
         account = self._user(user)
@@ -710,7 +719,9 @@ class IdentityApis:
                 raise ApiError(404, f"Requested entity was not found: users/{account}/sshPublicKeys/{fingerprint}",
                                grpc="NOT_FOUND")
             del keys[fingerprint]
-            return {}
+        for hook in self.on_oslogin_changed:
+            hook()
+        return {}
 
     def oslogin_keys(self, username: str) -> list[str]:
         """For the test sshd: the unexpired public keys registered for the POSIX user `username`."""

@@ -9,10 +9,14 @@ cloud. Commands run as the
 current user, as real processes on this machine.
 
 Authorized keys come from the stand-in's instances: `AuthorizedKeysWriter`
-plays the guest agent, writing each live instance's `ssh-keys` metadata to a file
-of its own addresses (sshd picks the file by the address a client connected to), so
-a key dsctl forgot to put in metadata does not work here either, and a VM that is
-stopped or deleted answers no SSH although others with the same key still run.
+plays the guest agent, writing the keys each live instance accepts to a file of its
+own addresses (sshd picks the file by the address a client connected to), so a key
+dsctl did not install the way Google's guest environment reads it does not work here
+either, and a VM that is stopped or deleted answers no SSH although others with the
+same key still run. As on Google Cloud, a VM with OS Login on (`enable-oslogin` TRUE in
+its metadata, or in the project's) takes the keys registered with OS Login for the
+POSIX user logging in and ignores `ssh-keys` metadata; one with OS Login off takes its
+`ssh-keys` metadata.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"
@@ -53,8 +58,8 @@ class Sshd:
 
     `addresses` are the VMs' internal addresses (127.0.0.2 ...); `external_addresses`, if given, their external
     ones (127.0.1.2 ...), served by a second sshd process on the same port (OpenSSH allows at most 16 listen
-    sockets per process). `env` holds extra environment variables every session gets (sshd's SetEnv); change
-    them later with `set_env`.
+    sockets per process). `env` holds extra environment variables every session gets (sshd's SetEnv); `set_env`
+    adds others for a while (`set_env({})` is back to `env`).
     """
 
     def __init__(self, workdir: Path, addresses: list[str], port: int | None = None, *,
@@ -66,7 +71,8 @@ class Sshd:
         self.user = getpass.getuser()
         self.authorized_keys = self.dir / "authorized_keys"  # keys every address accepts (tests write it)
         self.keys_dir = self.dir / "keys"  # keys_dir/<address>: the keys of the VM at that address
-        self.env: dict[str, str] = dict(env or {})
+        self.base_env: dict[str, str] = dict(env or {})
+        self.env: dict[str, str] = dict(self.base_env)
         self.procs: dict[str, subprocess.Popen] = {}  # group ("internal" | "external") -> its sshd
         self.log = self.dir / "sshd.log"
         self.home = self.dir / "home"
@@ -157,9 +163,9 @@ class Sshd:
         return self
 
     def set_env(self, env: dict[str, str]) -> None:
-        """Replace the extra session environment: rewrite the configs and SIGHUP each sshd (it re-executes itself
-        with the new configuration, keeping its PID); new sessions get the new variables."""
-        self.env = dict(env)
+        """The constructor's environment plus `env` for new sessions: rewrite the configs and SIGHUP each sshd (it
+        re-executes itself with the new configuration, keeping its PID)."""
+        self.env = {**self.base_env, **env}
         for group, addresses in self.groups.items():
             self._config(group, addresses)
             proc = self.procs.get(group)
@@ -184,16 +190,19 @@ class Sshd:
 
 
 class AuthorizedKeysWriter:
-    """The guest agent's job, for the stand-in: a live instance's ssh-keys metadata -> the keys its addresses take.
+    """The guest agent's job, for the stand-in: what each live instance accepts -> the keys its addresses take.
 
-    Metadata entries look like `user:ssh-ed25519 AAAA... comment`; only keys for
-    the sshd's user are installed (as the guest agent installs each user's own).
+    OS Login on: `oslogin_keys(user)` (the stand-in's OS Login API: unexpired keys of the identities whose POSIX
+    username is `user`); call `refresh()` when those change. OS Login off: metadata entries
+    `user:ssh-ed25519 AAAA... comment`, only those for the sshd's user (as the guest agent installs each user's own).
     """
 
-    def __init__(self, sshd: Sshd):
+    def __init__(self, sshd: Sshd, oslogin_keys: Callable[[str], list[str]] | None = None,
+                 project_oslogin: Callable[[], bool] | None = None):
         self.sshd = sshd
-        self.keys: dict[str, list[str]] = {}  # instance selfLink/name -> key lines
-        self.addresses: dict[str, list[str]] = {}  # instance selfLink/name -> its internal and external addresses
+        self.oslogin_keys = oslogin_keys or (lambda user: [])
+        self.project_oslogin = project_oslogin or (lambda: False)
+        self.resources: dict[str, dict] = {}  # instance selfLink/name -> the instance as created
         self.lock = threading.Lock()
 
     @staticmethod
@@ -206,16 +215,22 @@ class AuthorizedKeysWriter:
         return [a for a in out if a]
 
     @staticmethod
-    def _metadata_keys(resource: dict) -> list[str]:
+    def _metadata(resource: dict) -> dict[str, str]:
         md = resource.get("metadata") or {}
         if "items" in md:  # Compute Engine: {"items": [{"key": ..., "value": ...}]}
-            values = [i.get("value", "") for i in md["items"] if i.get("key") == "ssh-keys"]
-        else:  # Cloud TPU: a plain map
-            values = [md.get("ssh-keys", "")]
-        return [line for v in values for line in v.splitlines() if line.strip()]
+            return {i.get("key", ""): i.get("value", "") for i in md["items"]}
+        return {k: str(v) for k, v in md.items()}  # Cloud TPU: a plain map
 
-    def _write(self, address: str, entries: list[str]) -> None:
-        lines = [key for user, _, key in (e.partition(":") for e in entries) if user == self.sshd.user and key]
+    def _accepted(self, resource: dict) -> list[str]:
+        md = self._metadata(resource)
+        setting = md.get("enable-oslogin")
+        oslogin = setting.upper() == "TRUE" if setting is not None else self.project_oslogin()
+        if oslogin:
+            return list(self.oslogin_keys(self.sshd.user))
+        entries = [line for line in md.get("ssh-keys", "").splitlines() if line.strip()]
+        return [key for user, _, key in (e.partition(":") for e in entries) if user == self.sshd.user and key]
+
+    def _write(self, address: str, lines: list[str]) -> None:
         path = self.sshd.keys_dir / address
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -226,14 +241,22 @@ class AuthorizedKeysWriter:
     def created(self, resource: dict) -> None:
         key = resource.get("selfLink") or resource["name"]
         with self.lock:
-            self.keys[key] = self._metadata_keys(resource)
-            self.addresses[key] = self._addresses(resource)
-            for address in self.addresses[key]:
-                self._write(address, self.keys[key])
+            self.resources[key] = resource
+            lines = self._accepted(resource)
+            for address in self._addresses(resource):
+                self._write(address, lines)
 
     def deleted(self, resource: dict) -> None:
         key = resource.get("selfLink") or resource["name"]
         with self.lock:
-            self.keys.pop(key, None)
-            for address in self.addresses.pop(key, []):
+            gone = self.resources.pop(key, resource)
+            for address in self._addresses(gone):
                 self._write(address, [])
+
+    def refresh(self) -> None:
+        """OS Login's keys changed: every live instance takes the keys it accepts now."""
+        with self.lock:
+            for resource in self.resources.values():
+                lines = self._accepted(resource)
+                for address in self._addresses(resource):
+                    self._write(address, lines)

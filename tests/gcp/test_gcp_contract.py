@@ -42,7 +42,6 @@ class TestGcpContract(ProviderContract):
             f"  project: {PROJECT}",
             f"  zone: {ZONE}",
             f"  bucket: {BUCKET}",
-            f"  ssh_user: {sshd.user}",
             "  bootstrap: false",
             f"  python: {sys.executable}",
             f"  remote_dir: {self.vms}",

@@ -293,7 +293,7 @@ def test_key_pair_is_private_and_reused(tmp_path):
     kp = ensure_key_pair(tmp_path, "dsctl-r")
     assert oct(kp.private_path.stat().st_mode & 0o777) == "0o600"
     assert oct(kp.private_path.parent.stat().st_mode & 0o777) == "0o700"
-    assert kp.public.startswith("ssh-ed25519 ") and kp.metadata_entry("dsctl").startswith("dsctl:ssh-ed25519 ")
+    assert kp.public.startswith("ssh-ed25519 ")
     assert ensure_key_pair(tmp_path, "dsctl-r") == kp
 
 
@@ -639,19 +639,19 @@ def test_staging_gives_every_vm_kind_its_wheelhouse_and_the_vms_read_access(clou
         prefix = staged.wheelhouses[kind]
         assert prefix.startswith("dsctl/wheelhouses/") and f"{prefix}MANIFEST.json" in blobs
         assert f"{prefix}pip-26.0-py3-none-any.whl" in blobs
-    # The VMs' service account (the project's default Compute Engine one) may read the bucket.
-    number = cloud.project_number(PROJECT) if callable(getattr(cloud, "project_number", None)) else None
+    # The VMs' service account (dsctl's own, which the caller may create here) may read the bucket.
+    assert p._findings.service_account == f"dsctl-vms@{PROJECT}.iam.gserviceaccount.com"
     policy = client.bucket(BUCKET).get_iam_policy(requested_policy_version=3)
     readers = {m for b in policy.bindings if b["role"] == "roles/storage.objectViewer" for m in b["members"]}
-    assert any(m.startswith("serviceAccount:") and m.endswith("-compute@developer.gserviceaccount.com")
-               and (number is None or str(number) in m) for m in readers), readers
+    assert readers == {f"serviceAccount:{p._findings.service_account}"}, readers
 
     md = vms.metadata(ctx, "tpu")
     script = md["startup-script"]
     assert staged.wheelhouses["tpu"] in script and staged.wheel in script and BUCKET in script
     assert "tpu-vm-tf-" not in script and "--system-site-packages" in script  # the TPU runtime brings TensorFlow
     assert f"tensorflow-cpu=={kinds.tensorflow_version}" in vms.metadata(ctx, "cpu")["startup-script"]
-    assert md["ssh-keys"].startswith(f"{ctx.settings.ssh_user}:ssh-ed25519 ") and md["enable-oslogin"] == "FALSE"
+    # No key in metadata, OS Login never turned off: keys go through the OS Login API (oslogin.py).
+    assert "ssh-keys" not in md and md["enable-oslogin"] == "TRUE"
     assert ctx.settings.python == "/opt/dsctl/venv/bin/python"
 
     # A second run finds the wheelhouses in the bucket and uploads nothing.
