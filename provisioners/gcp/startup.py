@@ -49,7 +49,8 @@ def script(*, kind: KindSoftware, tf_version: str, bucket: str, wheelhouse_prefi
     where = f"gs://{bucket}/"
     extra = "[supervisor]" if supervisor else ""
     imports = "import dsctl.runtime.worker" + ("; import dsctl.cli.main, dsctl.orchestrator.supervise, "
-                                               "google.cloud.compute_v1, google.cloud.storage, fabric" if supervisor else "")
+                                               "google.cloud.compute_v1, google.cloud.oslogin_v1, "
+                                               "google.cloud.storage, fabric" if supervisor else "")
     # Messages are made here and quoted as one word each: a spec value in them is never read by the shell.
     msg = {
         "version": q(f"the image's Python is not {kind.python_version}, which the wheelhouse was built for "
