@@ -19,16 +19,19 @@ from dsctl.costmodel import (
     Catalog,
     Comparison,
     CostBreakdown,
+    PriceSource,
     RunUsage,
     compare,
+    created_from_spec,
     describe_provisioning,
     estimate,
     load_catalog,
+    price_additions,
     provisioning_label,
     usage_from_spec,
 )
 from dsctl.orchestrator.preflight import load_job
-from dsctl.orchestrator.pricing import stands_in
+from dsctl.orchestrator.pricing import AS_GCP, RunAdditions, stands_in
 from dsctl.specs.errors import SpecError
 from dsctl.specs.schema import MAX_DURATION_S, MAX_STEPS, MAX_WORKERS
 
@@ -36,14 +39,20 @@ from .render import cache_text
 
 FORMATS = ("table", "json", "csv", "markdown")
 COST_FIELDS = ("workers", "dispatcher", "trainer_cpu", "trainer_memory", "accelerators", "service", "trainers", "total")
+# Beside Equation 1's total, not in it: what the run's external IPv4 addresses and boot disks cost.
+ADDITION_FIELDS = ("ipv4_cost", "boot_disk_cost", "additions_total", "total_with_additions", "additions_status")
 FIELDS = (
     "label", "basis", "prices", "service_provisioning", "trainer_provisioning", "job_time_s", "batches", "n_workers",
-    "worker_machine", "dispatcher_machine", "n_trainers", "trainer_machine", *COST_FIELDS, "per_1000_batches", "speedup",
-    "cost_saving", "cache_storage_kind", "cache_gb", "cache_per_month", "cache_during_job", "notes",
+    "worker_machine", "dispatcher_machine", "n_trainers", "trainer_machine", *COST_FIELDS, *ADDITION_FIELDS,
+    "per_1000_batches", "speedup", "cost_saving", "cache_storage_kind", "cache_gb", "cache_per_month",
+    "cache_during_job", "price_sources", "notes",
 )
 CACHE_NOTE = ("cache: the autocache cache a run wrote or read is billed by the month while it is kept, so it is shown "
               "apart from the total (Equation 1 prices the job's machines); cache_during_job is its cost over the "
               "job's own time.")
+ADDITIONS_NOTE = ("additions (+ rows; ipv4_cost, boot_disk_cost, additions_total): what the job's external IPv4 "
+                  "addresses and the VMs' boot disks cost over its time, which the paper's Equation 1 does not price; "
+                  "shown beside its total, not in it (total_with_additions adds them).")
 
 cost_app = typer.Typer(help="Price training jobs with the tf.data service paper's cost model (Equation 1).",
                        no_args_is_help=True)
@@ -54,16 +63,70 @@ def _cost() -> None:
     """Price training jobs with the tf.data service paper's cost model (Equation 1)."""
 
 
+def _price_sources(usage: RunUsage, b: CostBreakdown, catalog: Catalog, extra: RunAdditions | None) -> list[PriceSource]:
+    """Where each price the row used comes from: the machines' (for how each part was bought) and the additions'."""
+    parts = [(usage.worker_machine, b.service_provisioning), (usage.dispatcher_machine, b.service_provisioning),
+             (usage.trainer_machine, b.trainer_provisioning)]
+    out: list[PriceSource] = []
+    for machine, provisioning in parts:
+        if not machine or not provisioning:
+            continue
+        try:
+            source = catalog.source_of(machine, provisioning)
+        except SpecError:
+            continue
+        if source not in out:
+            out.append(source)
+    if extra is not None and extra.additions is not None:
+        out += [s for s in extra.additions.sources if s not in out]
+    return out
+
+
+def _addition_columns(b: CostBreakdown, extra: RunAdditions | None) -> dict:
+    """ipv4_cost, boot_disk_cost, additions_total, total_with_additions and additions_status: numbers None when not
+    known, the status saying why ('not recorded: ...', 'not priced: ...')."""
+    if extra is None:
+        return {k: None for k in ADDITION_FIELDS} | {"additions": None}
+    a = extra.additions
+    if a is None:
+        return {k: None for k in ADDITION_FIELDS} | {"additions_status": extra.status, "additions": None}
+    unpriced = "; ".join(x.unpriced for x in a.items if x.unpriced)
+    status = f"not priced: {unpriced}" if unpriced else extra.status
+    return {"ipv4_cost": a.ipv4.cost, "boot_disk_cost": a.boot_disks.cost, "additions_total": a.cost,
+            "total_with_additions": None if a.cost is None else b.total + a.cost, "additions_status": status,
+            "additions": {**a.to_dict(), "status": status}}
+
+
+def _addition_notes(extra: RunAdditions | None) -> list[str]:
+    if extra is None:
+        return []
+    notes = [ADDITIONS_NOTE]
+    if extra.additions is None:
+        return notes + [f"additions {extra.status}"]
+    if extra.status == AS_GCP:
+        notes.append("additions of a spec run locally: the external addresses and boot disks a gcp run of the spec "
+                     "would have (its gcp.public_ips, gcp.boot_disk_gb and gcp.boot_disk_type, or their defaults).")
+    for x in extra.additions.items:
+        notes += ([f"{x.name} not priced: {x.unpriced}"] if x.unpriced else []) + [f"{x.name}: {n}" for n in x.notes]
+    return notes
+
+
 def cost_row(label: str, usage: RunUsage, b: CostBreakdown, catalog: Catalog,
-             comparison: Comparison | None = None, cache: dict | None = None) -> dict:
+             comparison: Comparison | None = None, cache: dict | None = None,
+             additions: RunAdditions | None = None) -> dict:
     """One configuration or run as a flat record of plain numbers (what json and csv print).
 
     service_provisioning / trainer_provisioning say which of the catalog's prices each part was
     charged at: 'standard' (on-demand) or 'spot'; the service's is None when there is no service.
     `cache` is a run's autocache cache (orchestrator.pricing.cache_storage), priced apart from the total.
+    `additions` are what the run's external IPv4 addresses and boot disks cost (orchestrator.pricing.run_additions):
+    additions to Equation 1, in their own columns beside its total, never in it. price_sources says where each
+    price used comes from (its catalog entry's source and date).
     """
     d = b.to_dict()
     cache = cache or {}
+    sources = _price_sources(usage, b, catalog, additions)
+    own = [f"price source, {s.text()}" for s in sources if s.own]
     return {
         "label": label,
         "basis": b.basis,
@@ -78,6 +141,7 @@ def cost_row(label: str, usage: RunUsage, b: CostBreakdown, catalog: Catalog,
         "n_trainers": usage.n_trainers,
         "trainer_machine": usage.trainer_machine,
         **{k: d[k] for k in COST_FIELDS},
+        **_addition_columns(b, additions),
         "per_1000_batches": d["per_1000_batches"],
         "speedup": comparison.speedup if comparison else None,
         "cost_saving": comparison.cost_saving if comparison else None,
@@ -86,7 +150,8 @@ def cost_row(label: str, usage: RunUsage, b: CostBreakdown, catalog: Catalog,
         "cache_per_month": cache.get("per_month"),
         "cache_during_job": cache.get("during_job"),
         "cache": cache or None,
-        "notes": list(b.notes) + ([CACHE_NOTE] if cache else []),
+        "price_sources": [x.to_dict() for x in sources],
+        "notes": list(b.notes) + ([CACHE_NOTE] if cache else []) + _addition_notes(additions) + own,
     }
 
 
@@ -94,7 +159,7 @@ def _money(v: float | None, places: int = 2) -> str:
     """To the cent for real sums; tiny sums (short local runs) keep four significant digits."""
     if v is None:
         return "-"
-    return f"${v:,.{places}f}" if v == 0 or abs(v) >= 1 else f"${v:.4g}"
+    return f"${v:,.{places}f}" if v == 0 or abs(v) >= 1 else f"${v:#.4g}"
 
 
 def _display(row: dict) -> list[tuple[str, str]]:
@@ -118,6 +183,7 @@ def _display(row: dict) -> list[tuple[str, str]]:
         ("accelerators", _money(row["accelerators"])),
         ("service", _money(row["service"])),
         ("total", _money(row["total"])),
+        *_addition_pairs(row),
         ("per 1,000 batches", _money(row["per_1000_batches"], 4)),
     ]
     if any(row[k] is not None for k in ("speedup", "cost_saving")):
@@ -127,11 +193,35 @@ def _display(row: dict) -> list[tuple[str, str]]:
     return pairs
 
 
+def _addition_pairs(row: dict) -> list[tuple[str, str]]:
+    """The + rows beside Equation 1's total: each addition's cost (and what), or why it is not known."""
+    a, status = row.get("additions"), row.get("additions_status")
+    if a is None:
+        shown = "-" if status is None else ("not recorded" if status.startswith("not recorded") else status)
+        return [("+ external IPv4", shown), ("+ boot disks", shown), ("total with additions", "-")]
+
+    def one(x: dict) -> str:
+        if x["cost"] is None:
+            return "not priced"
+        return f"{_money(x['cost'])} ({x['quantity']})"
+
+    return [("+ external IPv4", one(a["external_ipv4"])), ("+ boot disks", one(a["boot_disks"])),
+            ("total with additions", _money(row["total_with_additions"]))]
+
+
 def _notes(rows: list[dict]) -> list[str]:
     seen: list[str] = []
     for row in rows:
         seen += [n for n in row["notes"] if n not in seen]
     return seen
+
+
+def _csv_value(key: str, value):
+    if key == "notes":
+        return " | ".join(value)
+    if key == "price_sources":
+        return " | ".join(f"{x['price']}: {x['source']} ({x['date']})" for x in value)
+    return "" if value is None else value
 
 
 def render(rows: list[dict], fmt: str, title: str = "") -> str | None:
@@ -143,8 +233,7 @@ def render(rows: list[dict], fmt: str, title: str = "") -> str | None:
         writer = csv.DictWriter(out, fieldnames=FIELDS, lineterminator="\n")
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: (" | ".join(v) if k == "notes" else ("" if v is None else v)) for k, v in row.items()
-                             if k in FIELDS})
+            writer.writerow({k: _csv_value(k, v) for k, v in row.items() if k in FIELDS})
         return out.getvalue().rstrip("\n")
     if fmt == "markdown":
         shown = [_display(r) for r in rows]
@@ -160,6 +249,7 @@ def render(rows: list[dict], fmt: str, title: str = "") -> str | None:
 
 def print_table(rows: list[dict], title: str) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     head, _, tail = title.partition(" (")
@@ -171,11 +261,11 @@ def print_table(rows: list[dict], title: str) -> None:
     longest = max(shown, key=len)
     for i, (name, _) in enumerate(longest):
         emphasis = name in ("total", "cost saving")
-        table.add_row(name, *(s[i][1] if i < len(s) else "-" for s in shown), style="bold" if emphasis else None)
+        table.add_row(name, *(escape(s[i][1]) if i < len(s) else "-" for s in shown), style="bold" if emphasis else None)
     console = Console()
     console.print(table)
-    for note in _notes(rows):
-        console.print(f"note: {note}", highlight=False, soft_wrap=True)
+    for note in _notes(rows):  # catalog sources are the user's text: [brackets] in them are not markup
+        console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
 
 
 def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
@@ -217,14 +307,21 @@ def estimate_cmd(
     run = estimate(spec, catalog, batches_per_sec=batches_per_sec, steps=steps, hours=hours, basis=basis, workers=workers,
                    stand_in=local)
     usage = usage_from_spec(spec, job_time_s=run.job_time_s, batches=run.batches, workers=workers)
+
+    def extra(u: RunUsage) -> RunAdditions:  # what the spec creates besides its machines, over the job's time
+        created = created_from_spec(spec, workers=u.n_workers)
+        return RunAdditions(AS_GCP if local else "from the spec",
+                            price_additions(created, catalog, u.job_time_s), created)
+
     if compare_colocated is None:
-        rows = [cost_row("with service" if usage.n_workers else "colocated", usage, run, catalog)]
+        rows = [cost_row("with service" if usage.n_workers else "colocated", usage, run, catalog,
+                         additions=extra(usage))]
     else:
         base = estimate(spec, catalog, batches_per_sec=compare_colocated, steps=run.batches, basis=basis, workers=0,
                         stand_in=local)
         base_usage = usage_from_spec(spec, job_time_s=base.job_time_s, batches=base.batches, workers=0)
-        rows = [cost_row("colocated", base_usage, base, catalog),
-                cost_row("with service", usage, run, catalog, compare(base, run))]
+        rows = [cost_row("colocated", base_usage, base, catalog, additions=extra(base_usage)),
+                cost_row("with service", usage, run, catalog, compare(base, run), additions=extra(usage))]
     priced_as = describe_provisioning(spec.service.provisioning if usage.n_workers else None, spec.trainer.provisioning)
     title = (f"Cost estimate: {spec.name} ({basis} basis, prices {catalog.name} of {catalog.date}, {catalog.currency}; "
              f"{priced_as})")
@@ -286,8 +383,9 @@ def report_cmd(
                                            help="Compare each run with this one: speedup and cost saving (paper Figure 8)."),
     fmt: str = typer.Option("table", "--format", help="table | json | csv | markdown."),
 ) -> None:
-    """Price recorded runs with Equation 1: each part's cost, the total and the cost per 1,000 batches."""
-    from dsctl.orchestrator.pricing import cache_storage, price_record
+    """Price recorded runs with Equation 1: each part's cost, the total and the cost per 1,000 batches; beside the
+    total, what the run's external IPv4 addresses and boot disks cost (additions, not in Equation 1)."""
+    from dsctl.orchestrator.pricing import cache_storage, price_record, run_additions
     from dsctl.orchestrator.store import RunStore
 
     _choice(fmt, FORMATS, "--format")
@@ -304,7 +402,8 @@ def report_cmd(
     for record in records:
         usage, breakdown, used_catalog = price_record(record, catalog, basis)
         comparison = compare(base, breakdown) if base is not None else None
-        row = cost_row(record.id, usage, breakdown, used_catalog, comparison, cache_storage(record, used_catalog))
+        row = cost_row(record.id, usage, breakdown, used_catalog, comparison, cache_storage(record, used_catalog),
+                       run_additions(record, usage, used_catalog))
         rows.append(row)
     title = f"Cost report: {len(rows)} run(s)" + (f" against baseline {baseline}" if baseline else "")
     text = render(rows, fmt, title)

@@ -23,6 +23,22 @@ Within one model only: Spot rates split Spot machine prices, on-demand rates on-
 An accelerator VM priced only whole (a TPU VM) is reported under accelerators with
 its host included, which is how Google sells it; trainers cost the same on both
 bases either way, since Equation 1 charges trainer hosts on everything they have.
+
+Where each price comes from. The catalog's `source` and `date` cover its prices as a whole,
+but Spot prices move (Google may change them daily) and TPU prices were the least certain,
+so every Spot price and every TPU price carries its own source and date beside it, and a
+catalog that leaves one out is refused when it loads (`check_sources`):
+    machines:  {tpu-v2-8: {per_hour: 4.50, source: "...", date: 2025-03}}
+    spot:      {rates: {n2: {vcpu_hour: ..., gb_hour: ..., source: "...", date: 2025-03-06}}}
+A figure nobody could check says so in its source ("not re-checked: <why>") rather than
+pretending to a source. Plain numbers remain fine for other on-demand prices, which the
+catalog's own source and date describe. `Catalog.source_of()` answers where a machine's
+price comes from, for `dsctl cost` and the plan to show.
+
+What a run creates besides its machines, which Equation 1 leaves out, is priced here too
+(costmodel/additions.py adds it up): `external_ipv4`, $ per hour per in-use external IPv4
+address by the VM's provisioning model, and `boot_disks`, $ per GB-month by disk type;
+both with a source and date per entry.
 """
 
 from __future__ import annotations
@@ -34,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, RootModel, field_validator, model_validator
 
 from dsctl.specs.errors import SpecError
 from dsctl.specs.validate import validate
@@ -48,6 +64,18 @@ CATALOG_DIR = Path(__file__).parent / "catalogs"
 AGREEMENT = 0.01  # whole-machine price vs family rates: relative tolerance
 
 _SECTION = {"standard": "the top-level rates and machines", "spot": "the spot section"}
+
+
+def _date_text(v) -> str:
+    """A price's date as written: YYYY-MM or YYYY-MM-DD (YAML reads 2025-03-06 as a date; it is kept as text)."""
+    if isinstance(v, (datetime.date, datetime.datetime)):
+        v = v.isoformat()[:10]
+    if not isinstance(v, str) or not re.fullmatch(r"\d{4}-\d{2}(-\d{2})?", v):
+        raise ValueError(f"date must look like 2023-06 or 2023-06-30, got {v!r}")
+    return v
+
+
+DateText = Annotated[str, BeforeValidator(_date_text)]
 
 
 def _price(v: float) -> float:
@@ -69,6 +97,40 @@ class FamilyRates(_Strict):
     vcpu_hour: Price | None = Field(None, description="$ per vCPU-hour (C_CPU)")
     gb_hour: Price | None = Field(None, description="$ per GB-hour of memory (C_MEM)")
     accelerator_hour: Price | None = Field(None, description="$ per accelerator-hour (C_ACC)")
+    source: str | None = Field(None, min_length=1, description="where these rates come from (required for Spot rates)")
+    date: DateText | None = Field(None, description="when they were valid: YYYY-MM or YYYY-MM-DD")
+
+
+class EntrySource(_Strict):
+    """Where one price comes from and when it was valid."""
+
+    source: str = Field(min_length=1, description="the page, bill or data the figure is from; or 'not re-checked: <why>'")
+    date: DateText = Field(description="when the figure was valid: YYYY-MM or YYYY-MM-DD")
+
+
+class MachinePrice(EntrySource):
+    """A whole-machine price with its source and date: `tpu-v2-8: {per_hour: 4.50, source: ..., date: 2025-03}`."""
+
+    per_hour: Price = Field(description="$ per hour for the whole machine")
+
+
+class _PlainPrice(RootModel[Price]):
+    """A whole-machine price written as a bare number (validated alone, for its own file:line error)."""
+
+
+def _sourced_machines(data):
+    """`machines` entries written as {per_hour, source, date} become the bare price, their source and date
+    going to `machine_sources`, so every lookup reads `machines[name]` as a number."""
+    if not isinstance(data, dict) or not isinstance(data.get("machines"), dict):
+        return data
+    machines, sources = {}, dict(data.get("machine_sources") or {})
+    for name, entry in data["machines"].items():
+        if isinstance(entry, dict):
+            machines[name] = entry.get("per_hour")
+            sources[name] = {k: entry[k] for k in ("source", "date") if k in entry}
+        else:
+            machines[name] = entry
+    return {**data, "machines": machines, "machine_sources": sources}
 
 
 class PriceList(_Strict):
@@ -76,6 +138,21 @@ class PriceList(_Strict):
 
     rates: dict[str, FamilyRates] = Field(default_factory=dict)
     machines: dict[str, Price] = Field(default_factory=dict)
+    machine_sources: dict[str, EntrySource] = Field(
+        default_factory=dict, description="filled from machines written as {per_hour, source, date}")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_sources(cls, data):
+        return _sourced_machines(data)
+
+
+class IpPrice(EntrySource):
+    per_hour: Price = Field(description="$ per hour for one in-use external IPv4 address")
+
+
+class DiskPrice(EntrySource):
+    per_gb_month: Price = Field(description="$ per GB-month of disk (Google turns it into hours at 730 h a month)")
 
 
 class CatalogFile(_Strict):
@@ -86,18 +163,26 @@ class CatalogFile(_Strict):
     region: str | None = None
     rates: dict[str, FamilyRates] = Field(default_factory=dict, description="on-demand per-resource rates")
     machines: dict[str, Price] = Field(default_factory=dict, description="on-demand whole-machine prices")
+    machine_sources: dict[str, EntrySource] = Field(
+        default_factory=dict, description="filled from machines written as {per_hour, source, date}")
     spot: PriceList | None = Field(None, description="Spot prices: rates and machines, as at the top level")
     storage: dict[Literal["local-disk", "persistent-disk", "gcs"], Price] = Field(
         default_factory=dict, description="$ per GB-month of cache storage, per storage kind (autocache)")
+    # What a run creates besides its machines (not in Equation 1): costmodel/additions.py.
+    external_ipv4: dict[Literal["standard", "spot"], IpPrice] = Field(
+        default_factory=dict, description="$ per hour per in-use external IPv4 address, by the VM's provisioning model")
+    boot_disks: dict[str, DiskPrice] = Field(
+        default_factory=dict, description="$ per GB-month of a VM's boot disk, by disk type (pd-balanced, ...)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_sources(cls, data):
+        return _sourced_machines(data)
 
     @field_validator("date", mode="before")
     @classmethod
     def _date(cls, v):
-        if isinstance(v, (datetime.date, datetime.datetime)):
-            v = v.isoformat()[:10]
-        if not isinstance(v, str) or not re.fullmatch(r"\d{4}-\d{2}(-\d{2})?", v):
-            raise ValueError(f"date must look like 2023-06 or 2023-06-30, got {v!r}")
-        return v
+        return _date_text(v)
 
     @field_validator("currency")
     @classmethod
@@ -110,7 +195,29 @@ class CatalogFile(_Strict):
         """The price list of one provisioning model (empty when the catalog has none)."""
         if provisioning == "spot":
             return self.spot or PriceList()
-        return PriceList(rates=self.rates, machines=self.machines)
+        return PriceList(rates=self.rates, machines=self.machines, machine_sources=self.machine_sources)
+
+
+@dataclass(frozen=True)
+class PriceSource:
+    """Where one of a catalog's prices comes from: `what` is priced (e.g. "tpu-v2-8 (Spot)"), the source and
+    the date beside it in the catalog; own False when the entry has none and the catalog's own are given."""
+
+    what: str
+    source: str
+    date: str
+    own: bool = True
+
+    @property
+    def rechecked(self) -> bool:
+        """False for a figure its catalog says was not re-checked."""
+        return not self.source.lower().startswith("not re-checked")
+
+    def text(self) -> str:
+        return f"{self.what}: {self.source} ({self.date})"
+
+    def to_dict(self) -> dict:
+        return {"price": self.what, "source": self.source, "date": self.date}
 
 
 @dataclass(frozen=True)
@@ -198,6 +305,43 @@ class Catalog:
 
     def __repr__(self) -> str:
         return f"Catalog({self.name!r}, date={self.date!r}, path={self.path!r})"
+
+    def source_of(self, name: str, provisioning: str = "standard") -> PriceSource:
+        """Where the price of machine `name` for this provisioning model comes from: its own source and date when
+        the catalog gives one (every Spot and TPU price has one), else the catalog's. The whole-machine price wins
+        over the family rates, as in split()."""
+        check_provisioning(provisioning)
+        m = self.machine(name)
+        p = self.prices(provisioning)
+        label = PROVISIONING_LABEL[provisioning]
+        own: EntrySource | None
+        if name in p.machines:
+            own = p.machine_sources.get(name)
+            what = f"{name} ({label})"
+        else:
+            fam = m.series if m.series in p.rates else m.family
+            rates = p.rates.get(fam)
+            what = f"{fam} {label} rates"
+            own = EntrySource(source=rates.source, date=rates.date) if rates and rates.source and rates.date else None
+        if own is None:
+            return PriceSource(what, self.source, self.date, own=False)
+        return PriceSource(what, own.source, own.date)
+
+    def ipv4_hour(self, provisioning: str) -> tuple[float, PriceSource] | None:
+        """$ per hour of one in-use external IPv4 address on a VM bought this way, with its source; None when the
+        catalog has no such price."""
+        entry = self.data.external_ipv4.get("spot" if check_provisioning(provisioning) == "spot" else "standard")
+        if entry is None:
+            return None
+        label = "Spot" if provisioning == "spot" else "standard"
+        return entry.per_hour, PriceSource(f"external IPv4 ({label} VMs)", entry.source, entry.date)
+
+    def disk_gb_month(self, disk_type: str) -> tuple[float, PriceSource] | None:
+        """$ per GB-month of a `disk_type` boot disk, with its source; None when the catalog has no such price."""
+        entry = self.data.boot_disks.get(disk_type)
+        if entry is None:
+            return None
+        return entry.per_gb_month, PriceSource(f"{disk_type} boot disk", entry.source, entry.date)
 
     def storage_gb_month(self, kind: str) -> float:
         """$ per GB-month of cache storage of this kind; an error naming the kinds the catalog prices."""
@@ -378,15 +522,54 @@ def catalog_from_source(src: YamlSource) -> Catalog:
             # get the "did you mean 'vcpu_hour'?" hint that validate() gives for model fields.
             for fam, entry in rates.items():
                 validate(FamilyRates, src, entry, prefix=(*prefix, "rates", fam))
+        machines = section.get("machines")
+        if isinstance(machines, dict):
+            # Each machine price on its own too: a bare number, or {per_hour, source, date}.
+            for name, entry in machines.items():
+                model = MachinePrice if isinstance(entry, dict) else _PlainPrice
+                validate(model, src, entry, prefix=(*prefix, "machines", name))
     if isinstance(spot, dict):
         validate(PriceList, src, spot, prefix=("spot",))
     data = validate(CatalogFile, src)
     _check(data.prices("standard"), src, ())
     if data.spot is not None:
         _check(data.spot, src, ("spot",))
+    check_sources(data, src)
     catalog = Catalog(data, src.path)
     _check_spot_not_dearer(catalog, src)
     return catalog
+
+
+def _is_tpu(name: str) -> bool:
+    m = MACHINES.get(name)
+    return bool(m and (m.accelerator_type or "").startswith("TPU"))
+
+
+_TPU_FAMILIES = frozenset(m.family for m in MACHINES.values() if (m.accelerator_type or "").startswith("TPU")) | \
+    frozenset(m.series for m in MACHINES.values() if (m.accelerator_type or "").startswith("TPU"))
+
+
+def check_sources(data: CatalogFile, src: YamlSource) -> None:
+    """Every Spot price and every TPU price has its own source and date beside it; a catalog without one is
+    refused (file:line), so the rule holds for every catalog written later, the shipped ones included."""
+    why = ("every Spot price and every TPU price in a price catalog says where it comes from and when, beside it "
+           "(Spot prices change often; a figure you could not check says so: source: \"not re-checked: <why>\")")
+    for prefix, prices in (((), data.prices("standard")), (("spot",), data.spot)):
+        if prices is None:
+            continue
+        spot = bool(prefix)
+        for name, value in prices.machines.items():
+            if (spot or _is_tpu(name)) and name not in prices.machine_sources:
+                kind = f"the {'Spot' if spot else 'TPU'} price of {name}"
+                raise src.error((*prefix, "machines", name),
+                                f"{kind} has no source and date: write it as '{name}: {{per_hour: {value:g}, "
+                                f"source: \"...\", date: YYYY-MM}}'; {why}.")
+        for fam, r in prices.rates.items():
+            if (spot or fam in _TPU_FAMILIES) and not (r.source and r.date):
+                missing = " and ".join(k for k in ("source", "date") if not getattr(r, k))
+                kind = f"the {'Spot' if spot else 'TPU'} rates of {fam}"
+                raise src.error((*prefix, "rates", fam),
+                                f"{kind} have no {missing}: add 'source: \"...\"' and 'date: YYYY-MM' to them; {why}.")
 
 
 def _check(prices: PriceList, src: YamlSource, prefix: tuple) -> None:

@@ -1,11 +1,32 @@
-"""Price recorded runs with the cost model: what each process stood for, and what it used."""
+"""Price recorded runs with the cost model: what each process stood for, and what it used; and, beside
+Equation 1, what the run created that the paper's model leaves out (external IPv4 addresses, boot disks).
+
+What a run created is recorded when it ends (`cost_summary` keeps it in the record's summary, under
+cost.created): gcp.public_ips, gcp.boot_disk_gb, gcp.boot_disk_type (the spec's, or the defaults of the dsctl
+that ran it) and its VMs by role. An older record without it is read from its spec when the spec says all
+three; when it left them to defaults, which have changed (public_ips was false once), the report says "not
+recorded" rather than guess. A local run stands in for the machine types its spec names, so it gets the
+additions a gcp run of that spec would have, said as such.
+"""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dsctl.costmodel import Catalog, CostBreakdown, RunUsage, describe_provisioning, load_catalog, price
+from dsctl.costmodel import (
+    Additions,
+    Catalog,
+    CostBreakdown,
+    Created,
+    RunUsage,
+    created_from_spec,
+    describe_provisioning,
+    load_catalog,
+    price,
+    price_additions,
+)
 from dsctl.costmodel.estimate import usage_from_spec
 from dsctl.costmodel.storage import GB, storage_cost, storage_month_cost
 from dsctl.provisioners.registry import provider_class
@@ -48,6 +69,67 @@ def price_record(record: RunRecord, catalog: Catalog | None = None,
     return usage, breakdown, catalog
 
 
+RECORDED = "recorded"
+FROM_SPEC = "from the run's spec"
+AS_GCP = "as for a gcp run of this spec"
+GCP_KEYS = ("public_ips", "boot_disk_gb", "boot_disk_type")
+
+
+@dataclass(frozen=True)
+class RunAdditions:
+    """A run's additions to Equation 1 and how what they price is known: RECORDED (kept when the run ended),
+    FROM_SPEC (an older record whose spec names all three gcp settings), AS_GCP (a local run, priced as the
+    spec on Google Cloud), or "not recorded: <why>" with no additions."""
+
+    status: str
+    additions: Additions | None = None
+    created: Created | None = None
+
+    @property
+    def known(self) -> bool:
+        return self.additions is not None
+
+
+def _workers(record: RunRecord) -> int:
+    return record.workers if record.mode == "service" else 0
+
+
+def _spec_of(record: RunRecord) -> JobSpec:
+    return JobSpec.model_validate_json(record.spec_json)
+
+
+def created_now(record: RunRecord) -> Created:
+    """What the run created, read by the dsctl that ran it: its spec's gcp settings or this dsctl's defaults."""
+    return created_from_spec(_spec_of(record), workers=_workers(record), trainers=record.trainers)
+
+
+def created_of(record: RunRecord) -> tuple[Created | None, str]:
+    """What a recorded run created that Equation 1 leaves out, and how that is known (RunAdditions.status)."""
+    kept = (record.summary.get("cost") or {}).get("created")
+    local = stands_in(record.provider)
+    if kept:
+        return Created.from_dict(kept), AS_GCP if local else RECORDED
+    if local:
+        return created_now(record), AS_GCP
+    raw = json.loads(record.spec_json).get("gcp")
+    if isinstance(raw, dict) and all(k in raw for k in GCP_KEYS):
+        return created_now(record), FROM_SPEC
+    return None, ("not recorded: the run's record predates dsctl keeping what a run created, and its spec left "
+                  "gcp.public_ips, gcp.boot_disk_gb or gcp.boot_disk_type to defaults that have changed since")
+
+
+def run_additions(record: RunRecord, usage: RunUsage, catalog: Catalog, created: Created | None = None,
+                  status: str | None = None) -> RunAdditions:
+    """The run's external IPv4 and boot-disk costs over its job time (usage.job_time_s, Equation 1's t), the
+    workers' and dispatcher's stopped VM-seconds holding no address."""
+    if created is None:
+        created, status = created_of(record)
+    if created is None:
+        return RunAdditions(status or "not recorded")
+    stopped = {"workers": usage.worker_stopped_s, "dispatcher": usage.dispatcher_stopped_s}
+    return RunAdditions(status or RECORDED, price_additions(created, catalog, usage.job_time_s, stopped), created)
+
+
 def cache_storage(record: RunRecord, catalog: Catalog) -> dict | None:
     """The autocache cache a run wrote (and sealed) or read, priced by the month it is kept and for the
     job's own time; None without one. Storage is billed while the cache exists, whoever reads it, so it
@@ -64,14 +146,23 @@ def cache_storage(record: RunRecord, catalog: Catalog) -> dict | None:
 
 
 def cost_summary(record: RunRecord) -> dict | None:
-    """The cost line shown at the end of `dsctl up`; None (with the reason) if it cannot be priced."""
+    """The cost line shown at the end of `dsctl up`; None (with the reason) if it cannot be priced.
+
+    It also keeps what the run created that Equation 1 leaves out (`created`), read now, by the dsctl that ran
+    it, so a later `dsctl cost report` prices the additions from the record, not from defaults that may change."""
     try:
-        _, b, catalog = price_record(record)
+        created = created_now(record).to_dict()
+    except Exception:  # noqa: BLE001 - a spec this dsctl cannot read: the pricing below says why
+        created = None
+    try:
+        usage, b, catalog = price_record(record)
     except SpecError as exc:
-        return {"error": str(exc)}
+        return {"error": str(exc), "created": created}
     note = "priced as the spec's machine types" if stands_in(record.provider) else "list prices"
+    extra = run_additions(record, usage, catalog, Created.from_dict(created), RECORDED) if created else None
     return {"total": b.total, "service": b.service, "trainers": b.trainers, "per_1000_batches": b.per_1000_batches,
             "basis": b.basis, "catalog": catalog.name, "note": note,
             "service_provisioning": b.service_provisioning, "trainer_provisioning": b.trainer_provisioning,
             "provisioning": describe_provisioning(b.service_provisioning, b.trainer_provisioning),
-            "cache_storage": cache_storage(record, catalog)}
+            "cache_storage": cache_storage(record, catalog), "created": created,
+            "additions": extra.additions.to_dict() if extra and extra.additions else None}

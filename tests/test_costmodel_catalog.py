@@ -1,6 +1,7 @@
 """Price catalogs: every shipped one loads and prices what it lists; a user's catalog is
 validated like a spec, with one-paragraph errors naming file:line and the field; on-demand
-(top level) and Spot (`spot:`) prices are looked up by provisioning model, never one for the other."""
+(top level) and Spot (`spot:`) prices are looked up by provisioning model, never one for the other;
+every Spot and TPU price carries its own source and date, and a catalog without one is refused."""
 
 from __future__ import annotations
 
@@ -21,15 +22,15 @@ currency: USD
 rates:
   n2: {vcpu_hour: 0.03, gb_hour: 0.004}
 machines:
-  tpu-v2-8: 4.5
+  tpu-v2-8: {per_hour: 4.5, source: my cloud bill, date: 2024-03}
 """
 
 # GOOD plus Spot prices. Lines: 9 spot, 10 rates, 11 n2, 12 machines, 13 tpu-v2-8.
 SPOT = GOOD + """spot:
   rates:
-    n2: {vcpu_hour: 0.0075, gb_hour: 0.001}
+    n2: {vcpu_hour: 0.0075, gb_hour: 0.001, source: my cloud bill, date: 2024-03}
   machines:
-    tpu-v2-8: 1.35
+    tpu-v2-8: {per_hour: 1.35, source: my cloud bill, date: 2024-03}
 """
 
 
@@ -112,8 +113,8 @@ def test_gcp_catalog_spot_prices_are_plausible_and_cover_what_it_lists():
     assert "a3-highgpu-8g" not in spot  # no Spot price known: an error, not the on-demand price
     with pytest.raises(ProvisioningError, match="only an on-demand price for a3-highgpu-8g"):
         cat.machine_hour("a3-highgpu-8g", provisioning="spot")
-    # n2-standard-8 Spot was about $0.08/h in 2023 (the paper's price); early 2025 is close to it.
-    assert 0.06 <= cat.machine_hour("n2-standard-8", provisioning="spot") <= 0.12
+    # n2-standard-8 Spot was about $0.08/h in 2023 (the paper's price) and about $0.12/h in March 2025 data.
+    assert cat.machine_hour("n2-standard-8", provisioning="spot") == pytest.approx(0.119904, abs=1e-9)
     assert cat.unit_rates("a2-highgpu-1g", provisioning="spot").acc == cat.data.spot.rates["a2"].accelerator_hour
     assert cat.unit_rates("a2-highgpu-1g").acc == cat.data.rates["a2"].accelerator_hour
 
@@ -147,12 +148,13 @@ def test_no_silent_fallback_between_models(tmp_path):
     assert "set service.provisioning: standard (dispatcher and workers) or trainer.provisioning: standard" in msg
     assert "or use pricing: gcp-us-central1-2025 or paper-2023-06 (--prices gcp-us-central1-2025) for Spot prices" in msg
     # Spot n2 rates without a memory rate: Spot n2 machines are not priced, even though on-demand ones are.
-    partial = load_catalog(write(tmp_path, SPOT.replace(", gb_hour: 0.001}", "}")))
+    partial = load_catalog(write(tmp_path, SPOT.replace(", gb_hour: 0.001,", ",")))
     assert "n2-standard-8" not in partial.priced_machines("spot")
     for call in (partial.split, partial.machine_hour, partial.unit_rates):
         with pytest.raises(SpecError):
             call("n2-standard-8", provisioning="spot")
     spot_only = load_catalog(write(tmp_path, GOOD.replace("rates:\n  n2", "spot:\n  rates:\n    n2")
+                                   .replace("gb_hour: 0.004}", "gb_hour: 0.004, source: bill, date: 2024-03}")
                                    .replace("machines:\n  tpu", "  machines:\n    tpu")))
     assert spot_only.provisioning_models == ("spot",) and spot_only.priced_machines("standard") == []
     with pytest.raises(ProvisioningError, match=r"only a Spot price for tpu-v2-8 \(\$4\.50/h\)"):
@@ -215,32 +217,62 @@ def test_unknown_machine_type_lists_closest_first():
         (GOOD.replace("vcpu_hour", "vcpu_hours"), 6, "rates.n2.vcpu_hours",
          "unknown key 'vcpu_hours'. Did you mean 'vcpu_hour'?"),
         (GOOD + "currenc: USD\n", 9, "currenc", "unknown key 'currenc'"),
-        (GOOD.replace("tpu-v2-8: 4.5", "tpu-v2-8: -4.5"), 8, "machines.tpu-v2-8", "zero or more; got -4.5"),
+        (GOOD.replace("per_hour: 4.5", "per_hour: -4.5"), 8, "machines.tpu-v2-8.per_hour", "zero or more; got -4.5"),
+        (GOOD + "  n2-standard-8: -0.5\n", 9, "machines.n2-standard-8", "zero or more; got -0.5"),
+        (GOOD + "  n2-standard-8: lots\n", 9, "machines.n2-standard-8", "must be a number, got 'lots'"),
         (GOOD.replace("gb_hour: 0.004", "gb_hour: -0.004"), 6, "rates.n2.gb_hour", "zero or more"),
         (GOOD.replace("gb_hour: 0.004}", "gb_hour: 0.004"), 7, "rates.n2", "not valid YAML"),  # seen on the next line
-        (GOOD.replace("tpu-v2-8: 4.5", "tpu-v2-9: 4.5"), 8, "machines.tpu-v2-9", "closest first: tpu-v2-8"),
+        (GOOD.replace("tpu-v2-8: {", "tpu-v2-9: {"), 8, "machines.tpu-v2-9", "closest first: tpu-v2-8"),
         (GOOD.replace("  n2:", "  n3:"), 6, "rates.n3", "unknown machine family"),
         (GOOD.replace("currency: USD", "currency: EUR"), 4, "currency", "only USD"),
         (GOOD.replace("source: my cloud bill\n", ""), 1, "source", "required"),
-        (GOOD.replace("date: 2024-03", "date: last june"), 2, "date", "2023-06"),
+        (GOOD.replace("date: 2024-03\n", "date: last june\n"), 2, "date", "2023-06"),
         (GOOD + "  n2-standard-8: 0.5\n", 9, "machines.n2-standard-8", "rates add up to $0.3680/h"),
-        (GOOD.replace("tpu-v2-8: 4.5", "tpu-v2-8: 1.0").replace("  n2:", "  tpu-v2:"), 8,
+        (GOOD.replace("per_hour: 4.5", "per_hour: 1.0").replace("  n2: {vcpu_hour: 0.03, gb_hour: 0.004}",
+                                                                "  tpu-v2: {vcpu_hour: 0.03, gb_hour: 0.004, "
+                                                                "source: bill, date: 2024-03}"), 8,
          "machines.tpu-v2-8", "host alone costs"),
         # The spot section: the same checks, pointing into it.
         (SPOT.replace("vcpu_hour: 0.0075", "vcpu_hours: 0.0075"), 11, "spot.rates.n2.vcpu_hours",
          "unknown key 'vcpu_hours'. Did you mean 'vcpu_hour'?"),
-        (SPOT.replace("tpu-v2-8: 1.35", "tpu-v2-8: -1.35"), 13, "spot.machines.tpu-v2-8", "zero or more; got -1.35"),
-        (SPOT.replace("gb_hour: 0.001}", "gb_hour: -0.001}"), 11, "spot.rates.n2.gb_hour", "zero or more"),
+        (SPOT.replace("per_hour: 1.35", "per_hour: -1.35"), 13, "spot.machines.tpu-v2-8.per_hour",
+         "zero or more; got -1.35"),
+        (SPOT.replace("gb_hour: 0.001,", "gb_hour: -0.001,"), 11, "spot.rates.n2.gb_hour", "zero or more"),
         (SPOT.replace("  machines:\n    tpu", "  machine:\n    tpu"), 12, "spot.machine",
          "unknown key 'machine'. Did you mean 'machines'?"),
         (SPOT + "  currency: USD\n", 14, "spot.currency", "unknown key 'currency'"),
         (GOOD + "spot: 0.08\n", 9, "spot", "mapping"),
-        (SPOT.replace("tpu-v2-8: 1.35", "tpu-v2-9: 1.35"), 13, "spot.machines.tpu-v2-9", "closest first: tpu-v2-8"),
+        (SPOT.replace("    tpu-v2-8: {", "    tpu-v2-9: {"), 13, "spot.machines.tpu-v2-9", "closest first: tpu-v2-8"),
         (SPOT.replace("    n2:", "    n3:"), 11, "spot.rates.n3", "unknown machine family"),
         (SPOT + "    n2-standard-8: 0.05\n", 14, "spot.machines.n2-standard-8", "Spot n2 rates add up to $0.0920/h"),
-        (SPOT.replace("tpu-v2-8: 1.35", "tpu-v2-8: 5.0"), 13, "spot.machines.tpu-v2-8",
+        (SPOT.replace("per_hour: 1.35", "per_hour: 5.0"), 13, "spot.machines.tpu-v2-8",
          "costs $5.00/h as a Spot VM but $4.50/h on demand"),
         (SPOT.replace("vcpu_hour: 0.0075", "vcpu_hour: 0.3"), 11, "spot.rates.n2", "never cost more than on-demand"),
+        # Every Spot and TPU price says where it comes from and when: one without is refused at its line.
+        (SPOT.replace("    tpu-v2-8: {per_hour: 1.35, source: my cloud bill, date: 2024-03}", "    tpu-v2-8: 1.35"),
+         13, "spot.machines.tpu-v2-8", "the Spot price of tpu-v2-8 has no source and date"),
+        (GOOD.replace("  tpu-v2-8: {per_hour: 4.5, source: my cloud bill, date: 2024-03}", "  tpu-v2-8: 4.5"),
+         8, "machines.tpu-v2-8", "the TPU price of tpu-v2-8 has no source and date"),
+        (SPOT + "    n2-standard-8: 0.092\n", 14, "spot.machines.n2-standard-8",
+         "the Spot price of n2-standard-8 has no source and date"),
+        (SPOT.replace("gb_hour: 0.001, source: my cloud bill, date: 2024-03}", "gb_hour: 0.001}"), 11, "spot.rates.n2",
+         "the Spot rates of n2 have no source and date"),
+        (SPOT.replace("gb_hour: 0.001, source: my cloud bill,", "gb_hour: 0.001,"), 11, "spot.rates.n2",
+         "have no source: add 'source:"),
+        (GOOD.replace("  n2: {vcpu_hour: 0.03, gb_hour: 0.004}", "  tpu-v2: {accelerator_hour: 0.5}")
+         .replace("  tpu-v2-8: {per_hour: 4.5, source: my cloud bill, date: 2024-03}", "  tpu-v3-8: {per_hour: 8, "
+                  "source: bill, date: 2024-03}"), 6, "rates.tpu-v2", "the TPU rates of tpu-v2 have no source and date"),
+        (GOOD.replace(", date: 2024-03}", "}"), 8, "machines.tpu-v2-8.date", "required"),
+        (GOOD.replace("date: 2024-03}", "date: March}"), 8, "machines.tpu-v2-8.date", "2023-06 or 2023-06-30"),
+        (GOOD.replace("source: my cloud bill,", "sorce: my cloud bill,"), 8, "machines.tpu-v2-8.sorce",
+         "unknown key 'sorce'. Did you mean 'source'?"),
+        (GOOD.replace("source: my cloud bill,", "source: '',"), 8, "machines.tpu-v2-8.source", "must not be empty"),
+        # The additions to Equation 1 carry theirs too.
+        (GOOD + "external_ipv4:\n  standard: {per_hour: 0.005}\n", 10, "external_ipv4.standard.source", "required"),
+        (GOOD + "external_ipv4:\n  ondemand: {per_hour: 0.005, source: s, date: 2025-03}\n", 10,
+         "external_ipv4.ondemand.[key]", "must be 'standard' or 'spot', got 'ondemand'"),
+        (GOOD + "boot_disks:\n  pd-ssd: {per_gb_month: -1, source: s, date: 2025-03}\n", 10,
+         "boot_disks.pd-ssd.per_gb_month", "zero or more"),
     ],
 )
 def test_malformed_catalog_names_file_line_and_field(tmp_path, text, line, field, words):

@@ -9,6 +9,12 @@ a throughput (given, or at most 1000/step_time_ms batches/s for a synthetic mode
 which case the cost is a lower bound). Otherwise the plan gives the cost per hour. It also
 says which TensorFlow every VM gets and how (software.py), how dsctl reaches the VMs, and
 what else is created; with credentials, `confirm` adds what preflight.py found and asks.
+
+Below the machines, a line per addition to the paper's Equation 1, labelled so: the VMs' external IPv4
+addresses (gcp.public_ips) and their boot disks (gcp.boot_disk_gb of gcp.boot_disk_type), priced from the
+same catalog (costmodel/additions.py, which also says how TPU VMs are treated: their address is charged as
+any VM's, their boot disk comes with the TPU VM and adds nothing). They are not in the machines' total; the
+job's estimate says what it comes to with them.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from .software import resolve as resolve_software
 from .storage import CODE_LIMIT_BYTES
 
 MODEL_NAMES = {"standard": "on-demand", "spot": "Spot"}
+ADDITION_LABEL = "not in Equation 1"
 
 
 @dataclass
@@ -47,6 +54,20 @@ class PlanLine:
 
 
 @dataclass
+class AdditionLine:
+    """An addition to Equation 1 the run creates: external IPv4 addresses or boot disks, with its $/hour and,
+    when the job's length is known, its cost over the job; per_hour None when the catalog does not price it."""
+
+    name: str  # external IPv4 | boot disks
+    quantity: str  # e.g. "18 addresses", "17 x 50 GB pd-balanced"
+    count: int
+    per_hour: float | None
+    cost: float | None = None
+    unpriced: str | None = None
+    label: str = ADDITION_LABEL
+
+
+@dataclass
 class Plan:
     job: str
     project: str | None
@@ -61,11 +82,24 @@ class Plan:
     lower_bound: bool = False
     creates: list[str] = field(default_factory=list)  # other resources (firewall rules, staging, caches)
     notes: list[str] = field(default_factory=list)
+    additions: list[AdditionLine] = field(default_factory=list)  # external IPv4, boot disks: not in Equation 1
+
+    @property
+    def additions_per_hour(self) -> float | None:
+        values = [a.per_hour for a in self.additions]
+        return None if None in values else sum(values)  # type: ignore[arg-type]
+
+    @property
+    def additions_cost(self) -> float | None:
+        values = [a.cost for a in self.additions]
+        return None if None in values or not self.additions else sum(values)  # type: ignore[arg-type]
 
     def as_dict(self) -> dict:
         out = asdict(self)
         for line, d in zip(self.lines, out["lines"]):
             d["per_hour"] = line.per_hour
+        out["additions_per_hour"] = self.additions_per_hour
+        out["additions_cost"] = self.additions_cost
         return out
 
     def render(self) -> str:
@@ -77,6 +111,13 @@ class Plan:
             rows.append((line.role, f"{line.machine} ({line.kind})", str(line.count), MODEL_NAMES[line.provisioning], each, tot))
         rows.append(("total", "", str(sum(line.count for line in self.lines)), "", "",
                      "?" if self.per_hour is None else f"{self.per_hour:.4f}"))
+        for a in self.additions:  # beside the machines' total, not in it
+            rows.append(("+ addition", f"{a.name}: {a.quantity} ({a.label})", str(a.count), "", "",
+                         "?" if a.per_hour is None else f"{a.per_hour:.4f}"))
+        if self.additions:
+            both = self.additions_per_hour
+            rows.append(("total with additions", "", "", "", "",
+                         "?" if self.per_hour is None or both is None else f"{self.per_hour + both:.4f}"))
         widths = [max(len(r[i]) for r in rows) for i in range(6)]
         fmt = lambda r: "  " + "  ".join(c.ljust(w) if i in (0, 1, 3) else c.rjust(w)  # noqa: E731
                                          for i, (c, w) in enumerate(zip(r, widths)))
@@ -89,13 +130,24 @@ class Plan:
             cost = f"${self.job_cost:,.2f}" if self.job_cost >= 0.01 else "under $0.01"
             out.append(f"Estimated job: {self.estimate_basis}: {bound}{length}, {bound}{cost} "
                        "(vm-hours: every machine for the whole job; VM start-up not included).")
+            if self.additions:
+                extra = self.additions_cost
+                parts = ", ".join(f"{a.name} {'?' if a.cost is None else _dollars(a.cost)}" for a in self.additions)
+                with_them = "?" if extra is None else _dollars(self.job_cost + extra)
+                out.append(f"Additions ({ADDITION_LABEL}): {parts} over the job; with them, {bound}{with_them}.")
         elif self.per_hour is not None:
-            out.append(f"Estimated job: {self.estimate_basis}; it costs ${self.per_hour:.2f} per hour it runs.")
+            out.append(f"Estimated job: {self.estimate_basis}; it costs ${self.per_hour:.2f} per hour it runs"
+                       + (f", ${self.per_hour + self.additions_per_hour:.2f} with the additions ({ADDITION_LABEL})."
+                          if self.additions and self.additions_per_hour is not None else "."))
         out += [f"Software: {line}" for line in self.software]
         if self.creates:
             out.append("Also creates: " + "; ".join(self.creates) + ".")
         out += [f"Note: {n}" for n in self.notes]
         return "\n".join(out)
+
+
+def _dollars(v: float) -> str:
+    return f"${v:,.2f}" if v >= 0.01 or v == 0 else "under $0.01"
 
 
 def _priced(catalog, machine: str, provisioning: str) -> bool:
@@ -149,10 +201,14 @@ def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | No
 
     def price(machine: str, provisioning: str) -> float | None:
         try:
-            return catalog.split(machine, provisioning=provisioning, needed_by="for the plan").total
+            hourly = catalog.split(machine, provisioning=provisioning, needed_by="for the plan").total
         except SpecError as exc:
             notes.append(f"no price for {machine}: {exc}")
             return None
+        source = catalog.source_of(machine, provisioning)
+        if not source.rechecked and f"price of {source.what}" not in " ".join(notes):
+            notes.append(f"the catalog's price of {source.what} is {source.source} ({source.date}).")
+        return hourly
 
     svc, tr = spec.service, spec.trainer
     lines = []
@@ -179,6 +235,7 @@ def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | No
     result = Plan(job=spec.name, project=project, zone=zone or g.zone or os.environ.get("CLOUDSDK_COMPUTE_ZONE"),
                   catalog=f"{catalog.name} ({catalog.date})", lines=lines, per_hour=per_hour,
                   software=software_lines(software, machine_kind(tr.machine).kind), notes=notes)
+    _add_additions(result, _created(g, lines), catalog, None)
     if not result.project:
         notes.append("no project is set (gcp.project or GOOGLE_CLOUD_PROJECT); the default project of Application "
                      "Default Credentials will be used, if any.")
@@ -236,7 +293,31 @@ def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | No
     result.job_hours = b.job_time_s / 3600.0
     result.job_cost = b.total
     result.lower_bound = lower
+    _add_additions(result, _created(g, lines), catalog, b.job_time_s)
     return result
+
+
+def _created(g: GcpSpec, lines: list[PlanLine]):
+    """What the plan's VMs bring besides themselves: their external addresses and boot disks."""
+    from dsctl.costmodel import Created
+    from dsctl.costmodel.additions import VmGroup
+
+    return Created(public_ips=g.public_ips, boot_disk_gb=g.boot_disk_gb, boot_disk_type=g.boot_disk_type,
+                   vms=tuple(VmGroup(line.role, line.machine, line.count, line.provisioning, line.kind == "TPU VM")
+                             for line in lines))
+
+
+def _add_additions(result: Plan, created, catalog, job_time_s: float | None) -> None:
+    """The plan's lines for what Equation 1 leaves out (external IPv4 addresses, boot disks), and their notes;
+    replaces any made before the job's length was known."""
+    from dsctl.costmodel import price_additions
+
+    found = price_additions(created, catalog, job_time_s)
+    result.additions = [AdditionLine(a.name, a.quantity, a.count, a.per_hour, a.cost, a.unpriced) for a in found.items]
+    for a in found.items:
+        for note in ((f"{a.name} not priced: {a.unpriced}",) if a.unpriced else ()) + a.notes:
+            if note not in result.notes:
+                result.notes.append(note)
 
 
 def confirm(spec: JobSpec, workers: int | None, *, yes: bool, ask: Callable[[str], bool],

@@ -275,7 +275,6 @@ class GcpProvisioner:
         if self._heartbeat is not None:
             self._heartbeat.stop()
 
-
     # -- HandsOff: a run supervised on its dispatcher VM (handoff.py) ----------------------------------------------
     def hands_off(self, spec: JobSpec, mode: str) -> bool:
         return handoff.hands_off(spec, mode)
