@@ -13,7 +13,14 @@ from .catalog import Catalog, MachineSplit, PriceList, PriceSource, Provisioning
 from .equation import BASES, CostBreakdown, Rates, equation_1, vm_hours
 from .estimate import Comparison, compare, estimate, usage_from_spec
 from .machines import MACHINES, MachineShape
-from .provisioning import PROVISIONING, PROVISIONING_LABEL, check_provisioning, describe_provisioning, provisioning_label
+from .provisioning import (
+                           PROVISIONING,
+                           PROVISIONING_LABEL,
+                           check_provisioning,
+                           describe_provisioning,
+                           dispatcher_provisioning,
+                           provisioning_label,
+)
 from .throughput import ThroughputModel
 from .usage import RunUsage, price
 
@@ -21,6 +28,7 @@ __all__ = [
     "Additions", "Created", "created_from_spec", "price_additions", "PriceSource",
     "BASES", "Catalog", "Comparison", "CostBreakdown", "MACHINES", "MachineShape", "MachineSplit",
     "PROVISIONING", "PROVISIONING_LABEL", "PriceList", "ProvisioningError", "Rates", "RunUsage",
-    "check_provisioning", "compare", "describe_provisioning", "equation_1", "estimate", "load_catalog", "price",
+    "check_provisioning", "compare", "describe_provisioning", "dispatcher_provisioning", "equation_1", "estimate",
+    "load_catalog", "price",
     "provisioning_label", "shipped_catalogs", "ThroughputModel", "usage_from_spec", "vm_hours",
 ]

@@ -33,7 +33,7 @@ from dsctl.specs.schema import GcpSpec
 
 from .catalog import Catalog, PriceSource
 from .machines import accelerator_of
-from .provisioning import PROVISIONING_LABEL, check_provisioning
+from .provisioning import PROVISIONING_LABEL, check_provisioning, dispatcher_provisioning
 from .storage import HOURS_PER_MONTH
 
 LABEL = "not in Equation 1"  # how every addition is labelled wherever it is shown
@@ -77,9 +77,7 @@ def created_from_spec(spec: JobSpec, *, workers: int | None = None, trainers: in
     n_workers = spec.service.workers if workers is None else workers
     n_trainers = spec.trainer.count if trainers is None else trainers
     svc, tr = spec.service, spec.trainer
-    # The dispatcher VM that runs the run's supervisor (gcp.supervisor: vm) is a standard VM whatever
-    # service.provisioning says (provisioners/gcp/vms.py), so its address is charged at the standard rate.
-    dispatcher = "standard" if g.supervisor == "vm" else svc.provisioning
+    dispatcher = dispatcher_provisioning(svc.provisioning, g.supervisor)  # its address is charged at that rate
     vms = []
     if n_workers:
         vms.append(VmGroup("dispatcher", svc.dispatcher_machine, 1, dispatcher,

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from dsctl.costmodel import dispatcher_provisioning
 from dsctl.specs import SpecError
 from dsctl.specs.schema import GcpSpec, JobSpec
 
@@ -213,8 +214,7 @@ def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | No
     svc, tr = spec.service, spec.trainer
     lines = []
     if n_workers:
-        # The dispatcher VM that runs the run's supervisor is never Spot (vms.record).
-        dispatcher = "standard" if g.supervisor == "vm" else svc.provisioning
+        dispatcher = dispatcher_provisioning(svc.provisioning, g.supervisor)
         if dispatcher != svc.provisioning:
             notes.append("the dispatcher VM runs the run's supervisor, so it is on-demand whatever "
                          "service.provisioning says: a preempted supervisor would leave the run unsupervised.")

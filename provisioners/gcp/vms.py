@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 
+from dsctl.costmodel import dispatcher_provisioning
 from dsctl.specs.schema import JobSpec
 
 from ..contract import EventSink
@@ -62,9 +63,9 @@ def record(ctx: Context, spec: JobSpec, role: str, indices: list[int], machine: 
     md.setdefault("startup-script", watchdog.script())
     md[lifetime.WATCHDOG_KEY] = lifetime.watchdog_config(s, dep.run_id).to_json()
     image = s.run_software.for_kind(kind).image  # a boot image, or a TPU VM's runtime version
-    provisioning = spec.trainer.provisioning if role == "trainer" else spec.service.provisioning
+    provisioning: str = spec.trainer.provisioning if role == "trainer" else spec.service.provisioning
     if supervisor and role == "dispatcher":
-        provisioning = "standard"
+        provisioning = dispatcher_provisioning(provisioning, "vm")
     out = []
     for i in indices:
         name = naming.instance_name(dep.run_id, role, i)
