@@ -61,8 +61,9 @@ def refresh(store: RunStore, dep: Deployment, events: Callable[[str, str], None]
 
 
 def stop(store: RunStore, objects, run_id: str, reason: str, wait_s: float = STOP_WAIT_S,
-         poll_s: float = 2.0) -> dict | None:
-    """Ask the run's supervisor to tear the run down, and wait (up to wait_s) until it has recorded so."""
+         poll_s: float = 2.0, supervising: Callable[[], bool] | None = None) -> dict | None:
+    """Ask the run's supervisor to tear the run down, and wait (up to wait_s) until it has recorded so; no longer
+    once `supervising()` says its supervisor is gone (killed, or its VM deleted: nobody will record the end)."""
     latest = sync(store, objects, run_id)
     if latest is None or ended(latest):
         return latest  # nothing published (not supervised, or its supervisor never started), or over already
@@ -71,7 +72,7 @@ def stop(store: RunStore, objects, run_id: str, reason: str, wait_s: float = STO
     while time.monotonic() < deadline:
         time.sleep(poll_s)
         latest = cloudrecord.read_latest(objects)
-        if ended(latest):
+        if ended(latest) or (supervising is not None and not supervising()):
             break
     return sync(store, objects, run_id)
 

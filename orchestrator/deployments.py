@@ -127,7 +127,8 @@ def take_down(dep: Deployment, store: RunStore | None = None) -> None:
             # Its supervisor tears it down and records why; whatever it leaves is deleted below either way.
             try:
                 store = store or RunStore()
-                cloudruns.stop(store, provisioner.run_objects(dep), dep.run_id, "dsctl down")
+                cloudruns.stop(store, provisioner.run_objects(dep), dep.run_id, "dsctl down",
+                               supervising=lambda: provisioner.supervisor_status(dep) == "running")
             except Exception:  # noqa: BLE001 - the record is a convenience; deleting the VMs is not
                 pass
         try:
