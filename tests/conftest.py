@@ -183,7 +183,7 @@ def keep_umask():
 def home(tmp_path, monkeypatch) -> Path:
     """A fresh DSCTL_HOME; the builtin data cache is shared across tests to save generation time."""
     h = tmp_path / "dsctl-home"
-    h.mkdir()
+    h.mkdir(mode=0o700)  # as dsctl makes a new home (an existing one keeps its mode)
     shared_cache = Path(os.environ.get("DSCTL_TEST_CACHE", "/tmp/dsctl-test-cache"))
     shared_cache.mkdir(parents=True, exist_ok=True)
     (h / "cache").symlink_to(shared_cache)

@@ -29,12 +29,13 @@ from .watch import Watcher
 
 
 class Context:
-    def __init__(self, dep: Deployment, clients: Clients, key: KeyPair | None):
+    def __init__(self, dep: Deployment, clients: Clients, key: KeyPair | None, ssh: Ssh | None = None):
+        """`ssh`: connections already made (a test's SSH that fails); otherwise made from `key` when first used."""
         self.dep = dep
         self.clients = clients
         self.settings: GcpSettings = clients.settings
         self._key = key
-        self._ssh: Ssh | None = None
+        self._ssh = ssh
         self.cancel = threading.Event()  # set: whatever still waits on the way up stops (a failure, Ctrl-C, down)
         self.lock = threading.Lock()  # threads change nodes and save the whole state: one at a time
         self.watcher: Watcher | None = None  # reads the processes over SSH once the first one runs (watch.py)
@@ -42,18 +43,19 @@ class Context:
     @property
     def has_ssh(self) -> bool:
         """False for a run without its SSH key here (it never made a VM): nothing of it can be reached."""
-        return self._key is not None
+        return self._key is not None or self._ssh is not None
 
     @property
     def ssh(self) -> Ssh:
         """The run's SSH connections, for the steps that reach its VMs (every run that made one has its key), as
         the user OS Login gave the key's identity."""
+        if self._ssh is not None:
+            return self._ssh
         if self._key is None:
             raise GcpError(f"run {self.dep.run_id} has no SSH key in {key_dir(self.dep.run_dir)}, so its VMs cannot "
                            "be reached.")
-        if self._ssh is None:
-            self._ssh = Ssh(self.state.ssh_user, self.settings.ssh_port, self._key.private_path,
-                            key_dir(self.dep.run_dir) / "known_hosts")
+        self._ssh = Ssh(self.state.ssh_user, self.settings.ssh_port, self._key.private_path,
+                        key_dir(self.dep.run_dir) / "known_hosts")
         return self._ssh
 
     def sign_in(self, lifetime_s: float) -> None:

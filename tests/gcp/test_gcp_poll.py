@@ -55,7 +55,7 @@ def deployment(tmp_path) -> Deployment:
 
 
 def context(dep: Deployment) -> tuple[Context, Readings]:
-    ctx = Context(dep, Clients(dep.state.settings), Unreachable())
+    ctx = Context(dep, Clients(dep.state.settings), None, ssh=Unreachable())  # type: ignore[arg-type]
     ctx.watcher = readings = Readings()
     return ctx, readings
 
