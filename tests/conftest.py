@@ -190,9 +190,18 @@ def home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("DSCTL_HOME", str(h))
     yield h
     leftovers = processes_under(h)
+    described = [_describe(p) for p in leftovers]
     for p in leftovers:
         p.kill()
-    assert not leftovers, f"processes left running: {[p.cmdline() for p in leftovers]}"
+    assert not leftovers, f"processes left running: {described}"
+
+
+def _describe(p: psutil.Process) -> str:
+    """A leftover process for the failure message (one that has already ended says so instead of raising)."""
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error as exc:
+        return f"pid {p.pid} ({type(exc).__name__})"
 
 
 

@@ -45,8 +45,10 @@ def up_detached(spec) -> str:
     latest = json.loads(proc.stdout)
     assert latest["progress"]["batches"] > 0 or latest["run"]["status"] != "running", "returns once it trains"
     run_id = latest["run"]["id"]
+    # This spec's `dsctl up` (other tests may run one of their own meanwhile).
     assert not [p for p in psutil.process_iter(["cmdline"]) if "up" in (p.info["cmdline"] or [])
-                and "--detach" in (p.info["cmdline"] or [])], "the user's dsctl process is gone"
+                and "--detach" in (p.info["cmdline"] or []) and str(spec) in (p.info["cmdline"] or [])], \
+        "the user's dsctl process is gone"
     return run_id
 
 
