@@ -133,7 +133,7 @@ def updown(args) -> dict:
 
         def machine(role: str, index: int) -> Machine:
             vm = compute.VmConfig(machine="n2-standard-8", labels=naming.labels(run_id, "bench", role, index=index),
-                                  tag=tag, metadata={"ssh-keys": "dsctl:ssh-ed25519 AAAA bench"},
+                                  tag=tag, metadata={"enable-oslogin": "TRUE"},
                                   image="projects/debian-cloud/global/images/family/debian-12")
             return Machine(role=role, index=index, name=naming.instance_name(run_id, role, index), vm=vm)
 

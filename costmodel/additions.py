@@ -26,6 +26,7 @@ say where the numbers come from.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 from dsctl.specs import JobSpec
@@ -127,14 +128,12 @@ class Additions:
     @property
     def per_hour(self) -> float | None:
         """Both per hour; None when either is unpriced."""
-        values = [a.per_hour for a in self.items]
-        return None if None in values else sum(values)  # type: ignore[arg-type]
+        return priced_sum(a.per_hour for a in self.items)
 
     @property
     def cost(self) -> float | None:
         """Both over the job; None when either is unpriced or the job's length is unknown."""
-        values = [a.cost for a in self.items]
-        return None if None in values else sum(values)  # type: ignore[arg-type]
+        return priced_sum(a.cost for a in self.items)
 
     @property
     def sources(self) -> tuple[PriceSource, ...]:
@@ -143,6 +142,16 @@ class Additions:
     def to_dict(self) -> dict:
         return {"label": LABEL, "external_ipv4": self.ipv4.to_dict(), "boot_disks": self.boot_disks.to_dict(),
                 "per_hour": self.per_hour, "cost": self.cost, "notes": list(self.notes)}
+
+
+def priced_sum(values: Iterable[float | None]) -> float | None:
+    """The sum of prices, or None when any of them is unpriced (a part missing makes the total unknown)."""
+    total = 0.0
+    for value in values:
+        if value is None:
+            return None
+        total += value
+    return total
 
 
 def _plural(n: int, word: str, words: str | None = None) -> str:

@@ -155,16 +155,14 @@ class DiskPrice(EntrySource):
     per_gb_month: Price = Field(description="$ per GB-month of disk (Google turns it into hours at 730 h a month)")
 
 
-class CatalogFile(_Strict):
+class CatalogFile(PriceList):
+    """A catalog file: its own rates, machines and their sources (a PriceList) are the on-demand prices."""
+
     name: str = Field(min_length=1)
     date: str = Field(description="when the prices were valid: YYYY-MM or YYYY-MM-DD")
     source: str = Field(min_length=1, description="where the numbers come from")
     currency: str
     region: str | None = None
-    rates: dict[str, FamilyRates] = Field(default_factory=dict, description="on-demand per-resource rates")
-    machines: dict[str, Price] = Field(default_factory=dict, description="on-demand whole-machine prices")
-    machine_sources: dict[str, EntrySource] = Field(
-        default_factory=dict, description="filled from machines written as {per_hour, source, date}")
     spot: PriceList | None = Field(None, description="Spot prices: rates and machines, as at the top level")
     storage: dict[Literal["local-disk", "persistent-disk", "gcs"], Price] = Field(
         default_factory=dict, description="$ per GB-month of cache storage, per storage kind (autocache)")
@@ -173,11 +171,6 @@ class CatalogFile(_Strict):
         default_factory=dict, description="$ per hour per in-use external IPv4 address, by the VM's provisioning model")
     boot_disks: dict[str, DiskPrice] = Field(
         default_factory=dict, description="$ per GB-month of a VM's boot disk, by disk type (pd-balanced, ...)")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _split_sources(cls, data):
-        return _sourced_machines(data)
 
     @field_validator("date", mode="before")
     @classmethod

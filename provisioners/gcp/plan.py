@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from dsctl.costmodel import dispatcher_provisioning
+from dsctl.costmodel.additions import priced_sum
 from dsctl.specs import SpecError
 from dsctl.specs.schema import GcpSpec, JobSpec
 
@@ -87,13 +88,11 @@ class Plan:
 
     @property
     def additions_per_hour(self) -> float | None:
-        values = [a.per_hour for a in self.additions]
-        return None if None in values else sum(values)  # type: ignore[arg-type]
+        return priced_sum(a.per_hour for a in self.additions)
 
     @property
     def additions_cost(self) -> float | None:
-        values = [a.cost for a in self.additions]
-        return None if None in values or not self.additions else sum(values)  # type: ignore[arg-type]
+        return priced_sum(a.cost for a in self.additions) if self.additions else None
 
     def as_dict(self) -> dict:
         out = asdict(self)
