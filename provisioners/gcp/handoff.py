@@ -20,7 +20,7 @@ from dsctl.specs import SpecError
 from dsctl.specs.schema import GcpSpec, JobSpec
 
 from ..contract import EventSink, HandOffLimits
-from . import compute, operations, preflight, remote, stage
+from . import compute, operations, preflight, remote, serviceaccount, stage
 from .context import Context
 from .errors import GcpError, RemoteError
 from .state import RemoteProcess, gcp
@@ -124,11 +124,13 @@ def check_supervisor(ctx: Context, spec: JobSpec) -> None:
                                             "checking the dispatcher VM's permissions")
     if missing:
         sa = s.service_account or "the project's default compute service account"
+        roles = serviceaccount.roles_for(spec)
+        grant = (f" ({serviceaccount.grant_commands(s.project, s.service_account, roles)})"
+                 if s.service_account and s.service_account != "none" else "")
         raise GcpError(
             f"the run's supervisor on the dispatcher VM runs as the VMs' service account ({sa}), which lacks "
             f"{len(missing)} permission(s) it needs on project {s.project}: {', '.join(missing[:8])}"
-            f"{' ...' if len(missing) > 8 else ''}. Grant that account roles/compute.instanceAdmin.v1, "
-            "roles/compute.securityAdmin and roles/storage.objectAdmin (and roles/tpu.admin for TPU trainers), "
+            f"{' ...' if len(missing) > 8 else ''}. Grant that account {', '.join(r.name for r in roles)}{grant}, "
             "or set gcp.supervisor: here to supervise the run from this machine (dsctl up only, no --detach).")
 
 

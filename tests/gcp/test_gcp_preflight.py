@@ -167,6 +167,8 @@ def test_the_supervisor_checks_its_own_permissions_before_it_touches_anything(cl
     message = str(info.value)
     assert "lacks 2 permission(s)" in message and "compute.instances.start" in message
     assert "roles/compute.instanceAdmin.v1" in message and "gcp.supervisor: here" in message
+    # The roles named are the VMs' roles as serviceaccount.py lists them, OS Login among them (SSH to the workers).
+    assert "roles/compute.osLogin" in message and "roles/iam.serviceAccountUser" in message
     assert cloud.counts() == NOTHING
 
 
