@@ -243,8 +243,9 @@ def strategy():
 
 
 def resume_step() -> int:
-    run = _RUN
-    return run.args.resume_step if run is not None and run.args is not None else 0
+    # Read from the environment, not from _RUN: a program restores its checkpoint before it builds its input.
+    args = trainer_args.from_environment()
+    return args.resume_step if args is not None else 0
 
 
 def index() -> int:
@@ -254,7 +255,7 @@ def index() -> int:
 
 def steps() -> int | None:
     run = _current(needed_by="steps()")
-    return run.spec.trainer.steps
+    return run.bounds()[0]  # the launch's (a sweep's points run on a duration: None), else the spec's
 
 
 def checkpoint_dir() -> str:

@@ -6,6 +6,7 @@ fails a test that leaves a process behind)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -78,6 +79,20 @@ def test_a_killed_program_resumes_from_its_checkpoint_and_the_two_runs_add_up_to
     assert second["summary"]["loss_first"] < 0.7 * first["summary"]["loss_first"]
     out = dsctl("logs", second["id"], check=True).stdout
     assert f"trainer-0 | restored step {saved}" in out and "trained to step 1200" in out
+
+
+def test_the_same_program_runs_without_dsctl_and_stops_at_the_specs_steps(home, tmp_path):
+    """`python train.py` with no dsctl run: dataset(spec=...) builds that spec's pipeline here, batches() stops at its
+    trainer.steps, and checkpoints go to the spec's folder, under standalone/."""
+    spec = copy_example("script-tf-loop", tmp_path)
+    spec.write_text(spec.read_text().replace("steps: 300", "steps: 40"))
+    env = {k: v for k, v in os.environ.items() if k != "DSCTL_TRAINER"}
+    proc = subprocess.run([sys.executable, "scripts/tf_loop.py", "--spec", spec.name, "--save-every", "20"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "trained to step 40," in proc.stdout
+    saved = tmp_path / "checkpoints" / "script-tf-loop" / "standalone" / "trainer-0"
+    assert (saved / "ckpt-40.index").exists() and (saved / "ckpt-20.index").exists()
 
 
 FAILS_LATER = """
