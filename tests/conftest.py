@@ -56,6 +56,57 @@ def pytest_collection_modifyitems(config, items):
         if tier == "cloud" and item.get_closest_marker("integration"):
             raise pytest.UsageError(f"{item.nodeid}: tests in tests/gcp are the cloud tier; drop its integration mark")
         item.add_marker(tier)
+    workers = getattr(config, "workerinput", {}).get("workercount", 0)
+    if workers >= 2:
+        items[:] = _laid_out(items, workers)
+
+
+def _kind(item: pytest.Item) -> str:
+    marks = {m.name for m in item.iter_markers()}
+    for kind in ("background", "timed", "slow"):
+        if kind in marks:
+            return kind
+    return "integration" if "integration" in marks else "free"  # free: takes no lock (unit, cloud without slow)
+
+
+def _laid_out(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
+    """The tests in the order pytest-xdist hands them out, so the long ones overlap instead of queueing at the end.
+
+    xdist's worksteal scheduler gives each of the `workers` processes one contiguous chunk of the list (the first
+    len // workers tests to the first, and so on), then idle processes steal from the end of the busiest queue.
+    So the list is laid out in chunks: the `background` tests (minutes of waiting on timers, no slot) open the first
+    chunk and the `timed` ones (they hold the whole machine) the second, so both start at once and the timed tests
+    run while the background ones wait; the third chunk opens with the tests that take no lock, which run beside
+    the timed ones. The `slow` tests are dealt out to every chunk after those, and the light integration tests and
+    the rest fill each chunk to its size, at its end, where stealing takes them first. Every xdist process computes
+    the same order (xdist checks that their collections agree)."""
+    by_kind: dict[str, list[pytest.Item]] = {k: [] for k in ("background", "timed", "slow", "integration", "free")}
+    for item in items:
+        by_kind[_kind(item)].append(item)
+    chunks: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    chunks[0] += by_kind["background"]
+    chunks[1] += by_kind["timed"]
+    if workers >= 3:
+        chunks[2] += by_kind["free"]
+        by_kind["free"] = []
+    for i, item in enumerate(by_kind["slow"]):
+        chunks[i % workers].append(item)
+    rest = by_kind["integration"] + by_kind["free"]
+    sizes, left = [], len(items)
+    for i in range(workers):  # the sizes xdist cuts: len(pending) // nodes_remaining, in turn
+        sizes.append(left // (workers - i))
+        left -= sizes[-1]
+    out: list[pytest.Item] = []
+    spill: list[pytest.Item] = []
+    for chunk, size in zip(chunks, sizes):
+        spill += chunk[size:]  # a chunk already past its size (many tests of one kind) gives its tail on
+        chunk[:] = chunk[:size]
+    rest = spill + rest
+    for chunk, size in zip(chunks, sizes):
+        take = max(size - len(chunk), 0)
+        out += chunk + rest[:take]
+        rest = rest[take:]
+    return out + rest
 
 
 def pytest_ignore_collect(collection_path: Path, config):
