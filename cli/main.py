@@ -161,13 +161,18 @@ def status(json_out: bool = typer.Option(False, "--json")) -> None:
                           "supervises its service or records its run; its trainers' own metrics files say: "
                           f"{m['trainers_say']}. `dsctl down {m['run']}` stops what is left and records how it "
                           f"ended from those files. The monitor's log: {m['log']}", markup=False, highlight=False)
+    for run, held in view.daemons:
+        err_console.print(f"{run}: {len(held.others)} other process(es) in its cgroup ({held.container}), besides "
+                          "dsctl's launcher, servers and trainers and what runs in their sessions (daemons they "
+                          f"started): {'; '.join(held.others)}. `dsctl down {run}` ends them with the run.",
+                          markup=False, highlight=False)
     from rich.table import Table
 
     for title, group in (("deployments", view.rows), ("tensorboard", view.tensorboards)):
         if not group:
             continue
         t = Table(title=title, title_justify="left")
-        cols = list(dict.fromkeys(k for r in group for k in r if k != "kind"))
+        cols = list(dict.fromkeys(k for r in group for k in r if k not in ("kind", "other_processes")))
         for col in cols:
             t.add_column(col)
         for r in group:

@@ -20,10 +20,11 @@ from .summary import summarize_run
 
 
 def close_records(store: RunStore, dep: Deployment, *, monitor_gone: bool = False,
-                  attached_sweep: str | None = None) -> None:
+                  attached_sweep: str | None = None, teardown: list[tuple[str, str]] | None = None) -> None:
     """After `dep` was taken down: every record still "running" that it ended is closed, the run's own from what
     its trainers wrote (reconcile.py), a sweep's with the points it had measured, each point still being measured
-    as interrupted. StoreError if the records could not be written now."""
+    as interrupted; what its teardown said (`teardown`: kind, message) among the run's events. StoreError if the
+    records could not be written now."""
     record = exact_record(store, dep.run_id)
     if record is not None and record.status == "running":
         if record.kind == "sweep":
@@ -36,6 +37,8 @@ def close_records(store: RunStore, dep: Deployment, *, monitor_gone: bool = Fals
         if sweep is not None and sweep.status == "running":
             close_sweep(store, sweep, f"the deployment it was measuring on (run {dep.run_id}) was removed by dsctl down")
         close_points(store, attached_sweep)
+    for kind, message in teardown or []:
+        store.add_event(dep.run_id, kind, message)
     store.add_event(dep.run_id, "down", "deployment removed by dsctl down")
     keep_record(store, dep.run_dir, dep.run_id)
 

@@ -23,6 +23,8 @@ from typing import cast
 
 from dsctl.provisioners import (
     STATE_FILE,
+    Contains,
+    Contents,
     Deployment,
     FindsByLabel,
     HandsOff,
@@ -98,13 +100,15 @@ def handed_off(dep: Deployment) -> bool:
     return isinstance(provider, HandsOff) and provider.handed_off(dep)
 
 
-def take_down(dep: Deployment, store: RunStore | None = None) -> None:
+def take_down(dep: Deployment, store: RunStore | None = None) -> list[tuple[str, str]]:
     """Stop the deployment's monitor (if detached), then everything it holds; then close every record it
     interrupts (its run's, a sweep's and its points', a sweep's that was measuring on it).
 
     Teardown comes first, and what cannot be written after it (its state or record on a full or read-only disk, a
     runs.db that is locked or cannot be opened) stops neither it nor the next deployment's: the user is told how
-    to finish it (a notice, store.notices)."""
+    to finish it (a notice, store.notices). Returns what the provider's teardown said (kind, message): they are the
+    run's events too (a `strays-stopped`: daemons its cgroup still held, ended with it)."""
+    said: list[tuple[str, str]] = []
     monitor_gone = dep.monitor is not None and not is_ours(dep.monitor)
     attached_sweep = _sweep_on(dep)  # read before the deployment goes: who was measuring on it
     if dep.monitor is not None:
@@ -132,18 +136,20 @@ def take_down(dep: Deployment, store: RunStore | None = None) -> None:
             except Exception:  # noqa: BLE001 - the record is a convenience; deleting the VMs is not
                 pass
         try:
-            provisioner.down(dep, lambda kind, msg: None)
+            provisioner.down(dep, lambda kind, msg: said.append((kind, msg)))
         except OSError as exc:
             if exc.errno not in UNWRITABLE:
                 raise
             records.notices.warning(f"run {dep.run_id} is down, but its state in {dep.run_dir} could not be written "
                                     f"({exc.strerror}): {_remedy(exc, dep.run_dir)}, then `dsctl down {dep.run_id}` "
                                     "again records how it ended.")
-            return
+            return said
     try:
-        closing.close_records(store or RunStore(), dep, monitor_gone=monitor_gone, attached_sweep=attached_sweep)
+        closing.close_records(store or RunStore(), dep, monitor_gone=monitor_gone, attached_sweep=attached_sweep,
+                              teardown=[(k, m) for k, m in said if k != "down"])
     except StoreError as exc:
         records.notices.warning(f"run {dep.run_id} is down, but {exc}")
+    return said
 
 
 def _remedy(exc: OSError, where: str) -> str:
@@ -271,12 +277,12 @@ def down(run: str | None, all_: bool, where: Where, say: Callable[[str], None]) 
         say("nothing is up.")
         return
     for dep in targets:
-        take_down(dep)
+        strays = [m for k, m in take_down(dep) if k == "strays-stopped"]
         found = f" ({len(dep.nodes)} process(es) found by command line: its state file could not be read)" \
             if dep.status == UNREADABLE else ""
         host = f" (the deployment of {dep.run_id}, which run {run} was measured on)" \
             if run and not dep.run_id.startswith(run) else ""
-        say(f"{dep.run_id}: down{found}{host}")
+        say(f"{dep.run_id}: down{found}{host}" + "".join(f"; {m}" for m in strays))
     for board in tensorboards:
         boards.stop_board(board)
         say(f"{board.id}: stopped (TensorBoard at {board.url}, pid {board.pid})")
@@ -301,6 +307,9 @@ class StatusView:
     unreadable: list[Deployment] = field(default_factory=list)
     unmonitored: list[dict] = field(default_factory=list)  # {"run", "pid", "trainers_say", "log"}
     tensorboards: list[dict] = field(default_factory=list)
+    # (run, what its container holds) for each deployment whose container holds processes dsctl did not start
+    # itself (daemons its processes started), which `dsctl down` ends with it.
+    daemons: list[tuple[str, Contents]] = field(default_factory=list)
 
 
 def trainers_say(run_dir: str | Path) -> str:
@@ -321,13 +330,15 @@ def trainers_say(run_dir: str | Path) -> str:
 def status_rows() -> StatusView:
     """What `dsctl status` shows: a row per deployment that is up (a run supervised on the cloud as its supervisor
     last published it; one found ended is taken off the list; one whose monitor is gone says so, and how far its
-    trainers got by their own files), and every TensorBoard `dsctl tensorboard` started that still serves.
-    Reads state and metrics files only: never the records."""
+    trainers got by their own files; one on this machine, what its container holds, daemons named), and every
+    TensorBoard `dsctl tensorboard` started that still serves. Reads state and metrics files only: never the
+    records."""
     view = StatusView()
     for d in active_deployments():
         row = {"run": d.run_id, "provider": d.provider, "status": d.status, "dispatcher": d.dispatcher_address,
                "workers": len(d.by_role("worker")), "trainers": len(d.by_role("trainer")), "live_processes": live_nodes(d)}
-        if handed_off(d):
+        remote = handed_off(d)
+        if remote:
             latest = cloudruns.refresh(RunStore(), d) or {}
             left = _left_behind(d) if cloudruns.ended(latest) and d.status != "down" else None
             if cloudruns.ended(latest) and not left:
@@ -349,6 +360,8 @@ def status_rows() -> StatusView:
                 row.update(status=f"{d.status}, unsupervised", monitor=f"gone (pid {d.monitor.pid})", trainers_say=said)
                 view.unmonitored.append({"run": d.run_id, "pid": d.monitor.pid, "trainers_say": said,
                                          "log": d.monitor.log})
+        if not remote:
+            _count_contents(view, row, d)
         view.rows.append(row)
         if d.status == UNREADABLE:
             view.unreadable.append(d)
@@ -356,6 +369,27 @@ def status_rows() -> StatusView:
         view.tensorboards.append({"run": board.id, "kind": "tensorboard", "status": "serving", "url": board.url,
                                   "runs": ", ".join(board.runs), "pid": board.pid, "live_processes": 1})
     return view
+
+
+def _count_contents(view: StatusView, row: dict, dep: Deployment) -> None:
+    """The row's `processes` (all its container holds) and `other_processes` (those that are none of its known
+    processes: daemons they started), and the deployment among the view's `daemons` when there are any."""
+    held = contents(dep)
+    if held is None:
+        return
+    row.update(processes=held.processes, other_processes=held.others)
+    if held.others:
+        view.daemons.append((dep.run_id, held))
+
+
+def contents(dep: Deployment) -> Contents | None:
+    """What the deployment's container holds (its provider's, where it is Contains; an unreadable deployment's
+    cgroup found by the run's name), daemons among it named; None where it has no container."""
+    if dep.status == UNREADABLE:
+        group = containment.find_run_cgroup(dep.run_id)
+        return containment.contents(group, {n.pgid for n in dep.nodes if n.pgid}) if group is not None else None
+    provider = get_provider(dep.provider)
+    return provider.contents(dep) if isinstance(provider, Contains) else None
 
 
 def _left_behind(dep: Deployment) -> str | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from .contract import (
     Capacity,
+    Contains,
+    Contents,
     EventSink,
     FindsByLabel,
     HandOffLimits,
@@ -25,6 +27,6 @@ from .contract import (
 from .registry import get_provider, providers_with, register
 from .state import STATE_FILE, Deployment, Node, ProcessRef
 
-__all__ = ["Capacity", "Deployment", "EventSink", "FindsByLabel", "HandOffLimits", "HandsOff", "Node", "Plans", "Poll",
-           "ProcessRef", "Provider", "RunObjects", "STATE_FILE", "ServerExit", "TrainerLaunch", "TrainerState", "Where",
-           "get_provider", "providers_with", "register"]
+__all__ = ["Capacity", "Contains", "Contents", "Deployment", "EventSink", "FindsByLabel", "HandOffLimits", "HandsOff",
+           "Node", "Plans", "Poll", "ProcessRef", "Provider", "RunObjects", "STATE_FILE", "ServerExit", "TrainerLaunch",
+           "TrainerState", "Where", "get_provider", "providers_with", "register"]

@@ -9,7 +9,7 @@ and starts its launcher inside it (everything the launcher forks is inside too);
 entrypoint check gets one per check (`dsctl-check-<pid>-<n>`, orchestrator/preflight.py). Ending a
 container kills what is left in it and removes it; its path is in the deployment's state file, so
 `dsctl down` in a new process (after `kill -9` of `dsctl up`) ends it the same way, and `dsctl status`
-counts what it holds.
+counts what it holds (`contents`: the daemons among it named).
 
 Why not a PID namespace of the run: inside one, a process sees its own pid numbered in the
 namespace while /proc is the machine's, so `os.getpid()` and `psutil.Process()` in the servers,
@@ -38,6 +38,8 @@ from pathlib import Path
 
 from dsctl.errors import DsctlError
 from dsctl.specs import SpecError
+
+from .contract import Contents
 
 CONTAINMENT_ENV = "DSCTL_LOCAL_CONTAINMENT"
 CONTAINMENT_MODES = ("auto", "none", "require")
@@ -354,13 +356,21 @@ def container_of(state: object) -> Cgroup | None:
     return None
 
 
-def contained_processes(dep) -> int | None:
-    """How many processes the deployment's container holds now (daemons its processes started included); None
-    when it has no container (not contained, or a provider whose processes are elsewhere). For `dsctl status`."""
-    group = container_of(getattr(dep, "state", None))
-    if group is None:
+def contents(group: Cgroup, known_sessions: set[int]) -> Contents:
+    """What `group` holds now, for `dsctl status`: every process counted, and those outside the sessions of the
+    deployment's known processes (each server, trainer and the launcher leads a session of its own, and what they
+    start stays in it unless it makes its own: a daemon) described, so the user sees what `dsctl down` will end."""
+    pids = group.pids() if group.exists() else []
+    others = [pid for pid in pids if _session(pid) not in known_sessions]
+    return Contents(container=str(group.path), processes=len(pids), others=group.describe(others, limit=len(others)))
+
+
+def _session(pid: int) -> int | None:
+    """The session `pid` is in; None when it has exited meanwhile."""
+    try:
+        return os.getsid(pid)
+    except OSError:
         return None
-    return len(group.pids()) if group.exists() else 0
 
 
 def find_run_cgroup(run_id: str) -> Cgroup | None:

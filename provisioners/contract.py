@@ -20,6 +20,8 @@ name:
 - Plans: creating the machines costs money: a plan with prices first, and a question.
 - FindsByLabel: a run's resources can be found and removed with no local state at all.
 - Capacity: the place holds a bounded number of workers (this machine's memory).
+- Contains: every process of a deployment is in a container the kernel tracks (a cgroup): what it holds can be
+  counted, daemons its processes started included (`dsctl status`).
 """
 
 from __future__ import annotations
@@ -268,3 +270,21 @@ class Capacity(Protocol):
 
     def capacity(self, trainers: int) -> int: ...
 
+
+@dataclass(frozen=True)
+class Contents:
+    """What a deployment's container holds now: how many processes, and those that are none of its known servers,
+    trainers or launcher nor in their sessions (daemons they started: setsid, a double fork), described."""
+
+    container: str  # where (a cgroup's path)
+    processes: int
+    others: list[str] = field(default_factory=list)  # "pid N (command)"
+
+
+@runtime_checkable
+class Contains(Protocol):
+    """Every process of a deployment is in a container the kernel tracks, so `dsctl status` can count what it holds,
+    daemons included (and `down` ends them with it)."""
+
+    def contents(self, dep: Deployment) -> Contents | None:
+        """What the deployment's container holds; None where it has none (the machine allowed no cgroup)."""

@@ -31,7 +31,6 @@ from dsctl.provisioners.containment import (
     Containment,
     NotContained,
     cgroup_name,
-    contained_processes,
     container_of,
     make_run,
     own_cgroup_dir,
@@ -246,10 +245,12 @@ def test_the_run_says_whether_its_processes_are_contained(home, tmp_path, monkey
         if how == "auto":
             assert group is not None and group.path.name == "dsctl-run-contained-1"
             assert again.state.launcher.pid in group.pids()
-            assert contained_processes(again) >= 1
+            held = p.contents(again)
+            assert held is not None and held.container == str(group.path) and held.processes >= 1
+            assert held.others == []  # the launcher and its forks: nothing else
             assert [k for k, _ in events if "contained" in k] == ["contained"]
         else:
-            assert group is None and contained_processes(again) is None
+            assert group is None and p.contents(again) is None
             [(kind, message)] = [(k, m) for k, m in events if "contained" in k]
             assert kind == "not-contained" and f"{CONTAINMENT_ENV}=none" in message and "daemon" in message
     finally:
@@ -302,8 +303,9 @@ SCRIPT = """
 @needs_cgroups
 def test_a_daemon_of_a_users_script_is_counted_and_stopped_by_down_after_its_runner_is_killed(home, tmp_path, mark):
     """trainer.command's program starts a daemon; then `dsctl up` and the command's runner (the subreaper that
-    would stop the daemon) are killed with SIGKILL, as the kernel's OOM killer or a `kill -9` would. The daemon is
-    still in the run's cgroup, counted with it (what `dsctl status` shows), and `dsctl down` stops it."""
+    would stop the daemon) are killed with SIGKILL, as the kernel's OOM killer or a `kill -9` would. The daemons are
+    still in the run's cgroup: `dsctl status` counts them and names them as not dsctl's own servers and trainers
+    (the program, in its runner's session, is the trainer's), and `dsctl down` stops them."""
     write_daemon_module(tmp_path, mark, "train", SCRIPT)
     started = tmp_path / "started"
     spec = write_spec(tmp_path, f"""
@@ -326,15 +328,33 @@ def test_a_daemon_of_a_users_script_is_counted_and_stopped_by_down_after_its_run
         time.sleep(0.5)
         group = container_of(dep.state)
         assert group is not None and {p.pid for p in daemons(mark)} <= set(group.pids())
-        assert contained_processes(dep) >= 3  # the launcher, the servers, the program, the daemons
     finally:
         if up.poll() is None:
             up.kill()
             up.wait()
-    proc = dsctl("down", "--all", timeout=120)
+    try:
+        status = dsctl("status", "--json", timeout=120)
+        assert status.returncode == 0, status.stderr
+        [row] = [r for r in json.loads(status.stdout) if r["run"] == run_dir.name]
+        assert row["processes"] >= 5, row  # the launcher, the dispatcher, the worker, the program, the daemons
+        others = sorted(row["other_processes"])
+        assert [o.split(" (", 1)[1] for o in others] == [f"sleep {mark}.1)", f"sleep {mark}.2)"], row
+        assert {int(o.split()[1]) for o in others} == {p.pid for p in daemons(mark)}
+        table = dsctl("status", timeout=120)
+        said = " ".join(table.stderr.split())
+        assert f"{run_dir.name}: 2 other process(es) in its cgroup" in said and f"sleep {mark}.1" in said, table.stderr
+        assert f"`dsctl down {run_dir.name}` ends them" in said, said
+    finally:
+        proc = dsctl("down", "--all", timeout=120)
     assert proc.returncode == 0, proc.stderr
+    said = " ".join(proc.stdout.split())
+    assert said.startswith(f"{run_dir.name}: down; ") and f"sleep {mark}.1" in said and f"sleep {mark}.2" in said, said
     assert daemons(mark) == [], f"left running: {[p.cmdline() for p in daemons(mark)]}"
     assert not group.exists()
+    from dsctl.orchestrator.store import RunStore
+
+    stopped = [e["message"] for e in RunStore().events(run_dir.name) if e["kind"] == "strays-stopped"]
+    assert stopped and f"sleep {mark}.1" in stopped[0] and f"sleep {mark}.2" in stopped[0], stopped
 
 
 def _dsctl_cgroups() -> list[Path]:

@@ -39,7 +39,7 @@ from dsctl.specs.schema import JobSpec
 
 from .. import containment
 from ..containment import Cgroup, container_of
-from ..contract import EventSink, Poll, ServerExit, TrainerLaunch, TrainerState
+from ..contract import Contents, EventSink, Poll, ServerExit, TrainerLaunch, TrainerState
 from ..processes import is_ours, reap, stop_groups
 from ..registry import register
 from ..state import Deployment, Node, StateCodec
@@ -558,6 +558,16 @@ class LocalProvisioner:
         dep.status = "down"
         dep.save()
         events("down", "all processes stopped")
+
+    def contents(self, dep: Deployment) -> Contents | None:
+        """What the run's cgroup holds now (contract.Contains): the processes outside the sessions of its launcher,
+        servers and trainers (each leads its own) are daemons they started, which only the cgroup still holds."""
+        group = container_of(self._dep_state(dep))
+        if group is None:
+            return None
+        launcher = self._dep_state(dep).launcher
+        leaders = [n.pgid or n.pid for n in dep.nodes] + ([launcher.pgid or launcher.pid] if launcher else [])
+        return containment.contents(group, {pid for pid in leaders if pid})
 
     def _end_container(self, dep: Deployment, events: EventSink) -> bool:
         """End the run's cgroup and everything still in it; False (the deployment stays listed, for `dsctl down`
