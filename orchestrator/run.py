@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dsctl.provisioners import Deployment, HandsOff, ProcessRef, Provider, TrainerLaunch, get_provider
-from dsctl.specs import LoadedSpec, SpecError, spec_hash
+from dsctl.specs import LoadedSpec, SpecError, exits, spec_hash
 
 from . import caching, reconcile
 from .accelerators import trainer_accelerators
@@ -462,7 +462,7 @@ class JobRunner:
                     # Stopped before its final record: keep what its windows measured.
                     self._results[index] = {"batches": batches[index], "batches_per_s": rates.get(index), "partial": True}
                     self.store.set_trainer_result(self.run_id, index, self._results[index])
-        self._check_exits(state.exit_codes, errors)
+        self._check_exits(state.exit_codes, errors, state.endings)
 
     def _follow(self, dep: Deployment, tails: dict, batches: dict, rates: dict, errors: dict):
         """Read metrics, sample utilization and report progress until every trainer has exited, or their time
@@ -591,13 +591,16 @@ class JobRunner:
         assert self.policy is not None, "called for autoscaled runs only"
         return {"autoscale_policy": self.policy.name, "mean_workers": mean_workers, "final_workers": self.workers}
 
-    def _check_exits(self, codes: dict[int, int], errors: dict[int, dict]) -> None:
+    def _check_exits(self, codes: dict[int, int], errors: dict[int, dict], endings: dict[int, str]) -> None:
+        """A trainer that failed fails the run: with its own error record's message, else how its process ended (the
+        provider's words where it could tell: an out-of-memory kill named with its evidence)."""
         for index, code in sorted(codes.items()):
             if code == 0:
                 continue
             err = errors.get(index, {})
-            message = err.get("message") or (f"trainer {index} exited with code {code}; "
-                                             f"see {self.run_dir}/metrics/trainer-{index}.log")
+            # -1 is a process whose exit status was lost (the local provider's), not a SIGHUP
+            how = endings.get(index) or (exits.describe(code) if code < -1 else f"exited with code {code}")
+            message = err.get("message") or f"trainer {index} {how}; see {self.run_dir}/metrics/trainer-{index}.log"
             if err.get("kind") == "user" or code == 2:
                 field, _, rest = message.partition(": ")
                 if field in LOCATABLE:  # the runtime names the spec's field: point at its line

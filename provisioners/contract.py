@@ -105,6 +105,9 @@ class TrainerState:
 
     running: list[int]
     exit_codes: dict[int, int]
+    # index -> how its process ended, in words (dsctl.specs.exits: an out-of-memory kill named with its evidence),
+    # where the provider can tell; the orchestrator words the bare exit code of any other
+    endings: dict[int, str] = field(default_factory=dict)
     blind: bool = False  # the trainers cannot be seen right now (an SSH outage): no progress is not a stall
     stopped_s: dict[str, float] = field(default_factory=dict)  # role -> VM-seconds its VMs spent stopped so far
 

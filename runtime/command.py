@@ -36,6 +36,7 @@ from pathlib import Path
 
 import psutil
 
+from dsctl.specs import exits
 from dsctl.specs.command import activated, find_program
 from dsctl.specs.schema import JobSpec
 
@@ -169,8 +170,9 @@ def _events(path: str) -> list[dict]:
 
 
 def _outcome(code: int, argv: list[str], metrics: str, log_tail: str, steps: int | None,
-             left: list[str]) -> CommandError | None:
-    """What the program's end means for the run: None when it succeeded, else the error to report."""
+             left: list[str], ended: exits.Ending | None = None) -> CommandError | None:
+    """What the program's end means for the run: None when it succeeded, else the error to report. `ended` is how
+    its process ended, judged with the evidence of an out-of-memory kill (exits.judge; without it, the bare code)."""
     events = _events(metrics)
     ends = [e for e in events if e.get("event") == "end"]
     batches = sum(e.get("batches", 0) for e in events if e.get("event") == "window")
@@ -180,8 +182,7 @@ def _outcome(code: int, argv: list[str], metrics: str, log_tail: str, steps: int
         return CommandError(f"{errors[-1]['message']} (The command `{show(argv)}` exited with code {code}.)",
                             user=errors[-1].get("kind") == "user")
     if code != 0:
-        how = (f"was killed by signal {-code} ({signal.Signals(-code).name})" if code < 0 and -code in
-               signal.valid_signals() else f"exited with code {code}")
+        ended = ended or exits.judge(code)
         of = f" of {steps}" if steps else ""
         if ends:  # the measured loop ended (an exception in the program's step closes it)
             after = f" after {ends[-1].get('batches', 0)} batch(es){of}"
@@ -189,7 +190,8 @@ def _outcome(code: int, argv: list[str], metrics: str, log_tail: str, steps: int
             after = f" after at least {batches} batch(es){of}"
         else:
             after = " before reading any batch"
-        return CommandError(f"the command `{show(argv)}` {how}{after}.{output}", user=False)
+        why = f": {ended.why}" if ended.why else ""
+        return CommandError(f"the command `{show(argv)}` {ended.how}{after}{why}.{output}", user=False)
     if not any(e.get("event") == "start" for e in events):
         return CommandError(f"trainer.command: `{show(argv)}` exited 0 without reading the run's data: it never called "
                             "dsctl.train.dataset(), so the run measured nothing. Read the batches through "
@@ -227,6 +229,7 @@ def run(args: trainer_args.TrainerArgs, spec: JobSpec, writer: MetricsWriter) ->
         proc = subprocess.Popen([program, *argv[1:]], cwd=base_dir, env=env, stdin=subprocess.DEVNULL)
     except OSError as exc:
         raise CommandError(f"trainer.command: `{show(argv)}` could not be started: {exc.strerror}.") from None
+    watched = exits.watch(proc.pid)  # its memory cgroups' out-of-memory kill counts, before it can be killed
     while proc.poll() is None and not stopping.is_set():
         time.sleep(0.1)
     if stopping.is_set():  # the run is tearing down: the program first, then anything it left
@@ -243,7 +246,8 @@ def run(args: trainer_args.TrainerArgs, spec: JobSpec, writer: MetricsWriter) ->
         return 0 if proc.returncode == 0 else 1
     code = proc.returncode
     left = stop_all(STOP_GRACE_S)
-    error = _outcome(code, argv, args.metrics, logtail.tail(log, 40), args.steps or spec.trainer.steps, left)
+    ended = exits.judge(code, pid=proc.pid, watch=watched)
+    error = _outcome(code, argv, args.metrics, logtail.tail(log, 40), args.steps or spec.trainer.steps, left, ended)
     if error is None:
         return 0
     writer.emit("error", kind="user" if error.user else "runtime", message=str(error))

@@ -12,7 +12,8 @@ Requests are JSON files dropped into --requests DIR (written atomically):
     {"id": "worker-3", "module": "dsctl.runtime.worker", "argv": [...], "log": "/path/worker-3.log",
      "cpus": [1]}            (optional: pin the child to these cores)
 The launcher answers with DIR/<id>.pid ({"pid": N}) and, when the child
-exits, DIR/exit-<pid>.json ({"code": C}).
+exits, DIR/exit-<pid>.json ({"code": C, "ended": "was killed by ...", "oom": bool}):
+how it ended in words (dsctl.specs.exits), an out-of-memory kill named with its evidence.
 
 With --isolate-network the launcher first moves itself into a network namespace
 of its own with only loopback up, so everything it forks does too: tf.data
@@ -38,8 +39,12 @@ import struct
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .readiness import write_json_atomic
+
+if TYPE_CHECKING:
+    from dsctl.specs.exits import Watch
 
 # -- a network of the deployment's own -----------------------------------------------------------
 CLONE_NEWNET = 0x40000000
@@ -204,8 +209,12 @@ def _run_child(request: dict) -> None:
             os._exit(code)
 
 
-def _reap(requests: Path) -> int:
-    """Write an exit file for each child that has ended; how many there were."""
+def _reap(requests: Path, watches: dict[int, Watch]) -> int:
+    """Write an exit file for each child that has ended, with how it ended in words (an out-of-memory kill named
+    by the evidence its memory cgroups' counters, read at its fork in `watches`, and the kernel log give: only the
+    reaper of a process has its exit status); how many there were."""
+    from dsctl.specs import exits
+
     reaped = 0
     while True:
         try:
@@ -214,7 +223,9 @@ def _reap(requests: Path) -> int:
             return reaped
         if pid == 0:
             return reaped
-        write_json_atomic(requests / f"exit-{pid}.json", {"code": os.waitstatus_to_exitcode(status)})
+        code = os.waitstatus_to_exitcode(status)
+        ended = exits.judge(code, pid=pid, watch=watches.pop(pid, None))
+        write_json_atomic(requests / f"exit-{pid}.json", {"code": code, "ended": str(ended), "oom": ended.oom})
         reaped += 1
 
 
@@ -223,7 +234,10 @@ def serve(requests: Path, busy_poll_s: float = 0.01, idle_poll_s: float = 0.25) 
     something happened (a deployment starts all its processes at once), backing off to `idle_poll_s`
     when nothing does: at 100 looks a second an idle launcher cost 2-3% of a core
     (benchmarks/bench_data_path.py), at 4 a second a new worker still starts within a quarter second."""
+    from dsctl.specs import exits  # here: the launcher has isolated its network, which needs no threads, by now
+
     stop = []
+    watches: dict[int, Watch] = {}  # pid -> its memory cgroups' out-of-memory kill counts when it was forked
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     signal.signal(signal.SIGINT, lambda *_: stop.append(1))
     write_json_atomic(requests / "launcher-ready.json", {"pid": os.getpid(), "ready_at": time.time()})
@@ -240,10 +254,11 @@ def serve(requests: Path, busy_poll_s: float = 0.01, idle_poll_s: float = 0.25) 
             pid = os.fork()
             if pid == 0:
                 _run_child(request)
+            watches[pid] = exits.watch(pid)
             write_json_atomic(requests / f"{request['id']}.pid", {"pid": pid})
             print(f"dsctl launcher: started {request['id']} as pid {pid}", flush=True)
             started += 1
-        reaped = _reap(requests)
+        reaped = _reap(requests, watches)
         poll_s = busy_poll_s if started or reaped else min(poll_s * 2, idle_poll_s)
         time.sleep(poll_s)
     print("dsctl launcher: stopped", flush=True)

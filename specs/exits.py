@@ -12,7 +12,8 @@ Neither may be readable (a container without its cgroup files, a user without th
 then says that a SIGKILL is how the kernel ends a process out of memory, and that it could not tell.
 
 It sits with the specs, the lowest layer, because the entrypoint check (specs/entrypoints.py), the command runner
-(runtime/command.py) and the orchestrator's reading of a trainer's exit all describe exits with it.
+(runtime/command.py) and the launcher that forks dsctl's servers and trainers (runtime/launcher.py, whose words the
+orchestrator reports for a trainer that failed) all describe exits with it.
 """
 
 from __future__ import annotations
@@ -68,31 +69,57 @@ def oom_evidence(pid: int | None, w: Watch | None = None) -> str | None:
     return "; ".join(found) or None
 
 
-def describe(code: int, *, pid: int | None = None, watch: Watch | None = None, since: float | None = None) -> str:
-    """`describe_exit` with the evidence looked up: for a SIGKILL, in the cgroups `watch` read when the process
-    started and in the kernel log for `pid` (or, with `since` alone, any kill since then: a time.monotonic() of this
-    machine). With none of them (a process on another machine) it does not look, and says it could not tell."""
+@dataclass(frozen=True)
+class Ending:
+    """How a process ended, in two parts so a caller can put its own words between them ("... after 12 batches"):
+    `how`, a verb phrase ("exited with code 3", "was killed by the kernel's out-of-memory killer (SIGKILL)"), and for
+    a SIGKILL `why` dsctl says so (the evidence, what to do, or that it could not tell)."""
+
+    how: str
+    why: str = ""
+    oom: bool = False  # the kernel's out-of-memory killer ended it, by the evidence
+
+    def __str__(self) -> str:
+        return f"{self.how}: {self.why}" if self.why else self.how
+
+
+def judge(code: int, *, pid: int | None = None, watch: Watch | None = None, since: float | None = None) -> Ending:
+    """How a process ended, with the evidence of an out-of-memory kill looked up: for a SIGKILL, in the cgroups
+    `watch` read when the process started and in the kernel log for `pid` (or, with `since` alone, any kill since
+    then: a time.monotonic() of this machine). With none of them (a process on another machine) it does not look,
+    and says it could not tell. What every reader of an exit status calls: the entrypoint check, the command runner,
+    the launcher that forks dsctl's servers and trainers."""
     if code not in (KILLED, SHELL_KILLED):
-        return describe_exit(code)
+        return ending(code)
     if watch is None and since is not None:
         watch = Watch(pid if pid is not None else 0, started=since)
     if pid is None and watch is None:
-        return describe_exit(code, None, readable=False)
-    return describe_exit(code, oom_evidence(pid, watch))
+        return ending(code, None, readable=False)
+    return ending(code, oom_evidence(pid, watch))
+
+
+def describe(code: int, *, pid: int | None = None, watch: Watch | None = None, since: float | None = None) -> str:
+    """`judge`, as one phrase."""
+    return str(judge(code, pid=pid, watch=watch, since=since))
 
 
 def describe_exit(code: int, evidence: str | None = None, *, readable: bool | None = None) -> str:
-    """A process's end as a verb phrase: "exited with code 3", "was killed by signal 15 (SIGTERM)", or, for a SIGKILL
-    with evidence, "was killed by the kernel's out-of-memory killer (SIGKILL; EVIDENCE)". Without evidence, a
-    SIGKILL says it may have been the out-of-memory killer and what could not be read (`readable`: whether the
-    evidence was readable here; None: look)."""
+    """`ending`, as one phrase."""
+    return str(ending(code, evidence, readable=readable))
+
+
+def ending(code: int, evidence: str | None = None, *, readable: bool | None = None) -> Ending:
+    """A process's end: "exited with code 3", "was killed by signal 15 (SIGTERM)", or, for a SIGKILL with evidence,
+    "was killed by the kernel's out-of-memory killer (SIGKILL)" and the evidence. Without evidence, a SIGKILL says
+    it may have been the out-of-memory killer and what could not be read (`readable`: whether the evidence was
+    readable here; None: look)."""
     if code == KILLED or code == SHELL_KILLED:
         how = "was killed by signal 9 (SIGKILL)" if code == KILLED else "exited with code 137 (128 + SIGKILL)"
         if evidence:
             sig = "SIGKILL" if code == KILLED else "exit code 137: 128 + SIGKILL"
-            return (f"was killed by the kernel's out-of-memory killer ({sig}): it ran out of memory. Evidence: "
-                    f"{evidence}. Give it more memory (a larger machine, a higher memory limit) or make it use less "
-                    "(smaller batches, buffers, shuffle buffers)")
+            return Ending(f"was killed by the kernel's out-of-memory killer ({sig})",
+                          f"it ran out of memory. Evidence: {evidence}. Give it more memory (a larger machine, a higher "
+                          "memory limit) or make it use less (smaller batches, buffers, shuffle buffers)", oom=True)
         if readable is None:
             readable = evidence_readable()
         why = ("neither its memory cgroup nor the kernel log recorded an out-of-memory kill, so something sent it "
@@ -100,10 +127,10 @@ def describe_exit(code: int, evidence: str | None = None, *, readable: bool | No
                "the kernel's out-of-memory killer ends a process so, but neither its memory cgroup's counters nor the "
                "kernel log (/dev/kmsg) is readable here to tell, so it ran out of memory or was sent SIGKILL "
                "(kill -9)")
-        return f"{how}: {why}"
+        return Ending(how, why)
     if code < 0 and -code in signal.valid_signals():
-        return f"was killed by signal {-code} ({signal.Signals(-code).name})"
-    return f"exited with code {code}"
+        return Ending(f"was killed by signal {-code} ({signal.Signals(-code).name})")
+    return Ending(f"exited with code {code}")
 
 
 def evidence_readable() -> bool:

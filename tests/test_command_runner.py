@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from dsctl.runtime.command import _outcome
-from dsctl.specs import load_spec_text
+from dsctl.specs import exits, load_spec_text
 from helpers import wait_for
 
 PY_DIR = os.path.dirname(sys.executable)
@@ -57,9 +57,19 @@ def test_a_failing_program_is_one_paragraph_with_its_code_batches_and_last_lines
 
 def test_a_killed_program_says_the_signal_and_at_least_the_batches_its_windows_hold(tmp_path):
     err = _outcome(-9, ["python", "t.py"], metrics(tmp_path, START, FIRST, window(8), window(7)), "", None, [])
-    assert "was killed by signal 9 (SIGKILL) after at least 15 batch(es)." in str(err)
+    assert "was killed by signal 9 (SIGKILL) after at least 15 batch(es): " in str(err) and "kill -9" in str(err)
     err = _outcome(-15, ["python", "t.py"], metrics(tmp_path, START), "", None, [])
-    assert "killed by signal 15 (SIGTERM) before reading any batch" in str(err)
+    assert "killed by signal 15 (SIGTERM) before reading any batch." in str(err)
+
+
+def test_a_program_killed_for_memory_says_so_with_the_evidence_after_its_batches(tmp_path):
+    oom = exits.ending(-9, "memory cgroup /m counted 1 out-of-memory kill(s) while it ran")
+    err = _outcome(-9, ["python", "t.py"], metrics(tmp_path, START, FIRST, window(8)), "", 100, [], oom)
+    text = str(err)
+    assert not err.user and "\n" not in text
+    assert text.startswith("the command `python t.py` was killed by the kernel's out-of-memory killer (SIGKILL) after "
+                           "at least 8 batch(es) of 100: it ran out of memory. Evidence: memory cgroup /m counted 1 "
+                           "out-of-memory kill(s) while it ran. Give it more memory"), text
 
 
 def test_a_program_that_never_read_the_runs_data_is_the_users_to_fix(tmp_path):

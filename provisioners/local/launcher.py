@@ -77,6 +77,13 @@ class Launcher:
         answer = read_json(self.dir / f"exit-{node.pid}.json") if node.pid else None
         return answer["code"] if answer else None
 
+    def ending(self, node: Node) -> str | None:
+        """How the node's process ended, in the words of the launcher that reaped it (an out-of-memory kill named
+        with its evidence: dsctl.specs.exits); None until it has, or from a launcher that did not say."""
+        answer = read_json(self.dir / f"exit-{node.pid}.json") if node.pid else None
+        ended = answer.get("ended") if answer else None
+        return ended if isinstance(ended, str) else None
+
     def forked(self) -> list[ProcessRef]:
         """Every process this launcher forked that still runs (and the launcher itself), found by command line: a
         fork has the launcher's, which names this run's launcher directory, so one forked just before the launcher

@@ -34,7 +34,7 @@ from dsctl.runtime.logtail import tail as log_tail
 from dsctl.runtime.readiness import pick_service_port, read_json
 from dsctl.runtime.sampler import ProcessSampler, Sample
 from dsctl.runtime.serve import EXIT_PORT_IN_USE
-from dsctl.specs import SpecError
+from dsctl.specs import SpecError, exits
 from dsctl.specs.schema import JobSpec
 
 from .. import containment
@@ -117,6 +117,8 @@ class LocalProvisioner:
         self._vanished: dict[int, float] = {}  # pid -> when it was first seen gone without an exit code
         self._isolation_reported = False
         self._port_waits: dict[int, dict] = {}  # worker index -> its wait for a port another process holds
+        self._watches: dict[int, exits.Watch] = {}  # pid -> a process spawned here (no launcher): its memory cgroups
+        self._endings: dict[int, str] = {}  # pid -> how a process spawned here ended (judged once)
 
     # -- checks -----------------------------------------------------------------
     def capacity(self, trainers: int) -> int:
@@ -190,8 +192,9 @@ class LocalProvisioner:
         if self._launcher is not None and self._launcher_alive(dep):
             self._launcher.request(node, module, argv, log, cpus)
         else:
-            self._procs[(node.role, node.index)] = spawn(node, [module, *argv], log, cpus, self._namespace_prefix(dep),
-                                                         container_of(self._dep_state(dep)))
+            proc = self._procs[(node.role, node.index)] = spawn(node, [module, *argv], log, cpus,
+                                                                self._namespace_prefix(dep), container_of(self._dep_state(dep)))
+            self._watches[proc.pid] = exits.watch(proc.pid)
         dep.save()
 
     def _namespace_prefix(self, dep: Deployment) -> list[str]:
@@ -420,6 +423,16 @@ class LocalProvisioner:
         vanished = self._vanished.setdefault(node.pid, time.monotonic())
         return None if time.monotonic() - vanished < EXIT_STATUS_GRACE_S else -1
 
+    def _ending(self, node: Node, code: int) -> str | None:
+        """How the node's ended process ended, in words: the launcher's, who reaped it; for one spawned here, judged
+        here (an out-of-memory kill named by the evidence: dsctl.specs.exits)."""
+        proc = self._procs.get((node.role, node.index))
+        if proc is not None and proc.pid == node.pid:
+            if proc.pid not in self._endings:
+                self._endings[proc.pid] = str(exits.judge(code, pid=proc.pid, watch=self._watches.pop(proc.pid, None)))
+            return self._endings[proc.pid]
+        return self._launcher.ending(node) if self._launcher else None
+
     def poll(self, dep: Deployment, events: EventSink) -> Poll:
         """The trainers' state, and the servers found exited (a worker waiting for its taken port is tried again
         here, not reported)."""
@@ -434,14 +447,17 @@ class LocalProvisioner:
             code = self._exit_code(node)
             if code is not None:
                 exited.append(ServerExit(node, code))
-        running, codes = [], {}
+        running, codes, endings = [], {}, {}
         for node in dep.by_role("trainer"):
             code = self._exit_code(node)
             if code is None:
                 running.append(node.index)
-            else:
-                codes[node.index] = code
-        return Poll(TrainerState(running=running, exit_codes=codes), exited)
+                continue
+            codes[node.index] = code
+            ended = self._ending(node, code) if code != 0 else None
+            if ended:
+                endings[node.index] = ended
+        return Poll(TrainerState(running=running, exit_codes=codes, endings=endings), exited)
 
     def restart(self, dep: Deployment, node: Node, events: EventSink) -> None:
         """An exited server, at its own port: the dispatcher from its journal, a worker possibly after waiting for
