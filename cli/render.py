@@ -130,7 +130,8 @@ def training_rows(record, resumed_by: list[str]) -> list[tuple[str, str]]:
 
 
 def resume_line(resume, steps: int | None) -> str:
-    """What `dsctl up --resume` restores, printed with the plan before anything starts."""
+    """What `dsctl up --resume` restores, printed with the plan before anything starts: with the damaged checkpoints
+    it skipped for the newest intact ones (Resume.notes)."""
     holder = "" if resume.holder == resume.run_id else f", written by run {resume.holder}, which {resume.run_id} resumed"
     if resume.step is not None:
         rest = f": trains the remaining {steps - resume.step} of {steps} steps" if steps else ""
@@ -138,7 +139,8 @@ def resume_line(resume, steps: int | None) -> str:
     else:
         rest = ""
         at = "from each trainer's latest checkpoint (its step is not known here; the trainers say it when they start)"
-    return f"resuming run {resume.run_id} {at} (checkpoints in {resume.restore_from}/trainer-<i>{holder}){rest}."
+    notes = "".join(f" {note}." for note in resume.notes)  # damaged checkpoints it skipped, and what it uses instead
+    return f"resuming run {resume.run_id} {at} (checkpoints in {resume.restore_from}/trainer-<i>{holder}){rest}.{notes}"
 
 
 def runs_table(records) -> Table:

@@ -30,6 +30,7 @@ from dsctl.specs.schema import JobSpec
 STATE_FILE = "checkpoint"  # TensorFlow's CheckpointState, a text proto
 LATEST_RE = re.compile(r'^model_checkpoint_path:\s*"([^"]*?)(\d+)"\s*$', re.M)
 ALL_RE = re.compile(r'^all_model_checkpoint_paths:\s*"([^"]*?)(\d+)"\s*$', re.M)
+NAMES_LATEST_RE = re.compile(r"^model_checkpoint_path:", re.M)  # a latest named, with or without a step
 
 
 def run_checkpoint_dir(spec: JobSpec, base_dir: Path, run_id: str) -> str | None:
@@ -90,7 +91,7 @@ def _parse(text: str | None, trainer_dir: str | None = None) -> Latest:
         return Latest(found=False)
     m = LATEST_RE.search(text)
     if m is None:
-        return Latest(found="model_checkpoint_path" in text)
+        return Latest(found=NAMES_LATEST_RE.search(text) is not None)  # not all_model_checkpoint_paths' lines
     newest_first = [(m.group(1), int(m.group(2)))]
     for prefix, number in reversed(ALL_RE.findall(text)):
         if (prefix, int(number)) not in newest_first:

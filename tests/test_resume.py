@@ -1,5 +1,6 @@
 """`dsctl up JOB.yaml --resume RUN`: each refusal (exit 2, one paragraph), the plan it prints, chains of resumes,
-where each trainer's checkpoints are, and the Google Cloud rule for checkpoint folders. Records are real SQLite,
+damaged checkpoints skipped for the newest intact ones (and the plan saying so), TensorFlow's state file read without
+TensorFlow, where each trainer's checkpoints are, and the Google Cloud rule for checkpoint folders. Records are real SQLite,
 checkpoint folders real files in TensorFlow's CheckpointManager layout; nothing here starts a job."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dsctl.orchestrator.checkpoints import latest, run_checkpoint_dir, trainer_dirs
+from dsctl.orchestrator.checkpoints import _parse, latest, run_checkpoint_dir, trainer_dirs
 from dsctl.orchestrator.resume import plan_resume
 from dsctl.orchestrator.store import RunStore
 from dsctl.provisioners import TrainerLaunch
@@ -192,6 +193,128 @@ def test_the_latest_checkpoint_is_read_from_the_index_file(tmp_path):
     save(str(tmp_path), 0, 1200)
     found = latest(str(tmp_path / "trainer-0"))
     assert (found.found, found.step) == (True, 1200)
+
+
+# -- damaged checkpoints --------------------------------------------------------------------------------------------
+
+def keep(ck: str, trainer: int, steps: list[int], *, damage: dict[int, str] | None = None) -> Path:
+    """A trainer's folder as CheckpointManager(max_to_keep=len(steps)) leaves it after saving at `steps` (the last is
+    the latest), with the files of the steps in `damage` damaged as a disk or a copy damages them: "no-index",
+    "empty-index", "no-data", "empty-data" or "lost-shard" (one of two .data shards gone). The folder."""
+    d = Path(TrainerLaunch.trainer_checkpoint_dir(ck, trainer))
+    d.mkdir(parents=True, exist_ok=True)
+    for step in steps:
+        how = (damage or {}).get(step)
+        shards = 2 if how == "lost-shard" else 1
+        if how != "no-index":
+            (d / f"ckpt-{step}.index").write_bytes(b"" if how == "empty-index" else b"\0")
+        for shard in range(shards if how != "no-data" else 0):
+            if how == "lost-shard" and shard == 1:
+                continue
+            (d / f"ckpt-{step}.data-{shard:05d}-of-{shards:05d}").write_bytes(b"" if how == "empty-data" else b"\0")
+    (d / "checkpoint").write_text(f'model_checkpoint_path: "ckpt-{steps[-1]}"\n'
+                                  + "".join(f'all_model_checkpoint_paths: "ckpt-{s}"\n' for s in steps)
+                                  + "".join("all_model_checkpoint_timestamps: 1795597061.5\n" for _ in steps)
+                                  + "last_preserved_timestamp: 1795597000.25\n")
+    return d
+
+
+@pytest.mark.parametrize(("damage", "why"), [
+    ("no-index", "its .index file is missing"),
+    ("empty-index", "its .index file is empty"),
+    ("no-data", "its .data file is missing"),
+    ("empty-data", "ckpt-300.data-00000-of-00001 is empty"),
+    ("lost-shard", "1 of its 2 .data files are missing"),
+])
+def test_a_damaged_latest_checkpoint_is_skipped_for_the_newest_intact_one_and_the_plan_says_so(home, tmp_path,
+                                                                                              damage, why):
+    spec = job(tmp_path, steps=500)
+    loaded = load_spec(spec, check_entrypoints=False)
+    store = RunStore()
+    ck = record(store, "fit-hurt", spec)
+    folder = keep(ck, 0, [100, 200, 300], damage={300: damage})
+    resume = plan_resume(store, "fit-hurt", loaded)
+    assert (resume.holder, resume.restore_from, resume.steps, resume.step) == ("fit-hurt", ck, (200,), 200)
+    assert resume.notes == (f"trainer 0's latest checkpoint is damaged ({folder}/ckpt-300: {why}): it resumes from "
+                            "step 200, the newest intact one",)
+
+
+def test_every_damaged_checkpoint_newer_than_the_intact_one_is_named_and_only_the_damaged_trainer_noted(home, tmp_path):
+    spec = job(tmp_path, count=2, steps=500)
+    loaded = load_spec(spec, check_entrypoints=False)
+    store = RunStore()
+    ck = record(store, "fit-pair", spec)
+    keep(ck, 0, [100, 200, 300])
+    hurt = keep(ck, 1, [100, 200, 300], damage={300: "no-index", 200: "empty-data"})
+    resume = plan_resume(store, "fit-pair", loaded)
+    assert (resume.steps, resume.step) == ((300, 100), 100)
+    assert resume.notes == (f"trainer 1's latest checkpoint is damaged ({hurt}/ckpt-300: its .index file is missing; "
+                            f"{hurt}/ckpt-200: ckpt-200.data-00000-of-00001 is empty): it resumes from step 100, the "
+                            "newest intact one",)
+
+
+def test_a_resumed_run_whose_checkpoints_are_all_damaged_resumes_from_its_chain_and_says_which_it_skipped(home,
+                                                                                                        tmp_path):
+    spec = job(tmp_path, steps=500)
+    loaded = load_spec(spec, check_entrypoints=False)
+    store = RunStore()
+    first = record(store, "fit-a1", spec, created_at=1.0)
+    second = record(store, "fit-a2", spec, created_at=2.0, resumed_from="fit-a1")
+    keep(first, 0, [100])
+    hurt = keep(second, 0, [200, 300], damage={200: "no-data", 300: "empty-index"})
+    resume = plan_resume(store, "fit-a2", loaded)
+    assert (resume.run_id, resume.holder, resume.restore_from, resume.step) == ("fit-a2", "fit-a1", first, 100)
+    assert resume.notes == (f"skipped as damaged, run fit-a2's checkpoints: {hurt}/ckpt-300: its .index file is "
+                            f"empty; {hurt}/ckpt-200: its .data file is missing",)
+
+
+def test_with_no_intact_checkpoint_left_the_refusal_names_each_damaged_one(home, tmp_path):
+    spec = job(tmp_path)
+    loaded = load_spec(spec, check_entrypoints=False)
+    store = RunStore()
+    hurt = keep(record(store, "fit-gone", spec), 0, [100, 200], damage={100: "no-index", 200: "lost-shard"})
+    with pytest.raises(SpecError) as exc:
+        plan_resume(store, "fit-gone", loaded)
+    assert str(exc.value) == (f"--resume fit-gone: no intact checkpoint is left for every trainer (their files are "
+                              f"missing or empty: {hurt}/ckpt-200: 1 of its 2 .data files are missing; {hurt}/ckpt-100: "
+                              "its .index file is missing). Restore those files from a copy, or start the job afresh "
+                              "without --resume.")
+
+
+@pytest.mark.parametrize(("text", "found", "step"), [
+    ("", False, None),  # an empty state file: TensorFlow wrote nothing yet
+    ('all_model_checkpoint_paths: "ckpt-100"\n', False, None),  # no latest named
+    ('model_checkpoint_path: "/elsewhere/model.ckpt"\n', True, None),  # a latest with no step in its name
+    ('model_checkpoint_path: "/abs/path/ckpt-700"\nall_model_checkpoint_paths: "/abs/path/ckpt-700"\n', True, 700),
+])
+def test_the_state_file_is_read_as_tensorflow_writes_it(tmp_path, text, found, step):
+    """What TensorFlow's `checkpoint` file can say, read without TensorFlow: an absolute prefix is looked up in the
+    trainer's own folder (a copied folder keeps its old paths)."""
+    (tmp_path / "ckpt-700.index").write_bytes(b"\0")
+    (tmp_path / "ckpt-700.data-00000-of-00001").write_bytes(b"\0")
+    (tmp_path / "checkpoint").write_text(text)
+    got = latest(str(tmp_path))
+    assert (got.found, got.step, got.damaged) == (found, step, ())
+
+
+def test_a_checkpoint_in_cloud_storage_is_taken_as_its_state_file_names_it():
+    """gs:// folders are not listed here (a request per file): the latest the state file names is the one."""
+    text = 'model_checkpoint_path: "ckpt-300"\nall_model_checkpoint_paths: "ckpt-200"\nall_model_checkpoint_paths: "ckpt-300"\n'
+    got = _parse(text, "gs://b/ck/trainer-0")
+    assert (got.found, got.step, got.damaged) == (True, 300, ())
+
+
+@pytest.mark.integration  # dsctl as a subprocess
+def test_up_resume_says_which_checkpoint_was_damaged_and_which_it_resumes_from(home, tmp_path):
+    spec = job(tmp_path)
+    ck = record(RunStore(), "fit-torn", spec)
+    folder = keep(ck, 0, [100, 200], damage={200: "no-index"})
+    proc = dsctl("up", spec, "--resume", "fit-torn", "--dry-run", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert (f"resuming run fit-torn from step 100 (checkpoints in {ck}/trainer-<i>): trains the remaining 200 of 300 "
+            f"steps. trainer 0's latest checkpoint is damaged ({folder}/ckpt-200: its .index file is missing): it "
+            "resumes from step 100, the newest intact one.") in out, proc.stdout
 
 
 # -- where checkpoints go ----------------------------------------------------------------------------------------
