@@ -8,6 +8,7 @@ import fcntl
 import logging
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import time
@@ -265,8 +266,10 @@ def pytest_sessionfinish(session, exitstatus):
     run's network namespace and its listening ports, so none of those is left either), no mount below them (the
     tests' small disks), and no cgroup that dsctl made for a run of this session (provisioners/containment.py,
     `dsctl-run-<run id>` for a run dir below the session's temp folder) or for an entrypoint check whose dsctl is
-    gone. What is left is ended, and the session fails naming it. Another session's (one running beside this one)
-    are left alone."""
+    gone; no named network namespace a test made (tests/helpers.py ClientNetns, `/run/netns/dsctl-test-<pid>-<tag>`)
+    and no cgroup v1 memory cgroup a test made to have a process killed for memory (tests/test_oom.py,
+    `dsctl-test-oom-<pid>-<n>`), of this session or of one whose process is gone. What is left is ended, and the
+    session fails naming it. Another session's (one running beside this one) are left alone."""
     if hasattr(session.config, "workerinput"):
         return
     from dsctl.provisioners.containment import CHECK_PREFIX, RUN_PREFIX, Cgroup, cgroup_name, leftover_cgroups
@@ -286,6 +289,7 @@ def pytest_sessionfinish(session, exitstatus):
         except (OSError, TimeoutError) as exc:
             held.append(f"(could not be ended: {exc})")
         lines.append(f"cgroup {path}: {'; '.join(held) or 'empty'}")
+    lines += _end_test_netns() + _end_oom_cgroups()
     if not lines:
         return
     _end_leftovers(roots)
@@ -311,6 +315,79 @@ def _abandoned(name: str) -> bool:
     """A check's cgroup (`dsctl-check-<pid>-<n>`) whose dsctl process is gone."""
     owner = name.split("-")[2] if name.count("-") >= 3 else ""
     return owner.isdigit() and not Path(f"/proc/{owner}").exists()
+
+
+def _made_here_or_abandoned(name: str, prefix: str) -> bool:
+    """Whether a test's `<prefix><pid>-...` is this process's, or its maker (an xdist worker, another session) is gone:
+    a namespace or cgroup a live test process of another session holds is left to it."""
+    owner = name[len(prefix):].split("-", 1)[0]
+    return owner.isdigit() and (int(owner) == os.getpid() or not Path(f"/proc/{owner}").exists())
+
+
+def _end_test_netns() -> list[str]:
+    """Remove the named network namespaces the tests made (ClientNetns) that are left, with what runs in them and
+    their veth pair (deleting the namespace deletes its end, and so the pair); one line each for the report."""
+    from helpers import NETNS_PREFIX
+
+    try:
+        names = sorted(n for n in os.listdir("/run/netns") if n.startswith(NETNS_PREFIX))
+    except OSError:
+        return []
+    if names and shutil.which("ip") is None:
+        return [f"network namespace /run/netns/{n}: (could not be removed: iproute2's ip is not installed)" for n in names
+                if _made_here_or_abandoned(n, NETNS_PREFIX)]
+    lines = []
+    for name in (n for n in names if _made_here_or_abandoned(n, NETNS_PREFIX)):
+        inside = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, timeout=30)
+        pids = [int(p) for p in inside.stdout.split()]
+        for pid in pids:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        gone = subprocess.run(["ip", "netns", "del", name], capture_output=True, text=True, timeout=30)
+        held = f"processes {', '.join(map(str, pids))} in it" if pids else "nothing in it"
+        failed = f" (could not be removed: {gone.stderr.strip()})" if gone.returncode else ""
+        lines.append(f"network namespace /run/netns/{name}: {held}{failed}")
+    return lines
+
+
+OOM_PREFIX = "dsctl-test-oom-"  # tests/test_oom.py's memory cgroups: dsctl-test-oom-<pid>-<n>
+
+
+def _end_oom_cgroups() -> list[str]:
+    """Remove the cgroup v1 memory cgroups tests/test_oom.py made that are left (below this process's own memory
+    cgroup, where it makes them), killing what is in them; one line each for the report."""
+    mine = next((line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
+                 if "memory" in line.split(":", 2)[1].split(",")), None)
+    parent = Path("/sys/fs/cgroup/memory") / (mine or "/").lstrip("/")
+    try:
+        names = sorted(n for n in os.listdir(parent) if n.startswith(OOM_PREFIX))
+    except OSError:
+        return []
+    lines = []
+    for name in (n for n in names if _made_here_or_abandoned(n, OOM_PREFIX)):
+        folder = parent / name
+        held: list[int] = []
+        for _ in range(50):
+            try:
+                pids = [int(p) for p in (folder / "cgroup.procs").read_text().split()]
+            except OSError:
+                break
+            held += [p for p in pids if p not in held]
+            for pid in pids:
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+            try:
+                folder.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+        failed = " (could not be removed)" if folder.exists() else ""
+        lines.append(f"memory cgroup {folder}: {f'processes {held}' if held else 'empty'}{failed}")
+    return lines
 
 
 def _session_roots(base: Path) -> list[str]:

@@ -64,6 +64,8 @@ def wait_for(predicate, timeout: float = 60, interval: float = 0.2, what: str = 
 
 # -- network namespaces the tests make themselves ----------------------------------------------------------------
 
+NETNS_PREFIX = "dsctl-test-"  # /run/netns/dsctl-test-<pid of the test process that made it>-<tag>
+
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
 
@@ -79,7 +81,9 @@ class ClientNetns:
 
     def __init__(self) -> None:
         tag = os.urandom(3).hex()
-        self.name = f"dsctl-test-{tag}"
+        # Its maker's pid in the name: the test session's end removes one whose maker is gone (tests/conftest.py),
+        # and leaves another session's alone.
+        self.name = f"{NETNS_PREFIX}{os.getpid()}-{tag}"
         self.host_if, self.client_if = f"dsh{tag}", f"dsc{tag}"  # interface names: at most 15 characters
         used = _ip("-4", "-o", "addr", "show", check=False).stdout
         third = next(n for n in random.sample(range(2, 252), 250) if f"10.199.{n}." not in used)
