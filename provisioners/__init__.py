@@ -15,6 +15,9 @@ from .contract import (
     FindsByLabel,
     HandOffLimits,
     HandsOff,
+    MachineBack,
+    MachineLost,
+    Outage,
     Plans,
     Poll,
     Provider,
@@ -28,5 +31,6 @@ from .registry import get_provider, providers_with, register
 from .state import STATE_FILE, Deployment, Node, ProcessRef
 
 __all__ = ["Capacity", "Contains", "Contents", "Deployment", "EventSink", "FindsByLabel", "HandOffLimits", "HandsOff",
-           "Node", "Plans", "Poll", "ProcessRef", "Provider", "RunObjects", "STATE_FILE", "ServerExit", "TrainerLaunch",
-           "TrainerState", "Where", "get_provider", "providers_with", "register"]
+           "MachineBack", "MachineLost", "Node", "Outage", "Plans", "Poll", "ProcessRef", "Provider", "RunObjects",
+           "STATE_FILE", "ServerExit", "TrainerLaunch", "TrainerState", "Where", "get_provider", "providers_with",
+           "register"]

@@ -8,8 +8,10 @@ the same way, for one measurement of one job:
                                  scale_workers at any time after wait_ready; restart when told to
 
 A provider does things and reports what it sees; it decides nothing that is the same everywhere.
-Whether an exited server is restarted, how often, and what the run's record says about it is the
-orchestrator's (orchestrator/supervision.py): `poll` reports exited servers, `restart` carries a
+Whether an exited server or a lost machine is restarted, how often, which losses end the run, how
+long an outage may last and what the run's record says about each is the orchestrator's
+(orchestrator/supervision.py): `poll` reports, typed (`Poll`: servers whose process ended, machines
+found stopped or gone, restarts of machines that finished, an outage), and `restart` carries a
 restart out. Everything a provider creates is recorded in the deployment (state.py) before it is
 created, so `down` in a new process removes it.
 
@@ -108,8 +110,10 @@ class TrainerState:
     # index -> how its process ended, in words (dsctl.specs.exits: an out-of-memory kill named with its evidence),
     # where the provider can tell; the orchestrator words the bare exit code of any other
     endings: dict[int, str] = field(default_factory=dict)
-    blind: bool = False  # the trainers cannot be seen right now (an SSH outage): no progress is not a stall
-    stopped_s: dict[str, float] = field(default_factory=dict)  # role -> VM-seconds its VMs spent stopped so far
+    blind: bool = False  # the trainers cannot be seen right now (an outage): no progress is not a stall
+    # role -> machine-seconds its machines spent stopped so far; the supervisor fills it in from MachineBack reports
+    # (a provider leaves it empty)
+    stopped_s: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -121,11 +125,54 @@ class ServerExit:
 
 
 @dataclass
+class MachineLost:
+    """A node's machine found not running: stopped (`status` as the place lists it: TERMINATED, PREEMPTED, ...; a Spot
+    preemption, host maintenance or a stop) or gone (`status` None: deleted outside dsctl). Its process ended with it.
+    Reported on every poll until the supervisor has the node restarted (the provider starts its machine again, in the
+    background, and reports a MachineBack when it is done) or ends the run."""
+
+    node: Node
+    machine: str  # the machine as a message names it: "VM dsctl-r-worker-1"
+    status: str | None
+    gone_how: str = ""  # (status None) how it can have gone, in the place's words
+
+
+@dataclass
+class MachineBack:
+    """A restart of a node whose machine was lost has finished: its machine ran again `stopped_s` after it was found
+    stopped, and its process was started again `relaunch_s` after that; or, with `error`, it could not be."""
+
+    node: Node
+    machine: str
+    stopped_s: float = 0.0
+    relaunch_s: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class Outage:
+    """Machines that run, as far as the place knows, but cannot be reached (a laptop offline, a dropped VPN): their
+    processes go on but cannot be seen, and nothing is judged of them while it lasts. How long one may last is the
+    spec's (`limit_field`); the supervisor records it and ends the run past it."""
+
+    since: float  # time.monotonic() when the first of them stopped answering
+    machines: list[str]  # one name each: "vm-worker-1"
+    limit_s: float
+    limit_field: str  # the spec field that sets limit_s: "gcp.outage_limit_s"
+    noun: str = "machine"  # what the machines are called: "VM"
+    channel: str = "its connection"  # how they are reached: "SSH"
+    listed: str = ""  # what the place itself says of them: "Compute Engine lists them as RUNNING"
+
+
+@dataclass
 class Poll:
     """What a provider saw in one look at a running deployment."""
 
     trainers: TrainerState
     exited: list[ServerExit] = field(default_factory=list)
+    lost: list[MachineLost] = field(default_factory=list)
+    back: list[MachineBack] = field(default_factory=list)
+    outage: Outage | None = None
 
 
 class Provider(Protocol):
@@ -153,10 +200,12 @@ class Provider(Protocol):
         """Start `launch.count` trainers; each trainer node's `metrics` says where its metrics reach this machine."""
 
     def poll(self, dep: Deployment, events: EventSink) -> Poll:
-        """One look: the trainers' state, and the servers whose process has ended (reported once each)."""
+        """One look: the trainers' state, the servers whose process has ended (reported once each), and, where
+        machines can be lost or out of reach, what became of them (Poll)."""
 
     def restart(self, dep: Deployment, node: Node, events: EventSink) -> None:
-        """Start an exited dispatcher (from its journal) or worker again at its own address."""
+        """Start an exited dispatcher (from its journal) or worker again at its own address; a node reported in
+        MachineLost: start its machine again first (it may take minutes: in the background, reported as MachineBack)."""
 
     def log_tail(self, dep: Deployment, node: Node) -> str:
         """The last lines of the node's log, for an error message."""

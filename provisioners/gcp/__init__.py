@@ -6,7 +6,7 @@
     vms.py          the run's VMs: recorded, created, bootstrapped, version-checked; deleted, confirmed
     stage.py        what the VMs fetch from Cloud Storage: wheel, wheelhouses, a builtin's data, the spec and code
     processes.py    the processes on the VMs: started, watched (watch.py), stopped; what a poll reports
-    recovery.py     what a stopped VM or an SSH outage means for the run; restore.py acts on it
+    recovery.py     stopped and deleted VMs, SSH outages, reported to the supervisor; restore.py starts a VM again
     handoff.py      a run handed to a supervisor on its dispatcher VM (HandsOff)
     teardown.py     `down`: stopped, brought home, deleted and confirmed gone
     plan.py         what `dsctl up --dry-run` shows, and the question before anything bills (Plans)

@@ -12,7 +12,8 @@ A job's life, as the orchestrator drives it, and where each step is done:
   start_trainers  stage.py: the spec (+ code) in Cloud Storage; processes.py: fetched onto the trainer VMs, started
   wait_ready      until the dispatcher and every worker have written their ready file
   poll/sample     from the watcher's latest readings (watch.py): servers that ended are reported (the orchestrator
-                  restarts them: restart), VMs stopped or out of reach are dealt with (recovery.py, restore.py)
+                  restarts them: restart), VMs stopped, deleted or out of reach are reported (recovery.py) and a
+                  stopped one is started again when the orchestrator restarts its server (restore.py)
   down            teardown.py: processes stopped, logs home, everything deleted and confirmed gone
 A failure or Ctrl-C inside `up` deletes everything created so far before the error propagates.
 
@@ -61,7 +62,7 @@ class GcpProvisioner:
         self._findings: preflight.Findings | None = None  # check(): what the live project said, for the run
         self._ctx: Context | None = None  # the deployment worked on (context.py)
         self._spec: JobSpec | None = None  # to scale workers, and to build trainers' VMs in a baseline
-        self._recovery: Recovery | None = None  # what to do about stopped VMs and SSH outages (poll)
+        self._recovery: Recovery | None = None  # stopped VMs and SSH outages reported (poll), VMs brought back
         self._hands_off = False  # prepare_hand_off: the dispatcher VM will run the run's supervisor
         self._heartbeat: Heartbeat | None = None  # while this process supervises the run (heartbeat.py)
         self._inside: str | None = None  # adopt: the VM this process runs on (deleted last, by delete_self)
@@ -201,16 +202,15 @@ class GcpProvisioner:
         vms.check_versions(ctx, reports)
 
     def poll(self, dep: Deployment, events: EventSink) -> Poll:
-        """The trainers' state and the servers found ended, from the latest readings; first, what Compute Engine says
-        of VMs that stopped or stopped answering (recovery.py), whose processes are not judged meanwhile."""
+        """The trainers' state and the servers found ended, from the latest readings; and what Compute Engine and SSH
+        say of the VMs (recovery.py): stopped or deleted ones, restores that finished, an outage. Processes on VMs
+        out of reach, stopped or being brought back are not judged meanwhile."""
         ctx = self._context(dep)
         unreachable = {host: since for host, (since, _) in ctx.watching().unreachable().items()}
-        recovery = self._recovery_for(ctx)
-        blind = recovery.check(dep, unreachable, events)
-        unseen = {gcp(n).vm.host for n in dep.nodes if gcp(n).vm.host in unreachable or recovery.restoring(n)}
-        running, codes = processes.trainers(ctx, unseen)
-        return Poll(TrainerState(running=running, exit_codes=codes, blind=blind, stopped_s=dict(recovery.stopped_s)),
-                    processes.exited_servers(ctx, unseen))
+        look = self._recovery_for(ctx).look(dep, unreachable)
+        running, codes = processes.trainers(ctx, look.unseen)
+        return Poll(TrainerState(running=running, exit_codes=codes, blind=look.blind),
+                    processes.exited_servers(ctx, look.unseen), lost=look.lost, back=look.back, outage=look.outage)
 
     def _recovery_for(self, ctx: Context) -> Recovery:
         if self._recovery is None:
@@ -220,10 +220,15 @@ class GcpProvisioner:
         return self._recovery
 
     def restart(self, dep: Deployment, node: Node, events: EventSink) -> None:
-        """The server again on its VM, at its port (the dispatcher from its journal). A VM that stopped answering
-        meanwhile (stopped, an outage) is left to the next polls: its host is unseen then, and recovery.py decides;
-        should it answer again with the server still ended, the server is reported again."""
+        """The server again on its VM, at its port (the dispatcher from its journal). A VM the last poll reported
+        stopped is started again first, in the background (recovery.py, restore.py), and a later poll reports it
+        back. A VM that stopped answering meanwhile (stopped, an outage) is left to the next polls: its host is unseen
+        then, and they report what became of it; should it answer again with the server still ended, the server is
+        reported again."""
         ctx = self._context(dep)
+        if self._recovery is not None and self._recovery.lost(node):
+            self._recovery.bring_back(node)
+            return
         try:
             if node.role == "dispatcher":
                 processes.start_dispatcher(ctx, node)

@@ -1,5 +1,6 @@
-"""Acting on what recovery.py decides: the run's VMs as Compute Engine lists them, and a stopped server VM brought
-back (started again, reached again, its server restarted at its old address)."""
+"""What recovery.py reports from, and how it carries a restart out: the run's VMs as Compute Engine lists them, and a
+stopped server VM brought back (started again, reached again, its server restarted at its old address) when the
+supervisor (orchestrator/supervision.py) has its server restarted."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""What a poll of a running Google Cloud deployment decides (provisioners/gcp/recovery.py), on a clock the test
-moves: outages within and past gcp.outage_limit_s, stopped worker and dispatcher VMs brought back, trainer VMs
-and deleted VMs ending the run, and how often Compute Engine is asked. The provisioner's side (starting a VM,
-restarting its process) runs for real in test_gcp_faults.py."""
+"""What a poll of a running Google Cloud deployment reports about its VMs (provisioners/gcp/recovery.py, through
+GcpProvisioner.poll and .restart) and what the supervisor above it (orchestrator/supervision.py) makes of that, on a
+clock the test moves: outages within and past gcp.outage_limit_s, stopped worker and dispatcher VMs brought back,
+trainer VMs and deleted VMs ending the run, and how often Compute Engine is asked. The policy itself, on every
+provider, is unit-tested with a fake provider in tests/test_supervision.py; starting a VM and restarting its process
+for real is in test_gcp_faults.py."""
 
 from __future__ import annotations
 
@@ -9,9 +11,14 @@ import threading
 
 import pytest
 
+from dsctl.orchestrator.outcome import RunFailed
+from dsctl.orchestrator.supervision import MAX_RESTARTS, OUTAGE_EVENT_AFTER_S, Supervisor
 from dsctl.provisioners import Deployment, Node
-from dsctl.provisioners.gcp.errors import RemoteError
-from dsctl.provisioners.gcp.recovery import OUTAGE_EVENT_AFTER_S, STATUS_EVERY_S, Recovery
+from dsctl.provisioners.gcp import GcpDeployment, GcpProvisioner
+from dsctl.provisioners.gcp.clients import Clients
+from dsctl.provisioners.gcp.context import Context
+from dsctl.provisioners.gcp.recovery import STATUS_EVERY_S, Recovery
+from dsctl.provisioners.gcp.settings import GcpSettings
 from dsctl.provisioners.gcp.state import GcpNode, Vm
 
 
@@ -24,15 +31,34 @@ class Clock:
 
 
 def deployment(fault_tolerant=False) -> Deployment:
-    dep = Deployment(run_id="r", provider="gcp", run_dir="/nonexistent")
+    dep = Deployment(run_id="r", provider="gcp", run_dir="/nonexistent",
+                     state=GcpDeployment(settings=GcpSettings(project="dsctl-test", zone="us-central1-b")))
     for role, i in (("dispatcher", 0), ("worker", 0), ("worker", 1), ("trainer", 0)):
         dep.nodes.append(Node(role=role, index=i, address=f"10.0.0.{len(dep.nodes) + 2}:5051", state=GcpNode(
             vm=Vm(name=f"vm-{role}-{i}", host=f"h-{role}-{i}"), remote_pid=7, fault_tolerant=fault_tolerant)))
     return dep
 
 
+class Watcher:
+    """The SSH watcher as poll sees it: no process readings (every trainer counts as running), and the hosts that
+    have not answered since when."""
+
+    def __init__(self):
+        self.quiet: dict[str, float] = {}
+
+    def start(self) -> None:
+        pass
+
+    def snapshot(self) -> dict:
+        return {}
+
+    def unreachable(self) -> dict[str, tuple[float, str]]:
+        return {host: (since, "timed out") for host, since in self.quiet.items()}
+
+
 class World:
-    """The VMs' statuses as Compute Engine would list them, and restores the test finishes by hand."""
+    """The VMs' statuses as Compute Engine would list them, and restores the test finishes by hand; the gcp provider
+    polled by the supervisor, as a run does."""
 
     def __init__(self, dep: Deployment, limit: float = 600.0):
         self.dep, self.clock, self.events = dep, Clock(), []
@@ -41,6 +67,13 @@ class World:
         self.refused: set[str] = set()  # VMs that will not start again
         self.release = threading.Event()
         self.recovery = Recovery(list_statuses=self.list, restore=self.restore, outage_limit_s=limit, clock=self.clock)
+        self.provider = GcpProvisioner()
+        ctx = Context(dep, Clients(dep.state.settings), None)
+        ctx.watcher = self.watcher = Watcher()  # type: ignore[assignment]
+        self.provider._ctx, self.provider._recovery = ctx, self.recovery
+        fault_tolerant = dep.by_role("dispatcher")[0].state.fault_tolerant
+        self.supervisor = Supervisor(self.provider, dep, fault_tolerant, lambda kind, msg: self.events.append((kind, msg)),
+                                     clock=self.clock)
 
     def list(self):
         self.attempts += 1
@@ -57,8 +90,10 @@ class World:
         return self.clock.now
 
     def check(self, unreachable=None, advance=1.0):
+        """One poll of the run, `advance` s after the last; True while the trainers cannot be seen."""
         self.clock.now += advance
-        return self.recovery.check(self.dep, unreachable or {}, lambda kind, msg: self.events.append((kind, msg)))
+        self.watcher.quiet = unreachable or {}
+        return self.supervisor.poll().blind
 
     def kinds(self):
         return [k for k, _ in self.events]
@@ -84,7 +119,7 @@ def test_an_outage_past_the_limit_ends_the_run_and_says_how_to_allow_longer():
     w.check()
     lost = {"h-worker-1": w.clock.now}
     w.check(lost, advance=100.0)
-    with pytest.raises(RemoteError, match=r"vm-worker-1\) have not answered SSH for 12\d s, more than "
+    with pytest.raises(RunFailed, match=r"vm-worker-1\) have not answered SSH for 12\d s, more than "
                                           r"gcp.outage_limit_s \(120 s\); Compute Engine lists them as RUNNING"):
         w.check(lost, advance=25.0)
 
@@ -103,7 +138,7 @@ def test_a_stopped_worker_vm_is_brought_back_once_and_its_stopped_time_is_kept()
     w.recovery._restoring["vm-worker-1"].future.result(timeout=10)
     w.check()
     assert w.kinds() == ["vm-stopped", "worker-restarted"] and "worker 1 is back at 10.0.0.4:5051" in w.events[1][1]
-    assert w.recovery.stopped_s == {"worker": pytest.approx(5 * STATUS_EVERY_S)}
+    assert w.supervisor.stopped_s == {"worker": pytest.approx(5 * STATUS_EVERY_S)}
 
 
 def test_a_fault_tolerant_dispatcher_vm_is_brought_back_and_a_failed_restore_ends_the_run():
@@ -115,9 +150,27 @@ def test_a_fault_tolerant_dispatcher_vm_is_brought_back_and_a_failed_restore_end
     w.check(advance=STATUS_EVERY_S)
     assert w.restores == ["vm-dispatcher-0"]
     w.recovery._restoring["vm-dispatcher-0"].future.exception(timeout=10)
-    with pytest.raises(RemoteError, match="the dispatcher's VM vm-dispatcher-0 was stopped and could not be brought "
+    with pytest.raises(RunFailed, match="the dispatcher's VM vm-dispatcher-0 was stopped and could not be brought "
                                           "back: start refused"):
         w.check()
+
+
+def test_a_worker_vm_stopped_again_and_again_counts_against_the_restart_budget():
+    """Each time its VM is brought back is one of the worker's MAX_RESTARTS restarts, as a process exit is."""
+    w = World(deployment())
+    w.release.set()
+    w.check()
+    for _ in range(MAX_RESTARTS):
+        w.status["vm-worker-1"] = "TERMINATED"
+        w.check(advance=STATUS_EVERY_S)
+        w.recovery._restoring["vm-worker-1"].future.result(timeout=10)
+        w.status["vm-worker-1"] = "RUNNING"
+        w.check()
+    assert w.kinds() == ["vm-stopped", "worker-restarted"] * MAX_RESTARTS
+    w.status["vm-worker-1"] = "TERMINATED"
+    with pytest.raises(RunFailed, match=f"worker 1 died {MAX_RESTARTS + 1} times; giving up"):
+        w.check(advance=STATUS_EVERY_S)
+    assert w.restores == ["vm-worker-1"] * MAX_RESTARTS
 
 
 @pytest.mark.parametrize("role, status, says", [
@@ -134,7 +187,7 @@ def test_what_cannot_be_brought_back_ends_the_run_at_once(role, status, says):
         del w.status[name]
     else:
         w.status[name] = status
-    with pytest.raises(RemoteError, match=says):
+    with pytest.raises(RunFailed, match=says):
         w.check(advance=STATUS_EVERY_S)
     assert w.restores == []
 
@@ -147,7 +200,7 @@ def test_a_vm_added_after_the_last_listing_is_not_missing_from_it():
     w.dep.nodes.append(new)
     w.check(advance=2.0)  # the listing (1 s before its launch) does not have it: not known yet, not gone
     assert w.events == []
-    with pytest.raises(RemoteError, match="worker 2's VM vm-worker-2 no longer exists"):
+    with pytest.raises(RunFailed, match="worker 2's VM vm-worker-2 no longer exists"):
         w.check(advance=STATUS_EVERY_S)  # a listing after its launch that does not have it: gone
 
 
@@ -185,5 +238,5 @@ def test_with_the_api_out_of_reach_too_nothing_is_decided():
     assert w.events[-1][0] == "ssh-lost" and w.recovery.api_error.startswith("ConnectionError")
     assert w.attempts - tried <= 60 / 3 + 1, "asked at most every 3 s while it fails"
     w.api_down = False
-    with pytest.raises(RemoteError, match="trainer 0"):
+    with pytest.raises(RunFailed, match="trainer 0"):
         w.check(advance=STATUS_EVERY_S)
