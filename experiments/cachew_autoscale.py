@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dsctl.costmodel import load_catalog, price
+from dsctl.costmodel import load_catalog, price, usage_from_spec
 from dsctl.orchestrator.store import RunStore
 from dsctl.orchestrator.sweep import SweepOptions, SweepRunner, Window
 from dsctl.orchestrator.timeline import scaling_changes
@@ -108,15 +108,9 @@ def _policy_result(run_id: str, spec, curve: dict) -> dict:
     tail = [w for w in windows if w["workers"] == final][-10:]
     bps = sum(w["batches"] for w in tail) / sum(w["t_end"] - w["t_start"] for w in tail)
     catalog = load_catalog(spec.pricing)
-    from dsctl.costmodel import RunUsage
-
     summary = store.recorded(run_id).summary
     point = curve.get(final, {})
-    usage = RunUsage(job_time_s=STEPS_PRICED / bps, batches=STEPS_PRICED, trainer_machine=spec.trainer.machine,
-                     n_workers=final, worker_machine=spec.service.worker_machine,
-                     dispatcher_machine=spec.service.dispatcher_machine,
-                     worker_avg_cpu_cores=None, worker_avg_mem_gb=None,
-                     service_provisioning=spec.service.provisioning, trainer_provisioning=spec.trainer.provisioning)
+    usage = usage_from_spec(spec, job_time_s=STEPS_PRICED / bps, batches=STEPS_PRICED, workers=final)
     cost = price(usage, catalog, "vm-hours")
     return {"run_id": run_id, "final_workers": final, "final_bps": bps,
             "mean_workers": summary.get("mean_workers"),

@@ -31,7 +31,7 @@ from pathlib import Path
 from statistics import mean
 
 import dsctl.specs
-from dsctl.costmodel import RunUsage, ThroughputModel, load_catalog, price
+from dsctl.costmodel import RunUsage, ThroughputModel, load_catalog, price, usage_from_spec
 from dsctl.costmodel.throughput import hold_out
 from dsctl.orchestrator.sweep import SweepOptions, SweepRunner, Window
 
@@ -216,12 +216,8 @@ def _predict(spec, model: ThroughputModel, measured: list[dict], colocated_cost:
     out = []
     for n in SIMULATED:
         bps = model.predict(n)
-        usage = RunUsage(job_time_s=3600.0, batches=bps * 3600.0, n_trainers=1, trainer_machine=spec.trainer.machine,
-                         accelerators_per_trainer=spec.trainer.accelerators_per_trainer, n_workers=n,
-                         worker_machine=spec.service.worker_machine, worker_avg_cpu_cores=cpu, worker_avg_mem_gb=mem,
-                         dispatcher_machine=spec.service.dispatcher_machine,
-                         service_provisioning=spec.service.provisioning,
-                         trainer_provisioning=spec.trainer.provisioning)
+        usage = usage_from_spec(spec, job_time_s=3600.0, batches=bps * 3600.0, workers=n,
+                                measured={"worker_cpu_cores": cpu, "worker_mem_gb": mem})
         cost = price(usage, catalog, spec.cost_basis).per_1000_batches
         out.append({"workers": n, "batches_per_s": bps, "speedup": model.speedup(n),
                     "fraction_of_ideal": bps / model.ideal_bps, "cost_per_1000_batches": cost,

@@ -268,6 +268,37 @@ def test_cachew_autoscale_verdict_and_conclusion_follow_the_numbers(change, fail
     assert cachew_autoscale.verdict(cachew_data(cpu_util=0.9))["cpu_below_target"] is False
 
 
+@pytest.mark.parametrize("trainers", [1, 2])
+def test_cachew_autoscale_prices_100k_steps_with_every_trainer_the_spec_has(monkeypatch, trainers):
+    """A policy's 100k steps are priced from its spec as every run is (costmodel usage_from_spec): each of the spec's
+    trainer VMs with its accelerators, the workers it settled at and a dispatcher."""
+    import yaml
+
+    from dsctl.costmodel import load_catalog, price, usage_from_spec
+    from dsctl.specs.schema import JobSpec
+
+    class Store:
+        def windows(self, run_id):
+            return [{"trainer": 0, "warmup": False, "workers": 3, "batches": 50, "t_start": float(i),
+                     "t_end": i + 1.0} for i in range(12)]
+
+        def recorded(self, run_id):
+            return type("Record", (), {"summary": {"mean_workers": 3.0, "worker_cpu_cores": 0.4}})()
+
+    monkeypatch.setattr(cachew_autoscale, "RunStore", Store)
+    data = yaml.safe_load(cachew_autoscale.JOB.format(name="priced", duration=60, autoscale=""))
+    data["trainer"]["count"] = trainers
+    spec = JobSpec.model_validate(data)
+    result = cachew_autoscale._policy_result("r", spec, {})
+    hours = cachew_autoscale.STEPS_PRICED / 50.0 / 3600
+    assert result["final_workers"] == 3 and result["training_hours_100k_steps"] == pytest.approx(hours)
+    catalog = load_catalog(spec.pricing)
+    one_trainer = price(usage_from_spec(spec, job_time_s=hours * 3600, batches=cachew_autoscale.STEPS_PRICED,
+                                        workers=3, trainers=1), catalog, "vm-hours")
+    assert result["cost_100k_steps"] == pytest.approx(one_trainer.total + (trainers - 1) * one_trainer.trainers)
+    assert one_trainer.trainers > 0 and one_trainer.service > 0
+
+
 @pytest.mark.slow
 @pytest.mark.timed
 def test_cachew_autoscale_settles_at_the_knee_and_hpa_under_provisions(home, out):
