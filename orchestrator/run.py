@@ -213,27 +213,27 @@ class JobRunner:
         assert isinstance(self.provisioner, HandsOff), f"provider {self.provisioner.name} cannot hand a run off"
         return self.provisioner
 
-    def hand_off(self, attached: bool = False, wait_s: float = 300.0, poll_s: float = 1.0) -> dict:
+    def hand_off(self, attached: bool = False, wait_s: float | None = None, poll_s: float = 1.0) -> dict:
         """`dsctl up --detach` on a provider that supervises runs itself: provision from here, hand the job to
         the supervisor on the dispatcher VM, and return once it has published that the trainers run (or the
         run already ended). Returns the supervisor's latest published state. Any failure until then tears
         everything down here."""
         from . import cloudrecord
 
+        self._cloud.prepare_hand_off(self.spec)  # before the checks: what is checked depends on it
         dep = self.prepare()
         started = self.store.recorded(self.run_id).created_at
         outcome = Outcome()
         try:
             with outcome.classify(self.run_id):
-                self._cloud.prepare_hand_off(self.spec)
                 self._phase("provisioning")
-                self.provisioner.up(self.spec, dep, self.workers, self._event)
-                self.provisioner.wait_ready(dep, self._event)
+                self.provisioner.up(self.spec, dep, self.workers, self._event)  # the machines only: see launch_servers
                 dep.status = "up"
                 dep.save()
                 self._phase("handing over")
                 self._cloud.hand_off(dep, self._hand_off_files(attached), self.loaded.base_dir, self._event)
-                latest = self._wait_supervisor(cloudrecord, dep, wait_s, poll_s)
+                first_batch_s = self._cloud.limits(self.spec).first_batch_s if wait_s is None else wait_s
+                latest = self._wait_supervisor(cloudrecord, dep, first_batch_s, poll_s)
                 run = latest.get("run") or {}
                 if run.get("status") in ("failed", "interrupted"):
                     raise RunFailed(f"the run's supervisor on the dispatcher VM reported: {run.get('error')}", self.run_id)
@@ -252,18 +252,26 @@ class JobRunner:
             files["spec.yaml"] = (self.run_dir / "spec.yaml").read_bytes()
         return files
 
-    def _wait_supervisor(self, cloudrecord, dep: Deployment, wait_s: float, poll_s: float) -> dict:
+    def _wait_supervisor(self, cloudrecord, dep: Deployment, wait_s: float, poll_s: float,
+                         look_every_s: float = 15.0) -> dict:
+        """Until the supervisor publishes a first batch or the run's end; no longer than wait_s, nor once the
+        supervisor is seen gone (looked at every look_every_s)."""
         objects = self._cloud.run_objects(dep)
         deadline = time.monotonic() + wait_s
+        next_look = time.monotonic() + look_every_s
         while True:
             latest = cloudrecord.read_latest(objects)
             run = (latest or {}).get("run") or {}
             if run.get("status") not in (None, "running") or (latest or {}).get("progress", {}).get("batches"):
                 return latest
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline or now > next_look:
                 status = self._cloud.supervisor_status(dep)
-                raise RunFailed(f"the run's supervisor on the dispatcher VM has not reported a first batch within "
-                                f"{wait_s:.0f} s (its process: {status}); everything was deleted.")
+                next_look = now + look_every_s
+                if now > deadline or status.startswith("gone"):
+                    waited = f"within {wait_s:.0f} s" if now > deadline else "before it was lost"
+                    raise RunFailed(f"the run's supervisor on the dispatcher VM has not reported a first batch "
+                                    f"{waited} (its process: {status}); everything was deleted.")
             time.sleep(poll_s)
 
     def follow_hand_off(self, poll_s: float = 2.0) -> dict:
@@ -315,6 +323,9 @@ class JobRunner:
         try:
             with outcome.classify(self.run_id):
                 self._cloud.adopt(dep, self.spec)
+                self._phase("provisioning")
+                self._cloud.launch_servers(dep, self._event)
+                self.provisioner.wait_ready(dep, self._event)
                 self._start_trainers(dep)
                 self._phase("training")
                 self._train(dep)

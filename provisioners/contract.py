@@ -232,10 +232,12 @@ class RunObjects(Protocol):
 
 @dataclass(frozen=True)
 class HandOffLimits:
-    """How long a run supervised on the cloud may last, and may go without hearing from an attached follower."""
+    """How long a run supervised on the cloud may last, may go without hearing from an attached follower, and may
+    take from its hand-over to its first batch (its supervisor starts the servers: machines boot, install)."""
 
     max_duration_s: float
     outage_limit_s: float
+    first_batch_s: float = 300.0
 
 
 @runtime_checkable
@@ -253,10 +255,12 @@ class HandsOff(Protocol):
         here), or None."""
 
     def prepare_hand_off(self, spec: JobSpec) -> None:
-        """Before `up`: what the machines of a run supervised on the cloud need (e.g. their own time limit)."""
+        """Before `up`: what the machines of a run supervised on the cloud need (e.g. their own time limit). From
+        then on `up` only creates the machines; the supervisor starts the servers there (launch_servers)."""
 
     def hand_off(self, dep: Deployment, files: dict[str, bytes], base_dir: Path, events: EventSink) -> None:
-        """Start the run's supervisor on a machine of the run with `files` in its run dir; stop watching from here."""
+        """Have the run's supervisor start on a machine of the run with `files` in its run dir, without connecting
+        to any machine from here; return once it has started."""
 
     def handed_off(self, dep: Deployment) -> bool:
         """Whether this deployment's run is supervised on the cloud now."""
@@ -268,6 +272,10 @@ class HandsOff(Protocol):
 
     def adopt(self, dep: Deployment, spec: JobSpec) -> None:
         """On the supervising machine: take over a deployment handed over from the user's machine."""
+
+    def launch_servers(self, dep: Deployment, events: EventSink) -> None:
+        """On the supervising machine, after adopt: start the servers `up` created the machines for (the
+        orchestrator then waits for them with wait_ready)."""
 
     def check_supervisor(self, dep: Deployment, spec: JobSpec) -> None:
         """On the supervising machine, before anything: may it do what a supervisor does? (raises if not)"""
@@ -321,6 +329,7 @@ class Capacity(Protocol):
     """The place holds a bounded number of workers (this machine's memory)."""
 
     def capacity(self, trainers: int) -> int: ...
+
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """One deployment on Google Cloud as every step of the provider works on it, built once.
 
-On the way up it is made from the spec's settings (resolved by `check`), records the deployment's
-state before anything is created and makes the run's SSH key; on the way down, or in another
-process (`dsctl down` after kill -9, the run's supervisor on its dispatcher VM), it is made from
-the deployment's state with this process's endpoints. Either way what it holds is fixed from then
-on: the settings, the API clients made with them, the run's SSH key (none: a run that never made a
-VM), the run's cancel event, and the lock under which threads change nodes and save the state. The
+On the way up it is made from the spec's settings (resolved by `check`) and records the deployment's
+state before anything is created (the run's SSH key is made where this process reaches VMs: sign_in);
+on the way down, or in another process (`dsctl down` after kill -9, the run's supervisor on its
+dispatcher VM), it is made from the deployment's state with this process's endpoints. Either way what it holds is fixed from then
+on: the settings, the API clients made with them, the run's SSH key (none: a run that never reached a
+VM from here), the run's cancel event, and the lock under which threads change nodes and save the state. The
 SSH connections wait for the key's OS Login registration (`sign_in`, which names the user to
 connect as), the watcher for the first process to watch.
 """
@@ -42,7 +42,7 @@ class Context:
 
     @property
     def has_ssh(self) -> bool:
-        """False for a run without its SSH key here (it never made a VM): nothing of it can be reached."""
+        """False for a run without its SSH key here (it never reached a VM from here): nothing of it is reached."""
         return self._key is not None or self._ssh is not None
 
     @property
@@ -101,11 +101,12 @@ class Context:
 
 def for_run(dep: Deployment, clients: Clients) -> Context:
     """On the way up: the deployment's state recorded (before anything is created, so `dsctl down` knows where to
-    look) and the run's SSH key made."""
+    look). The run's SSH key is made by `sign_in`, where this process is to reach the VMs: a run handed over to its
+    dispatcher VM has none on the user's machine."""
     if dep.state is None:
         dep.state = GcpDeployment(settings=clients.settings)
         dep.save()
-    return Context(dep, clients, ensure_key_pair(dep.run_dir, comment=f"dsctl-{dep.run_id}"))
+    return Context(dep, clients, None)
 
 
 def from_state(dep: Deployment) -> Context:

@@ -2,13 +2,15 @@
 
 tf.data service has no authentication: whoever reaches a worker can run dataset graphs on
 it, as the user. Two rules per run, on the run's network tag:
-  <prefix>-svc   ALLOW tcp <ports> from the run's tag, priority 900
+  <prefix>-svc   ALLOW tcp <ports>,22 from the run's tag, priority 900
   <prefix>-deny  DENY  tcp <ports> from 0.0.0.0/0, priority 910
 A network's own allow rules sit at lower priority (the default network's
 default-allow-internal is 65534, and admits every port from 10.128.0.0/9), so the deny
 rule keeps them, and external addresses, off the service ports. `wider_rules()` names
-the network rules that would otherwise have opened them, for the plan. SSH (tcp:22) is
-left to the network's rules; `ssh_rules()` finds the ones that admit it.
+the network rules that would otherwise have opened them, for the plan. SSH (tcp:22) between
+the run's VMs is the run's own rule's: the supervisor on the dispatcher VM reaches the
+others whatever the network's rules say. SSH from elsewhere (a run supervised from the
+user's machine) is left to the network's rules; `ssh_rules()` finds the ones that admit it.
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ def run_rules(run_id: str, tag: str, dispatcher_port: int, worker_port: int) -> 
 
     p = tuple(ports(dispatcher_port, worker_port))
     return [
-        Rule(firewall_name(run_id), True, ALLOW_PRIORITY, p, tag, source_tag=tag,
-             description=f"dsctl run {run_id}: tf.data service ports between the run's VMs (dsctl-run={run_id})"),
+        Rule(firewall_name(run_id), True, ALLOW_PRIORITY, (*p, "22"), tag, source_tag=tag,
+             description=f"dsctl run {run_id}: tf.data service ports and SSH between the run's VMs (dsctl-run={run_id})"),
         Rule(deny_firewall_name(run_id), False, DENY_PRIORITY, p, tag, source_range="0.0.0.0/0",
              description=f"dsctl run {run_id}: tf.data service ports closed to all others (dsctl-run={run_id})"),
     ]

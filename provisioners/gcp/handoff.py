@@ -13,6 +13,7 @@ VM of the run deletes itself (lifetime.py, watchdog.py); its dispatcher VM is ne
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -20,12 +21,16 @@ from dsctl.specs import SpecError
 from dsctl.specs.schema import GcpSpec, JobSpec
 
 from ..contract import EventSink, HandOffLimits
-from . import compute, operations, preflight, remote, serviceaccount, stage
+from . import compute, operations, preflight, remote, serviceaccount, stage, starter, startup
 from .context import Context
-from .errors import GcpError, RemoteError
+from .errors import GcpError
+from .lifetime import beat_every_s
+from .naming import run_filter
 from .state import RemoteProcess, gcp
-from .storage import RunObjects
+from .storage import HeartbeatObject, RunObjects
 from .watch import Watched
+
+SILENT_BEATS = 3  # a supervisor whose heartbeat has not changed for this many beats is gone
 
 
 def _gcp(spec: JobSpec) -> GcpSpec:
@@ -39,7 +44,9 @@ def hands_off(spec: JobSpec, mode: str) -> bool:
 
 def limits(spec: JobSpec) -> HandOffLimits:
     g = _gcp(spec)
-    return HandOffLimits(max_duration_s=g.max_duration_s, outage_limit_s=g.outage_limit_s)
+    # The supervisor reaches each VM (SSH up, bootstrap done) before it starts their servers, then the first batch.
+    return HandOffLimits(max_duration_s=g.max_duration_s, outage_limit_s=g.outage_limit_s,
+                         first_batch_s=g.ssh_timeout_s + g.startup_timeout_s + 300.0)
 
 
 def detaching(spec: JobSpec) -> SpecError | None:
@@ -50,8 +57,10 @@ def detaching(spec: JobSpec) -> SpecError | None:
 
 
 def hand_off(ctx: Context, files: dict[str, bytes], base_dir: Path, events: EventSink) -> None:
-    """Start the run's supervisor on the dispatcher VM with `files` (name -> contents) in its run dir, and stop
-    watching the VMs from here. The spec and the user's code (base_dir) go to Cloud Storage first, from here."""
+    """Have the dispatcher VM start the run's supervisor with `files` (name -> contents) in its run dir, and return
+    once it has published its record. The spec and the user's code (base_dir), then the hand-over (the files and
+    the run's state, its manifest last), go to Cloud Storage; the VM's starter (starter.py) takes them from there.
+    Nothing here connects to a VM: the VM's own startup script starts the supervisor."""
     s, dep, state = ctx.settings, ctx.dep, ctx.state
     spec = JobSpec.model_validate_json(files["spec.json"])
     state.trainer_files = stage.trainer_files(ctx, spec, Path(dep.run_dir) / "spec.json", base_dir)
@@ -59,39 +68,78 @@ def hand_off(ctx: Context, files: dict[str, bytes], base_dir: Path, events: Even
         ctx.watcher.stop()
         ctx.watcher = None
     disp = gcp(dep.by_role("dispatcher")[0]).vm
-    base = f"{disp.dir}/supervisor"
-    run_dir = f"{base}/home/runs/{dep.run_id}"
-    dep.save()
-    bundle = {f"{run_dir}/{name}": (data, 0o600) for name, data in files.items()}
-    bundle[f"{run_dir}/state.json"] = ((Path(dep.run_dir) / "state.json").read_bytes(), 0o600)
-    ctx.ssh.put(disp.ssh_host, bundle)
-    env = {"DSCTL_HOME": f"{base}/home", **s.endpoint_environment()}
-    res = ctx.ssh.run(disp.ssh_host, remote.launch(remote.Layout(base), s.python, "dsctl.cli.main", ["supervise", run_dir],
-                                               env), doing="starting the run's supervisor")
-    if res.code != 0:
-        raise RemoteError(f"could not start the run's supervisor on {disp.name}: "
-                          f"{(res.stderr or res.stdout).strip()[-300:]}")
-    pid, start = remote.parse_launch(res.stdout)
-    state.supervisor = RemoteProcess(instance=disp.name, host=disp.ssh_host, dir=base, remote_pid=pid, start_time=start)
+    state.supervisor = RemoteProcess(instance=disp.name, host=disp.internal_ip or disp.host or "",
+                                     dir=starter.supervisor_dir(s.remote_dir, dep.run_id, disp.name))
     ctx.save()
+    bundle = {**files, "state.json": (Path(dep.run_dir) / "state.json").read_bytes()}
+    HandOver(ctx.clients.storage, s.bucket, dep.run_id).put(bundle)
+    where = f"gs://{s.bucket}/{starter.handoff_prefix(dep.run_id)}"
+    events("cloud", f"the run's hand-over is in {where}; its dispatcher VM {disp.name} starts the run's supervisor "
+                    "from there once its software is installed")
+    _wait_started(ctx, disp.name, timeout_s=s.startup_timeout_s + s.ssh_timeout_s)
     events("handed-over", f"the run is supervised on its dispatcher VM {disp.name} from now on")
 
 
-def supervisor_status(ctx: Context) -> str:
-    """'running', 'exited (code N)', or why it is not known; one SSH command to the dispatcher VM."""
-    sup = ctx.state.supervisor
-    if sup is None:
-        return "no supervisor"
-    if not ctx.has_ssh:
-        return "unknown (the run has no SSH key here)"
-    try:
-        res = ctx.ssh.run(sup.host, remote.status([sup.dir]), doing="checking the supervisor", timeout=30)
-    except RemoteError as exc:
-        return f"unknown ({exc})"
-    st = remote.parse_status(res.stdout, time.monotonic()).get(sup.dir)
-    if st is None:
-        return "unknown"
-    return "running" if st.running(sup.start_time) else f"exited (code {st.exit_code})"
+def _wait_started(ctx: Context, vm_name: str, timeout_s: float, poll_s: float = 2.0) -> None:
+    """Until the supervisor has published anything of the run's record (it does within seconds of starting)."""
+    objects = run_objects(ctx)
+    deadline = time.monotonic() + timeout_s
+    while not objects.names():
+        if ctx.cancel.is_set():
+            raise GcpError("the hand-over was interrupted")
+        if time.monotonic() > deadline:
+            raise GcpError(f"the dispatcher VM {vm_name} did not start the run's supervisor within {timeout_s:.0f} s "
+                           f"of the hand-over (gcp.startup_timeout_s + gcp.ssh_timeout_s): its startup script "
+                           f"installs the run's software first ({startup.LOG} on the VM), then starts the supervisor "
+                           f"({starter.LOG}).")
+        time.sleep(poll_s)
+
+
+class HandOver:
+    """The hand-over's objects in the run's bucket (starter.handoff_prefix): each file, then the manifest naming them,
+    last, so the starter never reads half of it."""
+
+    def __init__(self, storage_client, bucket: str, run_id: str):
+        self.bucket = storage_client.bucket(bucket)
+        self.prefix = starter.handoff_prefix(run_id)
+
+    def put(self, files: dict[str, bytes]) -> None:
+        for name, data in files.items():
+            self.bucket.blob(self.prefix + name).upload_from_string(data)
+        manifest = json.dumps({"files": sorted(files)}).encode()
+        self.bucket.blob(self.prefix + starter.MANIFEST).upload_from_string(manifest)
+
+
+class SupervisorWatch:
+    """Whether the run's supervisor on its dispatcher VM lives, from here, with no connection to the VM: its VM as
+    Compute Engine lists it, and its heartbeat object's generation, which must change every few beats (never a
+    comparison of two machines' clocks: a change seen by this one)."""
+
+    def __init__(self) -> None:
+        self._generation: int | None = None
+        self._changed = time.monotonic()
+
+    def status(self, ctx: Context) -> str:
+        """'running', else why not ('gone (...)'), or 'no supervisor'."""
+        sup = ctx.state.supervisor
+        if sup is None:
+            return "no supervisor"
+        try:
+            vm = compute.statuses(ctx.clients, run_filter(ctx.dep.run_id)).get(sup.instance)
+        except Exception as exc:  # noqa: BLE001 - the API out of reach: nothing is known
+            return f"unknown ({type(exc).__name__}: {exc})"
+        if vm is None:
+            return f"gone (its VM {sup.instance} no longer exists)"
+        if vm[0] != "RUNNING":
+            return f"gone (its VM {sup.instance} is {vm[0]})"
+        generation = HeartbeatObject(ctx.clients.storage, ctx.settings.bucket, ctx.dep.run_id).generation()
+        now = time.monotonic()
+        if generation != self._generation:
+            self._generation, self._changed = generation, now
+        silent = now - self._changed
+        if silent > SILENT_BEATS * beat_every_s(ctx.settings.heartbeat_limit_s):
+            return f"gone (its heartbeat has not changed for {silent:.0f} s)"
+        return "running"
 
 
 def adopt(ctx: Context) -> str:

@@ -222,9 +222,12 @@ def check_egress(clients: Clients) -> None:
         "set gcp.public_ips: true.", field="gcp.public_ips")
 
 
-def check_network(clients: Clients, findings: Findings) -> None:
+def check_network(clients: Clients, findings: Findings, reaches_vms: bool = True) -> None:
+    """SSH to the VMs from this machine (`reaches_vms`: a run supervised from here; a run handed over is reached
+    from its dispatcher VM only, through the run's own rule), their way out to Cloud Storage, and the network's
+    rules that admit the service ports."""
     s = clients.settings
-    if not firewall.ssh_rules(clients, from_outside=s.public_ips):
+    if reaches_vms and not firewall.ssh_rules(clients, from_outside=s.public_ips):
         network = s.network.rsplit("/", 1)[-1]
         where = "from outside the VPC (dsctl connects to the VMs' external addresses)" if s.public_ips else ""
         raise SpecError(
@@ -244,8 +247,9 @@ def check_network(clients: Clients, findings: Findings) -> None:
                                   "service ports; raise its priority number above 910 or narrow it")
 
 
-def run(clients: Clients, spec: JobSpec, software: Software) -> Findings:
-    """Every check, in the order that fails cheapest; returns what the plan should say."""
+def run(clients: Clients, spec: JobSpec, software: Software, reaches_vms: bool = True) -> Findings:
+    """Every check, in the order that fails cheapest; returns what the plan should say. `reaches_vms`: this machine
+    connects to the VMs (a run supervised from here), so SSH from here must be admitted."""
     findings = Findings()
     check_permissions(clients, spec)
     findings.project_number = project_number(clients)
@@ -259,5 +263,5 @@ def run(clients: Clients, spec: JobSpec, software: Software) -> Findings:
                                              may_not_create=policies.service_account_creation_disabled)
     findings.service_account = findings.account.email
     findings.notes += findings.account.notes
-    check_network(clients, findings)
+    check_network(clients, findings, reaches_vms)
     return findings

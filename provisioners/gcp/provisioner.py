@@ -66,6 +66,7 @@ class GcpProvisioner:
         self._hands_off = False  # prepare_hand_off: the dispatcher VM will run the run's supervisor
         self._heartbeat: Heartbeat | None = None  # while this process supervises the run (heartbeat.py)
         self._inside: str | None = None  # adopt: the VM this process runs on (deleted last, by delete_self)
+        self._supervisor_watch: handoff.SupervisorWatch | None = None  # a handed-over run's supervisor, seen from here
 
     # -- context ------------------------------------------------------------------------------------------------
     def _context(self, dep: Deployment, spec: JobSpec | None = None) -> Context:
@@ -80,7 +81,7 @@ class GcpProvisioner:
 
     def _preflight(self, spec: JobSpec, clients: Clients) -> preflight.Findings:
         if self._findings is None:
-            self._findings = preflight.run(clients, spec, clients.settings.run_software)
+            self._findings = preflight.run(clients, spec, clients.settings.run_software, reaches_vms=not self._hands_off)
         return self._findings
 
     # -- the contract -------------------------------------------------------------------------------------------
@@ -112,14 +113,33 @@ class GcpProvisioner:
             gcp(dispatcher).fault_tolerant = spec.service.fault_tolerant
             for node in dep.by_role("worker"):
                 gcp(node).cache_mb = _cache_mb(spec)
-            reports = vms.create(ctx, machines, rules=True, events=events)
-            vms.check_versions(ctx, reports)
-            processes.start_dispatcher(ctx, dispatcher)
-            parallel(lambda n: processes.start_worker(ctx, n), dep.by_role("worker"), cancel=ctx.cancel)
-            events("starting", f"dispatcher and {workers} worker(s) starting on Google Cloud ({ctx.settings.zone})")
+            # A run to be handed over is only created from here: its supervisor reaches the VMs and starts the
+            # servers from the dispatcher VM (launch_servers), so this machine opens no connection to any VM.
+            reach = not self._hands_off
+            reports = vms.create(ctx, machines, rules=True, events=events, reach=reach)
+            if reach:
+                vms.check_versions(ctx, reports)
+                self._start_servers(ctx, dep, events)
         except BaseException as exc:
             self._cleanup_failed_up(dep, events, exc)
             raise
+
+    def _start_servers(self, ctx: Context, dep: Deployment, events: EventSink) -> None:
+        processes.start_dispatcher(ctx, dep.by_role("dispatcher")[0])
+        parallel(lambda n: processes.start_worker(ctx, n), dep.by_role("worker"), cancel=ctx.cancel)
+        events("starting", f"dispatcher and {len(dep.by_role('worker'))} worker(s) starting on Google Cloud "
+                           f"({ctx.settings.zone})")
+
+    def launch_servers(self, dep: Deployment, events: EventSink) -> None:
+        """On the supervising VM, after adopt: the run's VMs (created by `dsctl up` without being reached) reached
+        over SSH at their internal addresses, their versions checked, the dispatcher and workers started."""
+        ctx = self._context(dep)
+        if any(gcp(n).remote_pid for n in dep.by_role("dispatcher") + dep.by_role("worker")):
+            return  # started before the hand-over (a run handed over by an earlier dsctl)
+        events("cloud", "reaching the run's VMs from the dispatcher VM, at their internal addresses")
+        nodes = [n for n in dep.nodes if n.role in ("dispatcher", "worker", "trainer")]
+        vms.check_versions(ctx, vms.reach_all(ctx, nodes))
+        self._start_servers(ctx, dep, events)
 
     def _cleanup_failed_up(self, dep: Deployment, events: EventSink, exc: BaseException) -> None:
         """Delete whatever the failed step had created; the error says whether that worked."""
@@ -291,9 +311,11 @@ class GcpProvisioner:
         return handoff.detaching(spec)
 
     def prepare_hand_off(self, spec: JobSpec) -> None:
-        """Before `up` of a run to be handed over: its dispatcher VM, which will run the supervisor, is created
-        standard (on-demand) whatever service.provisioning says: a preempted supervisor would leave the run
-        unsupervised until its VMs' watchdogs end it."""
+        """Before `check` and `up` of a run to be handed over: nothing of it is reached from here (no SSH key, no SSH
+        rule from here needed; the dispatcher VM starts the supervisor, which starts the servers: launch_servers),
+        and its dispatcher VM, which will run the supervisor, is created standard (on-demand) whatever
+        service.provisioning says: a preempted supervisor would leave the run unsupervised until its VMs' watchdogs
+        end it."""
         self._hands_off = True
 
     def hand_off(self, dep: Deployment, files: dict[str, bytes], base_dir: Path, events: EventSink) -> None:
@@ -307,7 +329,9 @@ class GcpProvisioner:
         return handoff.run_objects(self._context(dep))
 
     def supervisor_status(self, dep: Deployment) -> str:
-        return handoff.supervisor_status(self._context(dep))
+        if self._supervisor_watch is None:
+            self._supervisor_watch = handoff.SupervisorWatch()
+        return self._supervisor_watch.status(self._context(dep))
 
     def adopt(self, dep: Deployment, spec: JobSpec) -> None:
         self._spec = spec

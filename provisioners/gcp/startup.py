@@ -18,7 +18,8 @@ is Private Google Access:
    software.JAX_VERSION too; on a GPU VM, also wait for the NVIDIA driver that the Deep
    Learning VM image installs at boot);
 5. write /var/lib/dsctl/bootstrap.json: {"ok": true, "tensorflow": ..., "seconds": ...,
-   "storage_bytes": ...} or {"ok": false, "error": ...}, which dsctl waits for over SSH.
+   "storage_bytes": ...} or {"ok": false, "error": ...}, which dsctl waits for over SSH;
+6. on the dispatcher VM, start the run's supervisor from the hand-over in Cloud Storage (starter.py).
 
 Every value that reaches the script is quoted here.
 """
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import shlex
 
-from . import watchdog
+from . import starter, watchdog
 from .remote import FETCH, REAL_STORAGE
 from .software import KindSoftware
 
@@ -41,7 +42,8 @@ GPU_DRIVER_WAIT_S = 900
 def script(*, kind: KindSoftware, tf_version: str, bucket: str, wheelhouse_prefix: str, dsctl_prefix: str,
            dsctl_wheel: str, storage_host: str | None = None, supervisor: bool = False) -> str:
     """The bash startup script for one kind of VM (cpu, gpu, tpu) of a run; with `supervisor` (the dispatcher
-    VM), dsctl's supervisor extra too: the run's supervisor runs there (orchestrator/supervise.py)."""
+    VM), dsctl's supervisor extra too, and once everything is installed the starter (starter.py), which starts the
+    run's supervisor (orchestrator/supervise.py) from the hand-over in Cloud Storage where the run is handed over."""
     q = shlex.quote
     storage = storage_host or REAL_STORAGE
     venv_flags = "--without-pip" + (" --system-site-packages" if kind.uses_image_tensorflow else "")
@@ -86,7 +88,7 @@ set -uo pipefail
 mkdir -p /var/lib/dsctl {WHEELS}
 exec >> {LOG} 2>&1
 {watchdog.start_lines(kind.python)}
-[ -s {MARKER} ] && grep -q '"ok": true' {MARKER} && exit 0   # done at an earlier boot
+[ -s {MARKER} ] && grep -q '"ok": true' {MARKER} && exit 0   # done at an earlier boot (a supervisor's too)
 PY={q(kind.python)}
 T0=$(date +%s.%N)
 phase() {{ printf '%s=%s ' "$1" "$(date +%s.%N)" >> /var/lib/dsctl/phases; }}
@@ -142,4 +144,4 @@ out = {{"ok": True, "tensorflow": version, "seconds": round(time.time() - t0, 2)
 open(marker + ".tmp", "w").write(json.dumps(out) + "\\n")
 EOF
 mv {MARKER}.tmp {MARKER}
-"""
+{starter.start_lines(f"{VENV}/bin/python") if supervisor else ""}"""

@@ -86,10 +86,10 @@ class RemoteProcess:
     """A process on a VM that is no node of the run: the run's supervisor (`dsctl supervise`) after a hand-over."""
 
     instance: str  # the VM it runs on (the dispatcher's)
-    host: str  # where dsctl reaches that VM over SSH
-    dir: str  # its directory there (remote.Layout)
-    remote_pid: int
-    start_time: int
+    host: str  # that VM's address
+    dir: str  # its directory there (remote.Layout; made by the VM's starter, starter.py)
+    remote_pid: int | None = None  # known to its VM only (the starter started it): states before have it
+    start_time: int | None = None
 
 
 @dataclass

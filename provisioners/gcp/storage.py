@@ -217,6 +217,11 @@ class HeartbeatObject:
     def beat(self, count: int) -> None:
         self.blob.upload_from_string(json.dumps({"beat": count, "at": time.time()}), content_type="application/json")
 
+    def generation(self) -> int | None:
+        """The object's generation now (None while there is none): a new one at every beat."""
+        self.blob.reload()  # NotFound when absent
+        return self.blob.generation
+
 
 class RunObjects:
     """One run's record objects, gs://<bucket>/dsctl/runs/<run>/record/<name> (orchestrator/cloudrecord.py)."""

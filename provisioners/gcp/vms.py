@@ -19,7 +19,7 @@ from dsctl.specs.schema import JobSpec
 
 from ..contract import EventSink
 from ..state import Deployment, Node
-from . import compute, firewall, lifetime, naming, remote, startup, versions, watchdog
+from . import compute, firewall, lifetime, naming, remote, starter, startup, versions, watchdog
 from .context import Context
 from .errors import CloudTimeout, RemoteError
 from .machinetypes import machine_kind
@@ -60,7 +60,7 @@ def record(ctx: Context, spec: JobSpec, role: str, indices: list[int], machine: 
     kind = machine_kind(machine).kind
     tag = naming.network_tag(dep.run_id)
     md = metadata(ctx, kind, role)
-    md.setdefault("startup-script", watchdog.script())
+    md.setdefault("startup-script", watchdog.script() + (starter.start_lines(s.python) if role == "dispatcher" else ""))
     md[lifetime.WATCHDOG_KEY] = lifetime.watchdog_config(s, dep.run_id).to_json()
     image = s.run_software.for_kind(kind).image  # a boot image, or a TPU VM's runtime version
     provisioning: str = spec.trainer.provisioning if role == "trainer" else spec.service.provisioning
@@ -72,6 +72,8 @@ def record(ctx: Context, spec: JobSpec, role: str, indices: list[int], machine: 
         # Workers share one bulk insert, hence one set of labels: their index is in their names only.
         labels = naming.labels(dep.run_id, spec.name, role, s.labels, index=None if role == "worker" else i)
         vm_md = md
+        if supervisor and role == "dispatcher":  # it starts the run's supervisor from the hand-over (starter.py)
+            vm_md = {**md, starter.STARTER_KEY: starter_config(ctx, name).to_json()}
         if kind == "tpu":  # a TPU VM's metadata server does not name its node: the watchdog is told
             vm_md = {**md, lifetime.WATCHDOG_KEY: lifetime.watchdog_config(s, dep.run_id, tpu_node=name).to_json()}
         config = compute.VmConfig(machine=machine, labels=labels, tag=tag, metadata=vm_md, image=image,
@@ -84,6 +86,15 @@ def record(ctx: Context, spec: JobSpec, role: str, indices: list[int], machine: 
                 ctx.state.trainer_vms[i] = vm  # the same record: what the node learns of its VM, the run keeps
         out.append(Machine(role=role, index=i, name=name, vm=config, kind=kind))
     return out
+
+
+def starter_config(ctx: Context, vm_name: str) -> starter.StarterConfig:
+    """What the dispatcher VM named `vm_name` is told to start the run's supervisor with: the hand-over's place,
+    the supervisor's folder and Python, the endpoints it calls (gcp's own, or a test's stand-ins)."""
+    s = ctx.settings
+    return starter.StarterConfig(run_id=ctx.dep.run_id, bucket=s.bucket, storage=s.storage_host or remote.REAL_STORAGE,
+                                 dir=starter.supervisor_dir(s.remote_dir, ctx.dep.run_id, vm_name), python=s.python,
+                                 env=s.endpoint_environment(), wait_s=s.max_duration_s)
 
 
 def node_of(dep: Deployment, m: Machine) -> Node:
@@ -99,9 +110,11 @@ def restore_trainer_nodes(dep: Deployment, count: int) -> None:
             dep.nodes.append(Node(role="trainer", index=index, state=GcpNode(vm=vm)))
 
 
-def create(ctx: Context, machines: list[Machine], rules: bool, events: EventSink) -> dict[str, dict]:
+def create(ctx: Context, machines: list[Machine], rules: bool, events: EventSink, reach: bool = True) -> dict[str, dict]:
     """Create machines (and the run's firewall rules); as each VM runs, SSH to it, wait for its bootstrap and
-    probe its versions. Returns the probe reports by node label."""
+    probe its versions. Returns the probe reports by node label. Without `reach` (a run handed over: its
+    supervisor reaches the VMs from the dispatcher VM, prepare_all), only until each VM runs: no connection
+    to any VM, and no SSH key in OS Login for the caller."""
     s, dep, state = ctx.settings, ctx.dep, ctx.state
     events = relay(events)
     fleet = ctx.fleet(events)
@@ -110,7 +123,8 @@ def create(ctx: Context, machines: list[Machine], rules: bool, events: EventSink
         new_rules = firewall.run_rules(dep.run_id, naming.network_tag(dep.run_id), s.dispatcher_port, s.worker_port)
         state.firewalls = [FirewallRule(rule.name) for rule in new_rules]
     ctx.save()  # intent first: a kill -9 from here on leaves names `dsctl down` can delete
-    ctx.sign_in(s.max_duration_s)  # the key SSH reaches these VMs with, in OS Login, before any of them boots
+    if reach:
+        ctx.sign_in(s.max_duration_s)  # the key SSH reaches these VMs with, in OS Login, before any of them boots
     t0 = time.monotonic()
     fleet.create(machines, new_rules)
     for m in machines:
@@ -120,7 +134,7 @@ def create(ctx: Context, machines: list[Machine], rules: bool, events: EventSink
     ctx.save()
 
     def running(m: Machine, internal: str | None, external: str | None) -> None:
-        if s.public_ips and not external:
+        if reach and s.public_ips and not external:
             raise RemoteError(f"{m.name} has no external address although gcp.public_ips is true; dsctl cannot "
                               "reach it over SSH from here.")
         with ctx.lock:
@@ -129,6 +143,8 @@ def create(ctx: Context, machines: list[Machine], rules: bool, events: EventSink
             vm.host = external if s.public_ips else internal
 
     def prepare_all(ms: list[Machine]) -> list[dict]:
+        if not reach:
+            return [{} for _ in ms]
         return parallel(lambda m: prepare(ctx, node_of(dep, m)), ms, cancel=ctx.cancel)
 
     def vms() -> list[dict]:
@@ -137,13 +153,14 @@ def create(ctx: Context, machines: list[Machine], rules: bool, events: EventSink
             return []
         fleet.wait_running(group, s.running_timeout_s, running)
         ctx.save()  # once for the group: 640 saves of a 640-node state would be quadratic
-        events("cloud", f"{len(group)} VM(s) running after {time.monotonic() - t0:.1f} s; connecting over SSH")
+        then = "; connecting over SSH" if reach else ""
+        events("cloud", f"{len(group)} VM(s) running after {time.monotonic() - t0:.1f} s{then}")
         return prepare_all(group)
 
     def one_tpu(m: Machine) -> list[dict]:
         fleet.wait_tpu(m, running)
         ctx.save()
-        events("cloud", f"TPU VM {m.name} ready after {time.monotonic() - t0:.1f} s; connecting over SSH")
+        events("cloud", f"TPU VM {m.name} ready after {time.monotonic() - t0:.1f} s{'; connecting over SSH' if reach else ''}")
         return prepare_all([m])
 
     jobs = [vms] + [lambda m=m: one_tpu(m) for m in machines if m.kind == "tpu"]
@@ -151,6 +168,13 @@ def create(ctx: Context, machines: list[Machine], rules: bool, events: EventSink
     order = [m for m in machines if m.kind != "tpu"] + [m for m in machines if m.kind == "tpu"]
     ctx.save()
     return dict(zip((f"{m.role}-{m.index}" for m in order), reports))
+
+
+def reach_all(ctx: Context, nodes: list[Node]) -> dict[str, dict]:
+    """The VMs of `nodes` created without being reached (create, reach=False), reached now: SSH, bootstrap done,
+    versions reported by node label; checked against the trainers' (check_versions)."""
+    reports = parallel(lambda n: prepare(ctx, n), nodes, cancel=ctx.cancel)
+    return {f"{n.role}-{n.index}": r for n, r in zip(nodes, reports)}
 
 
 def prepare(ctx: Context, node: Node) -> dict:

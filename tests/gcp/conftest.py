@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 from fake_gce import FakeCloud, FakeGce, Faults, Timing
+from guests import GuestStarters
 from sshd import AuthorizedKeysWriter, Sshd, loopback_range, sshd_available
 
 PROJECT = "dsctl-test"
@@ -128,6 +129,10 @@ def cloud(request, gcs_emulator, monkeypatch, home):
         fake.on_started.append(keys.created)
         monkeypatch.setenv("DSCTL_SSH_PORT", str(server_sshd.port))
     fake.on_stopped.append(kill_vm_processes)
+    # A dispatcher VM of a run to be handed over starts the run's supervisor from Cloud Storage (starter.py).
+    starters = GuestStarters(home.parent / "starters", session_env={"CLOUDSDK_CORE_ACCOUNT": VM_ACCOUNT})
+    fake.on_created.append(starters.created)
+    fake.on_deleted.append(starters.deleted)
     with FakeGce(fake) as server:
         monkeypatch.setenv("DSCTL_GCE_ENDPOINT", server.endpoint)
         monkeypatch.setenv("DSCTL_TPU_ENDPOINT", server.endpoint)
@@ -148,6 +153,7 @@ def cloud(request, gcs_emulator, monkeypatch, home):
             leftovers = list(fake.instances.values()) + list(fake.tpus.values())
         for r in leftovers:
             kill_vm_processes(r)
+        starters.close()
 
 
 def gcp_spec(dir: Path, *, sshd: Sshd | None = None, home: Path, name: str = "gcpjob", workers: int = 2,

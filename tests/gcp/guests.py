@@ -73,3 +73,60 @@ class GuestWatchdogs:
             names = list(self.running)
         for name in names:
             self.deleted({"name": name})
+
+
+class GuestStarters:
+    """The stand-in dispatcher VMs' starters: what a dispatcher VM's startup script starts once its software is in
+    (provisioners/gcp/starter.py), which starts the run's supervisor from the hand-over in Cloud Storage.
+
+    Hooked to the stand-in like GuestWatchdogs: for each VM created with the starter's metadata attribute, a
+    metadata server of its own and the REAL starter (`python -m dsctl.provisioners.gcp.starter`), with the
+    environment a process on a "VM" has (`session_env`, as the sshd stand-in gives its sessions: the VM's own
+    account) and GCE_METADATA_HOST pointing at that server. Its command line, and the supervisor's it starts,
+    name the VM, so the stand-in's deletion hook ends both as deleting the VM would."""
+
+    def __init__(self, workdir: Path, session_env: dict[str, str]):
+        self.workdir = Path(workdir)
+        self.session_env = dict(session_env)
+        self.lock = threading.Lock()
+        self.running: dict[str, tuple[MetadataServer, subprocess.Popen]] = {}
+
+    def created(self, resource: dict) -> None:
+        from dsctl.provisioners.gcp.starter import STARTER_KEY
+
+        attributes = _metadata(resource)
+        if STARTER_KEY not in attributes:
+            return
+        parts = resource["selfLink"].split("/")
+        name, project, zone = parts[-1], parts[parts.index("projects") + 1], parts[parts.index("zones") + 1]
+        mds = MetadataServer(attributes=attributes, project_id=project, instance_name=name, zone=zone).start()
+        vm_dir = self.workdir / name
+        vm_dir.mkdir(parents=True, exist_ok=True)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(vm_dir), "LANG": "C.UTF-8",
+               **self.session_env, "GCE_METADATA_HOST": f"127.0.0.1:{mds.port}"}
+        log = open(vm_dir / "starter.log", "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "dsctl.provisioners.gcp.starter", f"{vm_dir}/"], env=env,
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        with self.lock:
+            self.running[name] = (mds, proc)
+
+    def deleted(self, resource: dict) -> None:
+        name = resource.get("name", "").rsplit("/", 1)[-1]
+        with self.lock:
+            entry = self.running.pop(name, None)
+        if entry is not None:
+            mds, proc = entry
+            proc.kill()
+            proc.wait(10)
+            mds.stop()
+
+    def log(self, name: str) -> str:
+        path = self.workdir / name / "starter.log"
+        return path.read_text() if path.exists() else ""
+
+    def close(self) -> None:
+        with self.lock:
+            names = list(self.running)
+        for name in names:
+            self.deleted({"name": name})

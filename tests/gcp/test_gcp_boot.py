@@ -22,7 +22,7 @@ import textwrap
 
 import pytest
 
-from dsctl.provisioners.gcp import software, startup, wheelhouse
+from dsctl.provisioners.gcp import software, starter, startup, wheelhouse
 from dsctl.provisioners.gcp.settings import local_tensorflow_version
 from dsctl.provisioners.gcp.wheel import build_wheel
 from dsctl.specs import load_spec_text
@@ -74,6 +74,17 @@ def test_the_real_startup_script_boots_debian_12_from_cloud_storage_and_its_work
                                 wheelhouse_prefix=cpu_wheelhouse.prefix, dsctl_prefix=run_prefix,
                                 dsctl_wheel=wheel.name, storage_host=vm.gcs_endpoint, supervisor=True)
         vm.metadata.set_attribute("startup-script", script)
+        # A run handed over to this VM: its starter (starter.py), started by the script once everything is in,
+        # takes the hand-over from Cloud Storage and starts the run's supervisor from it, as root.
+        sup_dir = starter.supervisor_dir("/var/tmp/dsctl", "boot-test", "vm")
+        vm.metadata.set_attribute(starter.STARTER_KEY, starter.StarterConfig(
+            run_id="boot-test", bucket=BUCKET, storage=vm.gcs_endpoint, dir=sup_dir,
+            python=startup.VENV + "/bin/python", wait_s=600).to_json())
+        handed = {"spec.json": b"{}", "handoff.json": b"{}"}  # not a run: the supervisor it starts refuses it
+        for name, data in handed.items():
+            client.bucket(BUCKET).blob(starter.handoff_prefix("boot-test") + name).upload_from_string(data)
+        client.bucket(BUCKET).blob(starter.handoff_prefix("boot-test") + starter.MANIFEST).upload_from_string(
+            json.dumps({"files": sorted(handed)}))
         # The image as Google ships it: a Python, but no venv package and no pip.
         assert vm.exec(["python3", "-c", "import ensurepip"]).exit_code != 0
         assert vm.exec(["python3", "-m", "pip", "--version"]).exit_code != 0
@@ -94,6 +105,15 @@ def test_the_real_startup_script_boots_debian_12_from_cloud_storage_and_its_work
         again = vm.run_startup_script(timeout_s=60)
         assert again.ok and again.seconds < 5
 
+        # The starter wrote the hand-over into the supervisor's run folder, readable by root only, and started
+        # `dsctl supervise` there (which ended: this hand-over is no run).
+        run_dir = starter.supervisor_run_dir(sup_dir, "boot-test")
+        wait_for(lambda: "started the run's supervisor" in vm.exec(["cat", starter.LOG]).stdout, timeout=120,
+                 what="the starter to start the supervisor")
+        listed = vm.exec(["stat", "-c", "%a %U %n", f"{run_dir}/spec.json", f"{run_dir}/handoff.json"]).check().stdout
+        assert listed.split() == ["600", "root", f"{run_dir}/spec.json", "600", "root", f"{run_dir}/handoff.json"]
+        wait_for(lambda: vm.exec(["test", "-s", f"{sup_dir}/rc"]).exit_code == 0, timeout=120,
+                 what="the supervisor started from the hand-over to end")
         # The run's supervisor can start there: `dsctl supervise` and the Google Cloud provider import.
         python = startup.VENV + "/bin/python"
         helped = vm.exec([python, "-m", "dsctl.cli.main", "supervise", "--help"], timeout_s=120)

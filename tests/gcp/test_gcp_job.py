@@ -61,11 +61,14 @@ def test_job_runs_on_the_stand_in_cloud_and_leaves_nothing(cloud, sshd, home, tm
     tag = f"dsctl-{runner.run_id}"
     rules = {b["name"]: b for k, b in cloud.created if k == "firewall"}
     allow, deny = rules[f"{tag}-svc"], rules[f"{tag}-deny"]
-    # Ports 0 in this spec: chosen on the VMs, so the unprivileged range, open between the run's VMs only ...
+    # Ports 0 in this spec: chosen on the VMs, so the unprivileged range, open between the run's VMs only, with
+    # SSH (a supervisor on the dispatcher VM reaches the others through it) ...
     assert allow["sourceTags"] == allow["targetTags"] == [tag]
-    assert allow["allowed"] == [{"IPProtocol": "tcp", "ports": ["1024-65535"]}]
-    # ... and closed to everything else, ahead of the network's own allow rules (default-allow-internal: 65534).
-    assert deny["sourceRanges"] == ["0.0.0.0/0"] and deny["targetTags"] == [tag] and deny["denied"] == allow["allowed"]
+    assert allow["allowed"] == [{"IPProtocol": "tcp", "ports": ["1024-65535", "22"]}]
+    # ... and the service ports closed to everything else, ahead of the network's own allow rules
+    # (default-allow-internal: 65534).
+    assert deny["sourceRanges"] == ["0.0.0.0/0"] and deny["targetTags"] == [tag]
+    assert deny["denied"] == [{"IPProtocol": "tcp", "ports": ["1024-65535"]}]
     assert allow["priority"] < deny["priority"] < 65534
     run_label = {"dsctl-run": runner.run_id}
     for kind, body in cloud.created:

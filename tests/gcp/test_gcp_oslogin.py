@@ -10,12 +10,12 @@ caller only while the run lasts.
 from __future__ import annotations
 
 import pytest
-from conftest import CALLER, PROJECT, gcp_spec
+from conftest import CALLER, PROJECT, VM_ACCOUNT, gcp_spec
 
 from dsctl.orchestrator.run import JobRunner
 from dsctl.orchestrator.store import RunStore
-from dsctl.provisioners import Deployment
 from dsctl.specs import load_spec
+from helpers import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -30,19 +30,30 @@ def _metadata(body: dict) -> dict[str, str]:
 
 
 def test_a_run_goes_end_to_end_with_os_login_enforced_and_no_external_addresses(cloud, sshd, home, tmp_path):
+    """`dsctl up` as it runs a job on Google Cloud: handed over to its dispatcher VM, which starts the supervisor from
+    Cloud Storage. The user's machine talks to the APIs and the bucket only: it never has a key any VM would let in
+    (on OS Login VMs only keys in OS Login are, and none is ever registered for the caller)."""
     cloud.set_org_policy("compute.requireOsLogin", [{"enforce": True}])
     cloud.set_org_policy("compute.vmExternalIpAccess", [{"denyAll": True}])
     cloud.set_private_google_access(PROJECT, REGION, "default", True)  # the VMs reach Cloud Storage without NAT
     spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=2, trainer_machine="tpu-v2-8", epochs=1,
                     elements=256, gcp={"public_ips": "false"})
-    registered: list[list[str]] = []
-    cloud.on_oslogin_changed.append(lambda: registered.append(cloud.oslogin_keys(sshd.user)))
+    keys: dict[str, list[int]] = {CALLER: [], VM_ACCOUNT: []}  # how many keys each account had, at each change
+
+    def seen() -> None:
+        for account, counts in keys.items():
+            counts.append(len(cloud.oslogin_profiles.get(account, {"keys": {}})["keys"]))
+
+    cloud.on_oslogin_changed.append(seen)
 
     runner = JobRunner(load_spec(spec))
-    runner.run()
+    assert runner.hands_off, "a run through the service on Google Cloud is supervised on its dispatcher VM"
+    runner.hand_off(attached=True)
+    runner.follow_hand_off()
     record = RunStore().get(runner.run_id)
     assert record.status == "succeeded", record.error
-    assert cloud.counts() == {"instances": 0, "firewalls": 0, "tpus": 0}
+    wait_for(lambda: cloud.counts() == {"instances": 0, "firewalls": 0, "tpus": 0}, timeout=60,
+             what="the supervisor's own VM to be deleted last")
 
     # Every VM and TPU VM was asked for with OS Login on and no key in its metadata.
     machines = [body for kind, body in cloud.created if kind in ("instance", "tpu", "queued_resource")]
@@ -52,9 +63,7 @@ def test_a_run_goes_end_to_end_with_os_login_enforced_and_no_external_addresses(
         md = _metadata(node)
         assert md.get("enable-oslogin") == "TRUE" and "ssh-keys" not in md, md
 
-    # The key that reached the VMs was the run's own, registered for the caller, and is gone from OS Login now.
-    public = (Deployment.load(runner.run_dir).run_dir + "/ssh/id_ed25519.pub")
-    key = open(public).read().strip()
-    assert any(key in keys for keys in registered)
+    # The supervisor registered its own key, for the VMs' account; this machine never had one a VM would take.
+    assert max(keys[VM_ACCOUNT]) >= 1 and keys[CALLER] and max(keys[CALLER]) == 0, keys
+    assert not (home / "runs" / runner.run_id / "ssh").exists(), "no SSH key of the run on the user's machine"
     assert cloud.oslogin_keys(sshd.user) == []
-    assert not cloud.oslogin_profiles.get(CALLER, {"keys": {}})["keys"]

@@ -109,11 +109,22 @@ def test_a_network_without_ssh_is_refused_and_wider_rules_are_reported(cloud, ho
     q.check(load_spec(spec).spec, 1, spec.parent)
     assert any(n.startswith("WARNING: the network's rule wide-open (priority 100") for n in q._findings.notes)
     done(clients.firewalls.delete_unary(project=PROJECT, firewall="wide-open"))
-    # Without any rule admitting tcp:22, dsctl could not reach the VMs: refused before anything is created.
+    # Without any rule admitting tcp:22, a run supervised from here could not reach its VMs: refused before
+    # anything is created.
     done(clients.firewalls.delete_unary(project=PROJECT, firewall="default-allow-ssh"))
-    message = _refusal(spec)
+    here = gcp_spec(tmp_path / "here", home=home, gcp={"supervisor": "here"})
+    message = _refusal(here)
     assert "no firewall rule of network default admits SSH (tcp:22)" in message and "gcp.network" in message
     assert cloud.counts() == NOTHING
+    # A run handed over to its dispatcher VM is reached from there only, through the run's own rule: SSH between
+    # the run's VMs, whatever the network's rules say.
+    handed = GcpProvisioner()
+    handed.prepare_hand_off(load_spec(spec).spec)
+    handed.check(load_spec(spec).spec, 1, spec.parent)
+    from dsctl.provisioners.gcp import firewall, naming
+
+    allow, deny = firewall.run_rules("r", naming.network_tag("r"), 5050, 5051)
+    assert "22" in allow.ports and allow.source_tag == allow.target_tag and "22" not in deny.ports
 
 
 def test_the_flagship_example_plans_with_only_project_and_zone(no_credentials, tmp_path):

@@ -1,9 +1,11 @@
 """Runs that outlive the user's machine: `dsctl up --detach` on the stand-in cloud, through the real CLI.
 
-The user's `dsctl up --detach` provisions, hands the job to a supervisor on the dispatcher "VM" (a real
-`dsctl supervise` process started over SSH, reaching the other VMs at their internal addresses and the
-APIs with the VM's own credentials), and exits. The supervisor runs the job, publishes its record to
-Cloud Storage, tears everything down, and deletes its own VM last. Any dsctl with access to the
+The user's `dsctl up --detach` creates the VMs and hands the job over through Cloud Storage: the dispatcher
+"VM"'s starter (provisioners/gcp/starter.py, run by the stand-in as its startup script would) starts a real
+`dsctl supervise` process there, which reaches the other VMs at their internal addresses and the APIs with
+the VM's own credentials, and starts the servers; `dsctl up` exits once it trains, having connected to no
+VM. The supervisor runs the job, publishes its record to Cloud Storage, tears everything down, and deletes
+its own VM last. Any dsctl with access to the
 project reads the record (`runs show`, `logs`) and can stop the run (`down`), local state or not.
 """
 
@@ -14,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -45,6 +48,9 @@ def up_detached(spec) -> str:
     latest = json.loads(proc.stdout)
     assert latest["progress"]["batches"] > 0 or latest["run"]["status"] != "running", "returns once it trains"
     run_id = latest["run"]["id"]
+    # The user's machine never reached a VM: it holds no SSH key of the run (the dispatcher VM started the
+    # supervisor from the hand-over in Cloud Storage).
+    assert not (Path(os.environ["DSCTL_HOME"]) / "runs" / run_id / "ssh").exists()
     # This spec's `dsctl up` (other tests may run one of their own meanwhile).
     assert not [p for p in psutil.process_iter(["cmdline"]) if "up" in (p.info["cmdline"] or [])
                 and "--detach" in (p.info["cmdline"] or []) and str(spec) in (p.info["cmdline"] or [])], \
