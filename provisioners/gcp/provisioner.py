@@ -199,6 +199,8 @@ class GcpProvisioner:
         vms.restore_trainer_nodes(dep, launch.count)
         try:
             if len(dep.by_role("trainer")) < launch.count or any(not gcp(n).vm.host for n in dep.by_role("trainer")):
+                if stage.uses_code(spec):  # a baseline was not checked by `check`: before its VMs, as `check` does
+                    check_code_size(launch.base_dir)
                 self._create_trainers(ctx, spec, launch.count, events)  # a baseline (colocated, ideal): no `up` made them
         except BaseException as exc:
             self._cleanup_failed_up(dep, events, exc)
