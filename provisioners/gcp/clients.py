@@ -111,6 +111,11 @@ class Clients:
     def routers(self):
         return self._compute("RoutersClient")
 
+    @property
+    def regions(self):
+        """regions.get: the region's quotas (quota.py)."""
+        return self._compute("RegionsClient")
+
     # -- Cloud Resource Manager: the project's number and the caller's permissions ----------------
     @property
     def projects(self):

@@ -338,7 +338,8 @@ def confirm(spec: JobSpec, workers: int | None, *, yes: bool, ask: Callable[[str
     # Refuses before asking, if it must. SSH from here is checked where the run is supervised from here only; a run
     # that turns out to be (another --mode) is refused by the provider's own check, still before anything is made.
     handed_off = (spec.gcp.supervisor if spec.gcp else "vm") == "vm"
-    findings = preflight.run(Clients(settings), spec, settings.run_software, reaches_vms=not handed_off)
+    findings = preflight.run(Clients(settings), spec, settings.run_software, reaches_vms=not handed_off,
+                             workers=workers)
     shown = plan(spec, workers, project=settings.project, zone=settings.zone)
     shown.notes += findings.notes
     echo(shown.render())

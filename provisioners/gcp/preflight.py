@@ -10,6 +10,8 @@
   the VMs need;
 - what the spec names exists in the zone: machine types, GPU types, boot images, TPU types
   and the TPU runtime;
+- the region's Compute Engine quota for the VMs' vCPUs and GPUs, at the run's largest
+  (quota.py; TPU quota is Cloud TPU's and is not read);
 - the network: some rule admits SSH to the VMs; with gcp.public_ips false, the subnet can
   reach Cloud Storage (Private Google Access, or a Cloud NAT on the region's router), else
   no VM could fetch its wheelhouse; and which of the network's own rules would have opened
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from dsctl.specs import SpecError
 from dsctl.specs.schema import JobSpec
 
-from . import firewall, orgpolicy, serviceaccount
+from . import firewall, orgpolicy, quota, serviceaccount
 from .clients import Clients
 from .machinetypes import machine_kind
 from .retry import call
@@ -247,13 +249,16 @@ def check_network(clients: Clients, findings: Findings, reaches_vms: bool = True
                                   "service ports; raise its priority number above 910 or narrow it")
 
 
-def run(clients: Clients, spec: JobSpec, software: Software, reaches_vms: bool = True) -> Findings:
+def run(clients: Clients, spec: JobSpec, software: Software, reaches_vms: bool = True,
+        workers: int | None = None) -> Findings:
     """Every check, in the order that fails cheapest; returns what the plan should say. `reaches_vms`: this machine
-    connects to the VMs (a run supervised from here), so SSH from here must be admitted."""
+    connects to the VMs (a run supervised from here), so SSH from here must be admitted; else the run is handed over
+    to its dispatcher VM. `workers`: the most workers the run will have (None: from the spec; 0: trainers only)."""
     findings = Findings()
     check_permissions(clients, spec)
     findings.project_number = project_number(clients)
     check_catalog(clients, spec, software)
+    findings.notes += quota.check(clients, spec, workers=workers, hands_off=not reaches_vms)
     policies = orgpolicy.check(clients, software)
     findings.notes += policies.notes
     s = clients.settings

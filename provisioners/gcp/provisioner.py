@@ -79,9 +79,11 @@ class GcpProvisioner:
                 self._ctx = context.from_state(dep)
         return self._ctx
 
-    def _preflight(self, spec: JobSpec, clients: Clients) -> preflight.Findings:
+    def _preflight(self, spec: JobSpec, clients: Clients, workers: int | None = None) -> preflight.Findings:
+        """The live project's checks, once; `workers`: the most workers the run will have (0: trainers only)."""
         if self._findings is None:
-            self._findings = preflight.run(clients, spec, clients.settings.run_software, reaches_vms=not self._hands_off)
+            self._findings = preflight.run(clients, spec, clients.settings.run_software, reaches_vms=not self._hands_off,
+                                           workers=workers)
         return self._findings
 
     # -- the contract -------------------------------------------------------------------------------------------
@@ -93,14 +95,14 @@ class GcpProvisioner:
         if stage.uses_code(spec):
             check_code_size(base_dir)  # a spec's folder too large to stage, refused before any VM bills
         self._clients = Clients(settings)
-        self._preflight(spec, self._clients)
+        self._preflight(spec, self._clients, workers)
 
     def up(self, spec: JobSpec, dep: Deployment, workers: int, events: EventSink) -> None:
         self._spec = spec
         try:
             ctx = self._context(dep, spec)
             ctx.cancel.clear()
-            findings = self._preflight(spec, ctx.clients)
+            findings = self._preflight(spec, ctx.clients, workers)
             serviceaccount.ensure(ctx.clients, findings.account, events)  # confirmed: the VMs' account, before them
             stage.software(ctx, spec, {"cpu", machine_kind(spec.trainer.machine).kind}, findings.service_account,
                            events)
@@ -214,7 +216,7 @@ class GcpProvisioner:
         events("training", f"{launch.count} trainer(s) started ({launch.mode}) on Google Cloud")
 
     def _create_trainers(self, ctx: Context, spec: JobSpec, count: int, events: EventSink) -> None:
-        findings = self._preflight(spec, ctx.clients)
+        findings = self._preflight(spec, ctx.clients, workers=0)  # a baseline: its trainers are all it makes
         serviceaccount.ensure(ctx.clients, findings.account, events)
         stage.software(ctx, spec, {machine_kind(spec.trainer.machine).kind}, findings.service_account, events)
         self._beat(ctx)

@@ -27,7 +27,8 @@ The subnetworks still report their documented auto-mode ranges (10.128.0.0/20, .
 
 Faults (see `Faults`): quota or capacity errors on the Nth instance carrying a label, bursts
 of 503/429/403 rate limits, instances stuck in PROVISIONING, TPU capacity exhaustion,
-latency per call. Quotas (`FakeCloud.set_quota`, `set_tpu_quota`) are unlimited by default.
+latency per call. Quotas (`FakeCloud.set_quota`, `set_tpu_quota`) are unlimited by default, but for the
+preemptible ones (PREEMPTIBLE_CPUS, PREEMPTIBLE_NVIDIA_*_GPUS), which a project has at 0 until granted.
 Hooks let a test play the guest agent (ssh-keys metadata -> authorized_keys) and "lose" a
 VM's processes when it is deleted.
 
@@ -174,6 +175,22 @@ MACHINE_TYPES = _machine_types()
 # Regional CPU quota metric per machine family: https://cloud.google.com/compute/resource-usage#cpu_quota
 CPU_METRIC = {"n1": "CPUS", "e2": "E2_CPUS", "n2": "N2_CPUS", "a2": "A2_CPUS", "g2": "G2_CPUS", "a3": "A3_CPUS"}
 GLOBAL_METRICS = {"CPUS_ALL_REGIONS", "GPUS_ALL_REGIONS"}
+# Preemptible quota (https://cloud.google.com/compute/quotas, "Preemptible quotas"; "To prevent Spot VMs from consuming
+# your quotas for standard VMs' CPUs, GPUs, and disks, consider requesting preemptible quota for Spot VMs":
+# https://cloud.google.com/compute/docs/instances/create-use-spot): one PREEMPTIBLE_CPUS for the vCPUs of every
+# machine family, PREEMPTIBLE_<GPU metric> per GPU type (the metrics of regions.get's Quota.metric enum,
+# https://cloud.google.com/compute/docs/reference/rest/v1/regions). A project that was not granted one has it at
+# limit 0 in regions.get, and its Spot VMs count against the standard quotas.
+PREEMPTIBLE_CPUS = "PREEMPTIBLE_CPUS"
+
+
+def preemptible_twin(metric: str) -> str | None:
+    """The preemptible quota a Spot VM uses instead of `metric` where the project has it; None: there is none."""
+    if metric == "CPUS" or metric in CPU_METRIC.values():
+        return PREEMPTIBLE_CPUS
+    if metric.startswith("NVIDIA_") and metric.endswith("_GPUS"):
+        return "PREEMPTIBLE_" + metric
+    return None
 
 # Disk types: https://cloud.google.com/compute/docs/disks#disk-types ; quota: SSD_TOTAL_GB / DISKS_TOTAL_GB
 DISK_TYPES = {
@@ -456,10 +473,11 @@ class IdentityApis:
     Tests set: `secure_by_default` (before the project's first use: its default Compute Engine account gets no
     role, as organizations made since May 2024 have it), `set_org_policy(constraint, rules)`, `orgpolicy_denied`
     (the caller may not read organization policies: 403). The caller's permissions are FakeCloud's
-    `granted_permissions` (None: every one), checked where the real API checks them."""
+    `granted_permissions` (None: every one) less its `denied_permissions`, checked where the real API checks them."""
 
     lock: threading.RLock
     granted_permissions: set[str] | None
+    denied_permissions: set[str]
 
     def _init_identity(self) -> None:
         self.secure_by_default = False
@@ -478,8 +496,12 @@ class IdentityApis:
         raise NotImplementedError
 
     def _may(self, permission: str) -> None:
-        if self.granted_permissions is not None and permission not in self.granted_permissions:
+        if not self._granted(permission):
             raise _denied(permission)
+
+    def _granted(self, permission: str) -> bool:
+        return (self.granted_permissions is None or permission in self.granted_permissions) \
+            and permission not in self.denied_permissions
 
     # -- service accounts ------------------------------------------------------------------------------
     def _default_account(self, project: str) -> str:
@@ -761,6 +783,7 @@ class FakeCloud(IdentityApis):
         self.tpu_quota_limits: dict[tuple[str | None, str], float] = {}  # (zone or None, quota id)
         # Resource Manager: the permissions testIamPermissions grants (None: every permission asked for).
         self.granted_permissions: set[str] | None = None
+        self.denied_permissions: set[str] = set()  # ... less these (e.g. compute.regions.get: no quotas to read)
         # Resource Manager: projects that do not exist (or the caller may not see): 403 on get.
         self.hidden_projects: set[str] = set()
         self._init_identity()  # IAM, organization policies, OS Login (IdentityApis)
@@ -906,8 +929,9 @@ class FakeCloud(IdentityApis):
     # -- quotas ---------------------------------------------------------------------------------------
     def set_quota(self, metric: str, limit: float, region: str | None = None) -> None:
         """Limit a Compute Engine quota metric (CPUS, N2_CPUS, E2_CPUS, A2_CPUS, G2_CPUS, NVIDIA_A100_GPUS,
-        NVIDIA_L4_GPUS, IN_USE_ADDRESSES, SSD_TOTAL_GB, INSTANCES, PREEMPTIBLE_<metric>, ...) in `region`
-        (every region when None), or a global one (CPUS_ALL_REGIONS, GPUS_ALL_REGIONS)."""
+        NVIDIA_L4_GPUS, IN_USE_ADDRESSES, SSD_TOTAL_GB, INSTANCES, ...) in `region` (every region when None), or a
+        global one (CPUS_ALL_REGIONS, GPUS_ALL_REGIONS). Preemptible quotas (PREEMPTIBLE_CPUS, PREEMPTIBLE_NVIDIA_*_GPUS)
+        are 0 (not granted) until set; the others are unlimited."""
         with self.lock:
             self.quota_limits[(None if metric in GLOBAL_METRICS else region, metric)] = float(limit)
 
@@ -934,8 +958,11 @@ class FakeCloud(IdentityApis):
         return usage
 
     def _spot_metric(self, metric: str, region: str, spot: bool) -> str:
-        if spot and metric not in GLOBAL_METRICS and self._limit(region, "PREEMPTIBLE_" + metric) is not None:
-            return "PREEMPTIBLE_" + metric
+        """The quota a VM's `metric` is counted against: a Spot VM's goes to the preemptible quota where the project
+        has one (a limit above 0; see preemptible_twin), else to the standard one."""
+        twin = preemptible_twin(metric) if spot else None
+        if twin and (self._limit(region, twin) or 0) > 0:
+            return twin
         return metric
 
     def _quota_fit(self, project: str, region: str, demands: list[list[tuple[str, float]]]):
@@ -1427,17 +1454,17 @@ class FakeCloud(IdentityApis):
             raise _invalid(f"{root}.metadata", "", "Duplicate metadata keys.")
         # -- quota demand (https://cloud.google.com/compute/resource-usage): the family CPU quota and CPUS_ALL_REGIONS,
         #    the GPU quota and GPUS_ALL_REGIONS, IN_USE_ADDRESSES for an ephemeral external IPv4 address, disk quotas,
-        #    INSTANCES. Spot VMs use PREEMPTIBLE_<metric> when that quota is set
-        #    (https://cloud.google.com/compute/docs/instances/spot#quotas).
+        #    INSTANCES. A Spot VM's CPUs and GPUs count against PREEMPTIBLE_CPUS and PREEMPTIBLE_<GPU metric> where the
+        #    project has that quota (https://cloud.google.com/compute/docs/instances/spot#quotas; _spot_metric).
         spot = interruptible
         demand = [(self._spot_metric(CPU_METRIC.get(mt["family"], "CPUS"), region, spot), float(mt["cpus"])),
-                  ("CPUS_ALL_REGIONS", float(mt["cpus"])), (self._spot_metric("INSTANCES", region, spot), 1.0)]
+                  ("CPUS_ALL_REGIONS", float(mt["cpus"])), ("INSTANCES", 1.0)]
         for a_name, n in out_accs:
             demand += [(self._spot_metric(GPU_TYPES[a_name]["metric"], region, spot), float(n)),
                        ("GPUS_ALL_REGIONS", float(n))]
         if out_acs:
             demand.append(("IN_USE_ADDRESSES", 1.0))
-        demand += [(self._spot_metric(m, region, spot), gb) for m, gb in disk_demand]
+        demand += disk_demand
 
         z = f"{COMPUTE}/projects/{project}/zones/{zone}"
         inst = {
@@ -1954,21 +1981,29 @@ class FakeCloud(IdentityApis):
                           f"projects/{project}/regions/{region}/routers")
 
     def get_region(self, project: str, region: str) -> dict:
-        """regions.get, with quotas (metric, limit, usage): https://cloud.google.com/compute/docs/reference/rest/v1/regions/get.
-        An unlimited quota is reported with a large limit."""
+        """regions.get, with the region's quotas as `{"metric", "limit", "usage"}`
+        (https://cloud.google.com/compute/docs/reference/rest/v1/regions/get; Quota:
+        https://cloud.google.com/compute/docs/reference/rest/v1/regions#Quota). Every CPU and GPU metric of the machine
+        and GPU types the stand-in offers is listed, as a project's region lists them whether used or not; a
+        preemptible quota the project was not granted is listed at limit 0 (as regions.get reports it, e.g.
+        `PREEMPTIBLE_CPUS` limit 0.0), and a quota the test left unlimited with a large limit. Caller needs
+        compute.regions.get."""
         with self.lock:
+            self._may("compute.regions.get")
             self._region_check(region)
             self._project(project)
             usage = self._usage(project)
-            metrics = sorted({m for (r, m) in self.quota_limits if r in (None, region) and m not in GLOBAL_METRICS}
-                             | {"CPUS", "N2_CPUS", "E2_CPUS", "A2_CPUS", "G2_CPUS", "IN_USE_ADDRESSES", "INSTANCES",
-                                "SSD_TOTAL_GB", "DISKS_TOTAL_GB", "NVIDIA_A100_GPUS", "NVIDIA_L4_GPUS",
-                                "NVIDIA_T4_GPUS", "PREEMPTIBLE_CPUS"})
+            standard = ({"CPUS", "IN_USE_ADDRESSES", "INSTANCES", "SSD_TOTAL_GB", "DISKS_TOTAL_GB"}
+                        | set(CPU_METRIC.values()) | {g["metric"] for g in GPU_TYPES.values()})
+            preemptible = {t for t in map(preemptible_twin, standard) if t}
+            metrics = sorted(standard | preemptible
+                             | {m for (r, m) in self.quota_limits if r in (None, region) and m not in GLOBAL_METRICS})
             quotas = []
             for m in metrics:
                 lim = self._limit(region, m)
-                quotas.append({"metric": m, "limit": 1.0e6 if lim is None else lim,
-                               "usage": usage.get((region, m), 0.0)})
+                if lim is None:
+                    lim = 0.0 if m in preemptible else 1.0e6
+                quotas.append({"metric": m, "limit": lim, "usage": usage.get((region, m), 0.0)})
             return {"kind": "compute#region", "id": str(1000 + REGIONS.index(region)), "name": region,
                     "description": region, "status": "UP", "quotas": quotas,
                     "creationTimestamp": "1969-12-31T16:00:00.000-08:00",
@@ -2580,7 +2615,7 @@ class FakeCloud(IdentityApis):
             for perm in asked:
                 if "*" in perm or not re.fullmatch(r"[a-z][a-zA-Z0-9]*(\.[a-zA-Z0-9]+){2,}", perm):
                     raise ApiError(400, f"Permission {perm} is not valid.", grpc="INVALID_ARGUMENT")
-            granted = [p for p in asked if self.granted_permissions is None or p in self.granted_permissions]
+            granted = [p for p in asked if self._granted(p)]
             return {"permissions": granted} if granted else {}
 
 

@@ -3,8 +3,9 @@
 "Nothing left" is checked on everything that bills or lingers: instances, TPU VMs (and their queued
 resources), firewall rules, and the run's staging objects in Cloud Storage.
 
-- a quota too small for the workers' bulk insert: one paragraph naming the quota metric, region, resource,
-  zone and count; the bulk insert made none (all or nothing) and everything else was deleted
+- a quota too small for the workers' bulk insert, where the preflight could not read it: one paragraph naming
+  the quota metric, region, resource, zone and count; the bulk insert made none (all or nothing) and everything
+  else was deleted
 - bursts of 503 (and 429): retried with backoff, the job succeeds
 - a VM stuck in PROVISIONING: times out naming it, everything deleted
 - a TensorFlow version mismatch on one VM: refused before anything starts, everything deleted
@@ -52,6 +53,9 @@ def staged(run_id: str) -> list[str]:
 
 def test_a_quota_too_small_for_the_workers_leaves_nothing_and_names_the_quota(cloud, home, tmp_path):
     cloud.set_quota("N2_CPUS", 24, region="us-central1")  # the dispatcher fits (8); 8 workers (64 CPUs) do not
+    # The caller may not read the region's quotas (no compute.regions.get), so the check before anything is created
+    # cannot see it (as with quota another run takes meanwhile): the create call meets it.
+    cloud.denied_permissions = {"compute.regions.get"}
     spec = gcp_spec(tmp_path / "job", home=home, workers=8, trainer_machine="a2-highgpu-1g")
     runner, message = _run_failing(spec)
     # One paragraph: which quota, where, for what, how many, that it is not a rate limit, and what to do.

@@ -305,3 +305,106 @@ def test_a_policy_against_new_service_accounts_falls_back_to_checking_the_defaul
     message = _refusal(_cpu_spec(tmp_path, home))
     assert "constraints/iam.disableServiceAccountCreation" in message and "-compute@developer" in message
     assert not _creates(cloud)
+
+
+# -- Compute Engine quota in the region (quota.py) ------------------------------------------------------------------
+def test_vcpu_quota_is_checked_for_the_whole_run_before_anything_is_created(cloud, home, tmp_path):
+    """Dispatcher, workers and CPU trainers add up by quota metric and are compared with limit - usage."""
+    spec = _cpu_spec(tmp_path, home)  # 1 dispatcher, 2 workers, 1 trainer: 4 x n2-standard-8 = 32 N2 vCPUs
+    cloud.set_quota("N2_CPUS", 24, region=REGION)
+    message = _refusal(spec)
+    assert "\n" not in message and "job.yaml:" in message and "service.workers" in message
+    assert (f"the run needs more Compute Engine quota in region {REGION} than project {PROJECT} has free: N2_CPUS: 32 "
+            "needed (1 n2-standard-8 (dispatcher) x 8 vCPUs; 2 n2-standard-8 (workers) x 8 vCPUs; 1 n2-standard-8 "
+            "(trainers) x 8 vCPUs), 24 available (limit 24, 0 in use). Nothing was created.") in message
+    assert "IAM & Admin > Quotas" in message
+    assert (f"gcloud quotas preferences create --service=compute.googleapis.com --project={PROJECT} "
+            f"--quota-id=N2-CPUS-per-project-region --dimensions=region={REGION} --preferred-value=32") in message
+    assert cloud.counts() == NOTHING and not _creates(cloud)
+    # Enough: it passes. What other VMs of the project use is not free: refused again, the usage named.
+    from dsctl.provisioners.gcp import GcpProvisioner, compute
+    from dsctl.provisioners.gcp.clients import Clients
+    from dsctl.provisioners.gcp.settings import resolve
+
+    loaded = load_spec(spec).spec
+    cloud.set_quota("N2_CPUS", 32, region=REGION)
+    GcpProvisioner().check(loaded, 2, spec.parent)
+    compute.insert(Clients(resolve(loaded)), "someone-elses", compute.VmConfig(
+        machine="n2-standard-4", labels={}, tag="t", metadata={}, image="projects/debian-cloud/global/images/family/debian-12"))
+    with pytest.raises(SpecError, match=r"N2_CPUS: 32 needed .*, 28 available \(limit 32, 4 in use\)"):
+        GcpProvisioner().check(loaded, 2, spec.parent)
+
+
+def test_autoscaling_counts_its_most_workers(cloud, home, tmp_path):
+    path = gcp_spec(tmp_path / "job", home=home, workers=1, trainer_machine="e2-standard-2", mode="parallel_epochs",
+                    epochs=None)
+    path.write_text(path.read_text() + "\nautoscale: {policy: cachew, min_workers: 1, max_workers: 6}\n")
+    cloud.set_quota("N2_CPUS", 40, region=REGION)  # 1 + 1 workers fit; the dispatcher and 6 workers (56) do not
+    message = _refusal(path)
+    assert "N2_CPUS: 56 needed (1 n2-standard-8 (dispatcher) x 8 vCPUs; 6 n2-standard-8 (workers) x 8 vCPUs)" in message
+    assert "E2_CPUS" not in message and cloud.counts() == NOTHING
+
+
+def test_gpu_quota_by_type_and_spot_vms_on_preemptible_quota(cloud, home, tmp_path):
+    """An a2-highgpu-1g trainer needs 1 A100 of NVIDIA_A100_GPUS (and 12 A2 vCPUs); Spot VMs count against the
+    preemptible quota where the project has it (limit above 0), else against the standard one."""
+    gpu = gcp_spec(tmp_path / "gpu", home=home, trainer_machine="a2-highgpu-1g")
+    cloud.set_quota("NVIDIA_A100_GPUS", 0, region=REGION)
+    message = _refusal(gpu)
+    assert ("NVIDIA_A100_GPUS: 1 needed (1 a2-highgpu-1g (trainers) x 1 nvidia-tesla-a100), 0 available (limit 0, 0 in "
+            "use)") in message and "trainer.machine" in message and "A2_CPUS" not in message
+    assert "--quota-id=NVIDIA-A100-GPUS-per-project-region" in message and cloud.counts() == NOTHING
+    # As Spot VMs: no preemptible A100 quota granted (limit 0), so they would count against the standard one.
+    spot_gpu = gcp_spec(tmp_path / "spot-gpu", home=home, trainer_machine="a2-highgpu-1g")
+    spot_gpu.write_text(spot_gpu.read_text().replace("trainer: {", "trainer: {provisioning: spot, "))
+    with pytest.raises(SpecError, match=r"NVIDIA_A100_GPUS: 1 needed \(1 Spot a2-highgpu-1g"):
+        _check(spot_gpu)
+    cloud.set_quota("PREEMPTIBLE_NVIDIA_A100_GPUS", 4, region=REGION)
+    _check(spot_gpu)
+    # Spot workers: PREEMPTIBLE_CPUS, once granted, holds them; the dispatcher, which runs the run's supervisor, is
+    # on-demand and stays on N2_CPUS.
+    from dsctl.provisioners.gcp import GcpProvisioner
+
+    spot = gcp_spec(tmp_path / "spot", home=home, workers=4, trainer_machine="tpu-v2-8",
+                    service=", provisioning: spot")
+    loaded = load_spec(spot).spec
+
+    def handed_over() -> GcpProvisioner:  # as `dsctl up` checks a run its dispatcher VM will supervise
+        p = GcpProvisioner()
+        p.prepare_hand_off(loaded)
+        p.check(loaded, 4, spot.parent)
+        return p
+
+    cloud.set_quota("N2_CPUS", 8, region=REGION)
+    with pytest.raises(SpecError, match=r"N2_CPUS: 40 needed \(1 n2-standard-8 \(dispatcher\) x 8 vCPUs; 4 Spot "):
+        handed_over()
+    cloud.set_quota("PREEMPTIBLE_CPUS", 24, region=REGION)
+    with pytest.raises(SpecError, match=r"PREEMPTIBLE_CPUS: 32 needed \(4 Spot n2-standard-8 \(workers\) x 8 vCPUs\), "
+                                        r"24 available") as info:
+        handed_over()
+    assert "N2_CPUS:" not in str(info.value)
+    cloud.set_quota("PREEMPTIBLE_CPUS", 32, region=REGION)
+    p = handed_over()
+    # A TPU trainer's quota is Cloud TPU's: not read beforehand, and the plan says so.
+    assert any("TPU quota is Cloud TPU's" in n for n in p._findings.notes)
+    assert cloud.counts() == NOTHING
+
+
+def test_what_the_quota_check_cannot_tell_is_a_note_not_a_guess(cloud, home, tmp_path):
+    from dsctl.provisioners.gcp import GcpProvisioner
+
+    # A machine family whose quota metric dsctl does not know (A3): its vCPUs are not checked, its H100s are.
+    a3 = gcp_spec(tmp_path / "a3", home=home, trainer_machine="a3-highgpu-8g")
+    a3.write_text(a3.read_text().replace(f"zone: {ZONE}", f"zone: {REGION}-a"))
+    p = GcpProvisioner()
+    p.check(load_spec(a3).spec, 2, a3.parent)
+    assert any("vCPUs of a3-highgpu-8g (trainers) was not checked" in n and "a3 family" in n for n in p._findings.notes)
+    cloud.set_quota("NVIDIA_H100_GPUS", 4, region=REGION)
+    with pytest.raises(SpecError, match=r"NVIDIA_H100_GPUS: 8 needed"):
+        GcpProvisioner().check(load_spec(a3).spec, 2, a3.parent)
+    # Quotas the caller may not read (compute.regions.get): a note, and the run goes on.
+    cloud.denied_permissions = {"compute.regions.get"}
+    q = GcpProvisioner()
+    q.check(load_spec(a3).spec, 2, a3.parent)
+    assert any(f"quotas of region {REGION} could not be read" in n for n in q._findings.notes)
+    assert cloud.counts() == NOTHING

@@ -355,13 +355,36 @@ def test_quota_usage_is_released_when_the_vm_is_gone_and_regions_get_reports_it(
     assert api.names() == [] and not errors(api.insert(vm("vm-2")))
 
 
-def test_spot_vms_use_preemptible_quota_when_it_is_set(api):
-    api.cloud.set_quota("N2_CPUS", 0)
-    api.cloud.set_quota("PREEMPTIBLE_N2_CPUS", 8)
+def test_spot_vms_use_preemptible_quota_when_the_project_has_it(api):
     spot = c.Scheduling(provisioning_model="SPOT")
-    assert not errors(api.insert(vm("s-1", scheduling=spot)))
-    assert "PREEMPTIBLE_N2_CPUS" in errors(api.insert(vm("s-2", scheduling=spot)))[0][1]
+    # Not granted (limit 0, as regions.get lists it): a Spot VM's vCPUs count against its family's quota.
+    api.cloud.set_quota("N2_CPUS", 8)
+    assert not errors(api.insert(vm("s-0", scheduling=spot)))
+    quotas = {q.metric: (q.limit, q.usage) for q in api.regions.get(project=P, region=REGION).quotas}
+    assert quotas["PREEMPTIBLE_CPUS"] == (0.0, 0.0) and quotas["N2_CPUS"] == (8.0, 8.0)
+    assert "'N2_CPUS'" in errors(api.insert(vm("s-1", scheduling=spot)))[0][1]
+    # Granted: one PREEMPTIBLE_CPUS for every family's Spot vCPUs, which then leave the standard quotas alone.
+    api.cloud.set_quota("PREEMPTIBLE_CPUS", 10)
+    assert not errors(api.insert(vm("s-2", scheduling=spot)))
+    assert "'PREEMPTIBLE_CPUS'" in errors(api.insert(vm("s-3", "e2-standard-4", scheduling=spot)))[0][1]
     assert "'N2_CPUS'" in errors(api.insert(vm("std-1")))[0][1]
+    # GPUs: PREEMPTIBLE_<metric> per GPU type, likewise.
+    gpu = dict(scheduling=c.Scheduling(provisioning_model="SPOT", on_host_maintenance="TERMINATE",
+                                       automatic_restart=False), image=DLVM)
+    api.cloud.set_quota("NVIDIA_A100_GPUS", 0)
+    api.cloud.set_quota("PREEMPTIBLE_NVIDIA_A100_GPUS", 1)
+    api.cloud.set_quota("PREEMPTIBLE_CPUS", 100)
+    assert not errors(api.insert(vm("g-1", "a2-highgpu-1g", **gpu)))
+    assert "'PREEMPTIBLE_NVIDIA_A100_GPUS'" in errors(api.insert(vm("g-2", "a2-highgpu-1g", **gpu)))[0][1]
+    quotas = {q.metric: (q.limit, q.usage) for q in api.regions.get(project=P, region=REGION).quotas}
+    assert quotas["PREEMPTIBLE_NVIDIA_A100_GPUS"] == (1.0, 1.0) and quotas["NVIDIA_A100_GPUS"] == (0.0, 0.0)
+    assert quotas["PREEMPTIBLE_CPUS"] == (100.0, 8.0 + 12.0) and quotas["PREEMPTIBLE_NVIDIA_L4_GPUS"][0] == 0.0
+
+
+def test_regions_get_needs_compute_regions_get(api):
+    api.cloud.denied_permissions = {"compute.regions.get"}
+    with pytest.raises(gx.Forbidden):
+        api.regions.get(project=P, region=REGION)
 
 
 # =============================================================================================================
