@@ -282,7 +282,8 @@ class GcpSpec(Strict):
     service_account: str | None = Field(None, min_length=1,
                                         description="VM service account email; default: dsctl's own (dsctl-vms@PROJECT."
                                                     "iam.gserviceaccount.com) where you may create it, else the "
-                                                    "Compute Engine default's; none: no account")
+                                                    "Compute Engine default's; none is refused (the VMs' watchdogs "
+                                                    "need an account to end them)")
     public_ips: bool = Field(True, description="ephemeral external addresses, SSH reaches them there; "
                                                "false: run dsctl inside the VPC")
     ssh_port: int = Field(22, ge=1, le=65535, description="overridden by DSCTL_SSH_PORT")

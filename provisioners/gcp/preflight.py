@@ -255,6 +255,7 @@ def run(clients: Clients, spec: JobSpec, software: Software, reaches_vms: bool =
     connects to the VMs (a run supervised from here), so SSH from here must be admitted; else the run is handed over
     to its dispatcher VM. `workers`: the most workers the run will have (None: from the spec; 0: trainers only)."""
     findings = Findings()
+    serviceaccount.refuse_none(clients.settings.service_account)  # VMs that nothing could end
     check_permissions(clients, spec)
     findings.project_number = project_number(clients)
     check_catalog(clients, spec, software)

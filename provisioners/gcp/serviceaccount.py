@@ -11,7 +11,9 @@ find, after the whole fleet booted, that it may do nothing. So, before anything 
   created once per project and granted the roles it lacks, in `up`, after the plan was confirmed
   (`ensure`); later runs find it and change nothing;
 - otherwise dsctl's own account if someone made it, else the Compute Engine default account, each
-  checked for roles: missing ones refuse the run, naming them and the commands that grant them.
+  checked for roles: missing ones refuse the run, naming them and the commands that grant them;
+- `none` (VMs with no account) is refused (`refuse_none`): a VM's watchdog needs the account's token to
+  read the run's heartbeat and to delete its own VM, and a TPU VM has no other end.
 
 `ROLES` is the one list of what the VMs do with their account, a reason for each. Roles held
 through a broader predefined role (Owner, Editor, Compute Admin, Storage Admin) count; custom
@@ -156,6 +158,21 @@ def grant_commands(project: str, email: str, roles: list[Role]) -> str:
         f"gcloud projects add-iam-policy-binding {project} --member={member} --role={r.name}" for r in roles)
 
 
+def refuse_none(account: str | None) -> None:
+    """`gcp.service_account: none` would make VMs without an end: refused (SpecError), saying what to use instead."""
+    if account != "none":
+        return
+    raise SpecError(
+        "gcp.service_account: none would create the run's VMs with no service account, and nothing would end them "
+        "should the run's supervisor be lost: each VM's dead man's switch (its watchdog) reads the run's heartbeat in "
+        "Cloud Storage and deletes its own VM with that account's token, and a TPU VM has no maxRunDuration, so it "
+        "would bill until someone deletes it. Without an account the VMs could not fetch their software from the "
+        "staging bucket either, nor could the dispatcher VM supervise the run. Nothing was created. Leave "
+        "gcp.service_account out (the VMs then run as dsctl's own dsctl-vms account, made with exactly the roles "
+        "they need where you may, else an existing account checked for them), or name an account that has those "
+        "roles (gcp.service_account: NAME@PROJECT.iam.gserviceaccount.com).", field="gcp.service_account")
+
+
 def decide(clients: Clients, spec: JobSpec, project_number: str, *, lacking: list[str],
            may_not_create: bool) -> AccountPlan:
     """Which account the VMs run as, and what `ensure` does: refuses (SpecError) an account that lacks roles
@@ -163,8 +180,7 @@ def decide(clients: Clients, spec: JobSpec, project_number: str, *, lacking: lis
     `may_not_create`: an organization policy forbids new accounts."""
     s = clients.settings
     needed = roles_for(spec)
-    if s.service_account == "none":
-        return AccountPlan(email=default_account(project_number))
+    refuse_none(s.service_account)
     if s.service_account:
         return _checked(clients, s.service_account, needed, "the account gcp.service_account names", may_create=False)
     own = own_account(s.project)
@@ -232,8 +248,7 @@ def ensure(clients: Clients, plan: AccountPlan | None, events: EventSink) -> Non
     except gx.GoogleAPICallError as exc:
         raise from_api_error(exc, doing=f"preparing the VMs' service account {plan.email}") from exc
     plan.create, plan.grant = False, []
-    if s.service_account != "none":
-        s.service_account = plan.email  # what the VMs are created with (compute.py, tpu.py), saved in the state
+    s.service_account = plan.email  # what the VMs are created with (compute.py, tpu.py), saved in the state
 
 
 def _grant(clients: Clients, email: str, roles: list[Role], *, project: bool, attempts: int = 8) -> None:

@@ -408,3 +408,13 @@ def test_what_the_quota_check_cannot_tell_is_a_note_not_a_guess(cloud, home, tmp
     q.check(load_spec(a3).spec, 2, a3.parent)
     assert any(f"quotas of region {REGION} could not be read" in n for n in q._findings.notes)
     assert cloud.counts() == NOTHING
+
+
+def test_vms_without_a_service_account_are_refused(cloud, home, tmp_path):
+    """`gcp.service_account: none` would make VMs whose watchdog has no token: nothing could end a TPU VM."""
+    spec = gcp_spec(tmp_path / "job", home=home, trainer_machine="tpu-v2-8", gcp={"service_account": "none"})
+    message = _refusal(spec)
+    assert "\n" not in message and "job.yaml:" in message and "gcp.service_account" in message
+    assert "watchdog" in message and "no maxRunDuration" in message and "Nothing was created" in message
+    assert "Leave gcp.service_account out" in message
+    assert cloud.counts() == NOTHING and not _creates(cloud)
