@@ -461,6 +461,24 @@ ORG_CONSTRAINTS = {"compute.vmExternalIpAccess": "list", "compute.trustedImagePr
                    "iam.automaticIamGrantsForDefaultServiceAccounts": "boolean"}
 
 
+def _list_admits(rules: list[dict], value: str) -> bool:
+    """Whether the rules of a list constraint's effective policy admit `value` (Organization Policy v2 PolicyRule:
+    allowAll, denyAll, values.allowedValues / deniedValues, with the optional "is:" prefix;
+    https://cloud.google.com/resource-manager/docs/reference/orgpolicy/rest/v2/organizations.policies#PolicyRule).
+    No rule: all."""
+    def bare(key: str) -> set[str]:
+        return {v.removeprefix("is:") for r in rules for v in (r.get("values") or {}).get(key, [])}
+
+    if value in bare("deniedValues"):
+        return False
+    if any(r.get("allowAll") for r in rules):
+        return True
+    if any(r.get("denyAll") for r in rules):
+        return False
+    allowed = bare("allowedValues")
+    return not allowed or value in allowed
+
+
 def _denied(permission: str) -> ApiError:
     return ApiError(403, f"Permission '{permission}' denied on resource (or it may not exist).",
                     grpc="PERMISSION_DENIED")
@@ -1551,7 +1569,10 @@ class FakeCloud(IdentityApis):
         (as public reports of real refusals quote it). compute.vmExternalIpAccess: an access config on any interface
         where a rule denies all, or allowed values do not list the instance (projects/P/zones/Z/instances/N);
         compute.requireOsLogin enforced: enable-oslogin set to false in the instance's metadata
-        (https://cloud.google.com/compute/docs/oslogin/manage-oslogin-in-an-org)."""
+        (https://cloud.google.com/compute/docs/oslogin/manage-oslogin-in-an-org; Google applies it to metadata set
+        later too, instances.setMetadata and projects.setCommonInstanceMetadata, which the stand-in does not
+        implement); compute.trustedImageProjects: a boot or data disk from an image of a project the policy does not
+        allow."""
         number = self.project_number(project)
         where = f"projects/{project}/zones/{zone}/instances/{name}"
         ips = self.org_policies.get("compute.vmExternalIpAccess", [])
@@ -1566,6 +1587,21 @@ class FakeCloud(IdentityApis):
                 i.get("key") == "enable-oslogin" and str(i.get("value", "")).strip().lower() == "false" for i in items):
             raise ApiError(412, f"Constraint constraints/compute.requireOsLogin violated for project {number}. "
                            f"Instance {where} may not set metadata enable-oslogin to false.", "conditionNotMet")
+        # compute.trustedImageProjects: a disk may be created from an image only if its project is one the policy
+        # allows (https://cloud.google.com/compute/docs/images/restricting-image-access; values "projects/PROJECT",
+        # also written "is:projects/PROJECT"); the message's second sentence as public reports of refusals quote it.
+        trusted = self.org_policies.get("compute.trustedImageProjects")
+        if trusted is not None:
+            for disk in body.get("disks") or []:
+                source = (disk.get("initializeParams") or {}).get("sourceImage")
+                if not source:
+                    continue
+                m = re.match(r"projects/([^/]+)/", self._strip_compute(source))
+                image_project = m.group(1) if m else project  # global/images/...: the instance's own project
+                if not _list_admits(trusted, f"projects/{image_project}"):
+                    raise ApiError(412, f"Constraint constraints/compute.trustedImageProjects violated for project "
+                                   f"{number}. Use of images from project {image_project} is prohibited.",
+                                   "conditionNotMet")
 
     def _sync_refusal(self, error: dict) -> None:
         """Faults.fail_sync: the call itself is refused (bulk API troubleshooting: HTTP 403 quotaExceeded,

@@ -125,14 +125,15 @@ class Instances:
         return sorted(i.name for i in self.client.list(project=PROJECT, zone=ZONE))
 
 
-def _vm(name: str, *, external: bool = True, oslogin: str | None = None):
+def _vm(name: str, *, external: bool = True, oslogin: str | None = None,
+        image: str = "projects/debian-cloud/global/images/family/debian-12"):
     from google.cloud import compute_v1 as c
 
     nic = c.NetworkInterface(network="global/networks/default",
                              access_configs=[c.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")] if external else [])
     metadata = c.Metadata(items=[c.Items(key="enable-oslogin", value=oslogin)] if oslogin is not None else [])
     disk = c.AttachedDisk(boot=True, auto_delete=True, initialize_params=c.AttachedDiskInitializeParams(
-        source_image="projects/debian-cloud/global/images/family/debian-12"))
+        source_image=image))
     return c.Instance(name=name, machine_type=f"zones/{ZONE}/machineTypes/e2-small", network_interfaces=[nic],
                       metadata=metadata, disks=[disk])
 
@@ -202,3 +203,53 @@ def test_up_where_external_addresses_are_forbidden_exits_2_naming_the_constraint
     # The stand-in refused every VM that asked for an external address; the firewall rules made beside them went.
     assert not [b for k, b in cloud.created if k == "instance"] and [b for k, b in cloud.created if k == "firewall"]
     assert cloud.counts() == NOTHING
+
+
+def test_the_stand_in_refuses_boot_images_from_projects_the_policy_does_not_trust(compute):
+    """compute.trustedImageProjects, enforced where Compute Engine enforces it: on the instance's create (insert and
+    bulkInsert), for the project of each disk's source image."""
+    from google.cloud import compute_v1 as c
+
+    cloud, api = compute
+    number = cloud.project_number(PROJECT)
+    api.insert(_vm("before"))  # no policy: any image project
+    cloud.set_org_policy("compute.trustedImageProjects", [{"values": {"allowedValues": ["projects/ubuntu-os-cloud"]}}])
+    exc = _refusal(lambda: api.insert(_vm("debian")))
+    assert exc.message.endswith(f"Constraint constraints/compute.trustedImageProjects violated for project {number}. "
+                                "Use of images from project debian-cloud is prohibited.")
+    # What dsctl makes of it: the constraint named, and which fields to change.
+    refused = errors.from_api_error(exc, doing="creating VM debian")
+    assert isinstance(refused, errors.PolicyRefused) and refused.constraint == "compute.trustedImageProjects"
+    ubuntu = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts"
+    api.insert(_vm("ubuntu", image=ubuntu))
+    # A bulk insert is refused whole.
+    bulk = c.BulkInsertInstanceResource(count=2, name_pattern="bulk-#", instance_properties=c.InstanceProperties(
+        machine_type="e2-small", network_interfaces=_vm("x").network_interfaces, disks=_vm("x").disks))
+    _refusal(lambda: api.bulk_insert(bulk))
+    assert api.names() == ["before", "ubuntu"]
+    # "is:" as Google writes values; a denied value or denyAll refuses; allowAll trusts every project.
+    cloud.set_org_policy("compute.trustedImageProjects", [{"values": {"allowedValues": ["is:projects/debian-cloud"]}}])
+    api.bulk_insert(bulk)
+    cloud.set_org_policy("compute.trustedImageProjects", [{"values": {"deniedValues": ["projects/debian-cloud"]}}])
+    _refusal(lambda: api.insert(_vm("denied")))
+    api.insert(_vm("ubuntu-2", image=ubuntu))
+    cloud.set_org_policy("compute.trustedImageProjects", [{"denyAll": True}])
+    _refusal(lambda: api.insert(_vm("none-trusted")))
+    cloud.set_org_policy("compute.trustedImageProjects", [{"allowAll": True}])
+    api.insert(_vm("all-trusted"))
+
+
+def test_up_with_untrusted_images_it_could_not_see_exits_2_naming_the_constraint_and_leaves_nothing(cloud, home,
+                                                                                                   tmp_path):
+    """Policies unreadable to the caller: the stand-in refuses the VMs' images when they are created, and that refusal
+    is explained (exit 2) after everything made was deleted."""
+    cloud.set_org_policy("compute.trustedImageProjects", [{"values": {"allowedValues": ["projects/ubuntu-os-cloud"]}}])
+    cloud.orgpolicy_denied = True
+    spec = gcp_spec(tmp_path / "job", home=home, workers=2, trainer_machine="n2-standard-8")
+    proc = dsctl("up", spec, "--yes")
+    message = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "constraints/compute.trustedImageProjects" in message and "gcp.image" in message
+    assert "Use of images from project debian-cloud is prohibited" in message
+    assert "Everything the run had created was deleted." in message
+    assert not [b for k, b in cloud.created if k == "instance"] and cloud.counts() == NOTHING
