@@ -107,6 +107,9 @@ def import_record(store: RunStore, objects: Objects, run_id: str, imported: set[
         # Keep where this machine has the run (its own run dir and spec path), take the rest.
         keep = {k: local[k] for k in ("run_dir", "spec_path") if local and local.get(k)}
         store.put_run_row({**row, **keep})
+    left = left_behind(objects)  # written after the supervisor's last publish: an event of the record here
+    if left and not any(e["kind"] == LEFT_BEHIND for e in store.events(run_id)):
+        store.add_event(run_id, LEFT_BEHIND, f"its supervisor could not delete everything: {left}")
     store.flush()
     return latest
 

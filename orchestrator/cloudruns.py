@@ -50,12 +50,16 @@ def ended(latest: dict | None) -> TypeGuard[dict]:
     return (latest.get("run") or {}).get("status") not in (None, "running")
 
 
-def refresh(store: RunStore, dep: Deployment, events: Callable[[str, str], None] = lambda k, m: None) -> dict | None:
-    """Bring a supervised run's record up to date here; once it has ended, confirm nothing of it is left."""
+def refresh(store: RunStore, dep: Deployment, events: Callable[[str, str], None] = lambda k, m: None, *,
+            take_down_left: bool = False) -> dict | None:
+    """Bring a supervised run's record up to date here; once it has ended, confirm nothing of it is left. What its
+    supervisor could not delete (cloudrecord.LEFT_BEHIND: its own VM stays too) is shown, not deleted, by a look
+    (`dsctl status`, `runs show`): `dsctl down RUN` deletes it, as does the attached `dsctl up` (take_down_left)."""
     provisioner = get_provider(dep.provider)
     assert isinstance(provisioner, HandsOff), f"provider {dep.provider} supervises no run on the cloud"
-    latest = sync(store, provisioner.run_objects(dep), dep.run_id, Path(dep.run_dir))
-    if ended(latest) and dep.status != "down":
+    objects = provisioner.run_objects(dep)
+    latest = sync(store, objects, dep.run_id, Path(dep.run_dir))
+    if ended(latest) and dep.status != "down" and (take_down_left or cloudrecord.left_behind(objects) is None):
         provisioner.down(dep, events)  # its supervisor deleted everything but its own VM, which goes now
     return latest
 

@@ -307,7 +307,7 @@ class JobRunner:
             raise
         except TimeoutError as exc:
             raise RunFailed(str(exc), self.run_id) from None
-        cloudruns.refresh(self.store, dep)
+        cloudruns.refresh(self.store, dep, take_down_left=True)  # what its supervisor could not delete, from here
         record = self.store.recorded(self.run_id)
         self.summary = record.summary
         if record.status != "succeeded":
