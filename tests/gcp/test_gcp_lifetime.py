@@ -5,8 +5,10 @@ the run's supervisor has stopped writing its heartbeat.
 The request bodies and the plan are checked on their own; the stand-in's enforcement of maxRunDuration through
 its API; the real watchdog program against the stand-in TPU API and Cloud Storage emulator; and a run supervised
 on its dispatcher "VM" whose supervisor is killed (or whose VM is deleted) mid-run, after which every other VM
-and the TPU VM are gone within gcp.heartbeat_limit_s with no dsctl running. The boot path (the startup script
-starting the watchdog as a systemd unit or a nohup'd loop) runs in a booted VM: test_vmboot.py.
+and the TPU VM are gone within gcp.heartbeat_limit_s with no dsctl running; and a supervisor whose teardown cannot
+delete a VM, which keeps its own VM and says what it left where `dsctl status` and `runs show` read it. The
+boot path (the startup script starting the watchdog as a systemd unit or a nohup'd loop) runs in a booted VM:
+test_vmboot.py.
 """
 
 from __future__ import annotations
@@ -214,3 +216,54 @@ def test_a_run_whose_supervisor_is_lost_ends_by_itself(cloud, sshd, home, tmp_pa
         assert cloud.counts() == {"instances": 0, "firewalls": 0, "tpus": 0}
     finally:
         guests.close()
+
+
+# -- a teardown that leaves something -----------------------------------------------------------------------------
+def _dsctl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dsctl.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.slow
+def test_a_supervisor_that_cannot_delete_a_vm_keeps_its_own_and_says_what_is_left(cloud, sshd, home, tmp_path):
+    """The run's worker VM is protected against deletion once created (instances.setDeletionProtection, by someone
+    else): Compute Engine refuses every instances.delete of it (HTTP 400). The supervisor's teardown deletes the rest,
+    keeps its own VM and exits, its heartbeat with it (then the watchdogs end what they can, as for a supervisor
+    killed: above), and says what is left where `dsctl status` and `runs show` read it, which delete nothing; `dsctl
+    down RUN`, once the protection is off, deletes it all."""
+    def protect(resource: dict) -> None:
+        name = resource.get("name", "")
+        if "-worker-" in name:
+            with cloud.lock:
+                cloud.instances[(PROJECT, ZONE, name)]["deletionProtection"] = True
+
+    cloud.on_created.append(protect)
+    spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=1, trainer_machine="n2-standard-8", epochs=1)
+    up = _dsctl("up", str(spec), "--detach", "--yes", "--json")
+    assert up.returncode == 0, up.stderr[-3000:]
+    run_id = json.loads(up.stdout)["run"]["id"]
+    wait_for(lambda: _supervisor(run_id) is None, timeout=180, what="the supervisor to end the run and exit")
+    with cloud.lock:
+        left = sorted(name for (_, _, name) in cloud.instances)
+    assert [n.split("-")[-2] for n in left] == ["dispatcher", "worker"], left  # its own VM too; the trainer VM went
+    dispatcher, worker = left
+    assert cloud.counts() == {"instances": 2, "firewalls": 0, "tpus": 0}
+    # Said where `dsctl status` and `runs show` read it (from any machine: the record in Cloud Storage); looking
+    # deletes nothing.
+    status = _dsctl("status", "--json")
+    assert status.returncode == 0, status.stderr[-2000:]
+    [row] = json.loads(status.stdout)
+    assert row["run"] == run_id and row["status"] == "ended; its supervisor left resources behind", row
+    assert worker in row["left_behind"] and f"left its own VM {dispatcher}" in row["left_behind"], row
+    shown = _dsctl("runs", "show", run_id, "--json")
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    said = [e["message"] for e in json.loads(shown.stdout)["events"] if e["kind"] == "left-behind"]
+    assert len(said) == 1 and worker in said[0] and dispatcher in said[0], said
+    with cloud.lock:
+        assert sorted(name for (_, _, name) in cloud.instances) == left, "looking deletes nothing"
+        cloud.instances[(PROJECT, ZONE, worker)]["deletionProtection"] = False
+    down = _dsctl("down", run_id)
+    assert down.returncode == 0, down.stderr[-2000:]
+    assert cloud.counts() == {"instances": 0, "firewalls": 0, "tpus": 0}
+    assert json.loads(_dsctl("status", "--json").stdout) == []
+
