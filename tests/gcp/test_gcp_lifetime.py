@@ -5,7 +5,8 @@ the run's supervisor has stopped writing its heartbeat.
 The request bodies and the plan are checked on their own; the stand-in's enforcement of maxRunDuration through
 its API; the real watchdog program against the stand-in TPU API and Cloud Storage emulator; and a run supervised
 on its dispatcher "VM" whose supervisor is killed (or whose VM is deleted) mid-run, after which every other VM
-and the TPU VM are gone within gcp.heartbeat_limit_s with no dsctl running; and a supervisor whose teardown cannot
+and the TPU VM are gone within gcp.heartbeat_limit_s with no dsctl running; the same for a run supervised by
+`dsctl up` on the user's machine (gcp.supervisor: here) killed mid-run; and a supervisor whose teardown cannot
 delete a VM, which keeps its own VM and says what it left where `dsctl status` and `runs show` read it. The
 boot path (the startup script starting the watchdog as a systemd unit or a nohup'd loop) runs in a booted VM:
 test_vmboot.py.
@@ -26,6 +27,7 @@ from conftest import BUCKET, PROJECT, ZONE, gcp_spec
 from guests import GuestWatchdogs
 from metadata_server import MetadataServer
 
+from dsctl.orchestrator.store import RunStore
 from dsctl.provisioners.gcp import compute, lifetime, watchdog
 from dsctl.provisioners.gcp.settings import GcpSettings
 from dsctl.provisioners.gcp.storage import HeartbeatObject
@@ -267,3 +269,45 @@ def test_a_supervisor_that_cannot_delete_a_vm_keeps_its_own_and_says_what_is_lef
     assert cloud.counts() == {"instances": 0, "firewalls": 0, "tpus": 0}
     assert json.loads(_dsctl("status", "--json").stdout) == []
 
+
+@pytest.mark.slow
+@pytest.mark.background
+def test_a_run_supervised_here_whose_dsctl_is_killed_ends_by_itself(cloud, sshd, home, tmp_path):
+    """gcp.supervisor: here: the attached `dsctl up` supervises the run and beats for it; kill -9 of it (a laptop
+    that dies) leaves every VM and the TPU VM to delete itself within the limit, with nobody running dsctl."""
+    guests = GuestWatchdogs(tmp_path / "guests")
+    cloud.on_created.append(guests.created)
+    cloud.on_deleted.append(guests.deleted)
+    spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=1, trainer_machine="tpu-v2-8", epochs=None,
+                    latency_ms=1, model="{step_time_ms: 20}", duration_s=900,
+                    gcp={"supervisor": "here", "heartbeat_limit_s": LIMIT_S})
+    check_s = lifetime.check_every_s(LIMIT_S)
+    with open(tmp_path / "up.log", "wb") as log:
+        up = subprocess.Popen([sys.executable, "-m", "dsctl.cli.main", "up", str(spec), "--yes"],
+                              stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: len(guests.running) == 3, timeout=60, what="a watchdog on each VM and the TPU VM")
+        booted = time.monotonic()
+        run_id = next((home / "runs").glob("*/state.json")).parent.name
+        wait_for(lambda: RunStore().windows(run_id), timeout=120, what="the run to train")
+        # Longer than the limit since the VMs booted: dsctl's heartbeat keeps every machine.
+        time.sleep(max(0.0, booted + LIMIT_S + 2 * check_s - time.monotonic()))
+        assert up.poll() is None, (tmp_path / "up.log").read_text()[-3000:]
+        assert _machines(cloud) == {"instances": 2, "tpus": 1}
+        up.kill()
+        up.wait(30)
+        killed = time.monotonic()
+        wait_for(lambda: _machines(cloud) == {"instances": 0, "tpus": 0}, timeout=LIMIT_S + 2 * check_s + 30,
+                 interval=0.5, what="every VM and the TPU VM to delete itself")
+        took = time.monotonic() - killed
+        assert took <= LIMIT_S + 2 * check_s + 8, f"{took:.1f} s"
+        assert processes_under(home) == []
+        # What no watchdog deletes (its firewall rules bill nothing) `dsctl down` finds and deletes.
+        assert cloud.counts()["firewalls"] > 0
+        down = _dsctl("down", run_id)
+        assert down.returncode == 0, down.stderr[-2000:]
+        assert cloud.counts() == {"instances": 0, "firewalls": 0, "tpus": 0}
+    finally:
+        if up.poll() is None:
+            up.kill()
+        guests.close()
