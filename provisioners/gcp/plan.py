@@ -244,8 +244,9 @@ def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | No
         prefix = naming.prefix(run_id) if run_id != "<run>" else "dsctl-<run>"
         result.creates.append(
             f"firewall rules {prefix}-svc and {prefix}-deny (tcp {', '.join(ports(g.dispatcher_port, g.worker_port))} "
-            f"allowed between the run's VMs at priority {ALLOW_PRIORITY}, denied to all others at {DENY_PRIORITY}, "
-            "above the network's own rules such as the default network's default-allow-internal)")
+            f"and SSH allowed between the run's VMs at priority {ALLOW_PRIORITY}, the service ports denied to all "
+            f"others at {DENY_PRIORITY}, above the network's own rules such as the default network's "
+            "default-allow-internal)")
     bucket = g.bucket or (f"{result.project}-dsctl" if result.project else "<project>-dsctl")
     staged = "the dsctl wheel, the spec" if g.bootstrap else "the spec"
     if spec.pipeline.entrypoint or spec.trainer.model.kind in ("python", "keras") or spec.trainer.command:
@@ -258,12 +259,18 @@ def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | No
     if data_root:
         result.creates.append(f"the {spec.pipeline.builtin} builtin's TFRecords, generated here once and kept in "
                               f"{data_root}/ (the workers read them there)")
+    if g.supervisor == "vm":
+        notes.append("this machine connects to no VM: the run is handed over through Cloud Storage, and its "
+                     "supervisor on the dispatcher VM reaches the others over SSH at internal addresses (the run's "
+                     "own firewall rule admits it); sweeps and the colocated and ideal baselines are supervised "
+                     "from here and connect from here.")
     if g.public_ips:
-        notes.append("every VM gets an ephemeral external address; dsctl connects over SSH to it from here (the "
-                     "network must admit tcp:22, as the default network's default-allow-ssh does).")
+        notes.append("every VM gets an ephemeral external address; a run supervised from here connects over SSH to "
+                     "it (the network must admit tcp:22 from here, as the default network's default-allow-ssh does).")
     else:
-        notes.append("VMs get internal addresses only: run dsctl inside the VPC; their subnet needs Private Google "
-                     "Access or a Cloud NAT to reach Cloud Storage (checked before anything is created).")
+        notes.append("VMs get internal addresses only (a run supervised from here needs dsctl inside the VPC); their "
+                     "subnet needs Private Google Access or a Cloud NAT to reach Cloud Storage (checked before "
+                     "anything is created).")
     if "spot" in (svc.provisioning, tr.provisioning):
         notes.append("Spot VMs can be preempted at any time; a preempted VM ends the run (dsctl tears down; "
                      "it does not yet restart preempted VMs).")
