@@ -2,8 +2,9 @@
 
 Each process (the dispatcher, a worker, a trainer) runs in its node's directory on its VM under a
 wrapper that records its pid and exit code (remote.py), and is recorded in the state (remote pid
-and start time) the moment it runs. From then on the watcher (watch.py) reads it about once a
-second: liveness, CPU and memory, its ready file, a trainer's new metrics lines, which it copies
+and start time) the moment it runs. From then on the watcher (watch.py) reads it, a trainer every
+second and a ready server every 5 s (past 10 servers, 2 readings a second spread over all of
+them): liveness, CPU and memory, its ready file, a trainer's new metrics lines, which it copies
 home. What is read here (a server ready, a server or trainer that ended) is taken from the
 watcher's latest readings and never waits on SSH; a reading from before a process was started
 (its predecessor's, for a restarted server) is not its own and is never judged.
@@ -209,7 +210,8 @@ def trainers(ctx: Context, unseen: set[str | None]) -> tuple[list[int], dict[int
 
 
 def sample(ctx: Context) -> list[Sample]:
-    """CPU (cores busy over the watcher's last interval) and RSS of every remote process."""
+    """CPU (cores busy between the watcher's two latest readings of it, however far apart) and RSS of every remote
+    process."""
     if ctx.watcher is None:
         return []
     out = []

@@ -122,10 +122,11 @@ def status(dirs: list[str]) -> str:
     `rc` after the process ends and exits after writing it, so a process found gone with no `rc`
     always has its wrapper seen alive, and is never mistaken for one killed without an exit code.
 
-    It runs every second on each VM, so it reads with the shell's own `read` (POSIX sh, no program started for a
-    plain process dir): `cat`, `sed` and `cut` in pipes took about twenty processes a dir, most of the VM's share
-    of dsctl's CPU. CLK_TCK and PAGESIZE come from `getconf` once and are kept in the run's directory on the VM
-    (SYSCONF); only marked dirs read every process's stat, and only trainers' dirs have a metrics file to `stat`.
+    It runs on each VM every second (trainers) or every few (watch.py), so it reads with the shell's own `read`
+    (POSIX sh, no program started for a plain process dir): `cat`, `sed` and `cut` in pipes took about twenty
+    processes a dir, most of the VM's share of dsctl's CPU. CLK_TCK and PAGESIZE come from `getconf` once and are
+    kept in the run's directory on the VM (SYSCONF); only marked dirs read every process's stat, and only
+    trainers' dirs have a metrics file to `stat`.
     """
     quoted = " ".join(q(d) for d in dirs)
     conf = q(str(PurePosixPath(dirs[0]).parent / SYSCONF)) if dirs else "/dev/null"

@@ -21,6 +21,12 @@ if TYPE_CHECKING:
     from fabric import Connection
 
 CONNECT_TIMEOUT_S = 10
+# An open connection's reader thread (paramiko's Transport) wakes every this many seconds when nothing arrives, to
+# see whether it was closed. paramiko's own 0.1 s cost 0.03% of a core per idle connection (measured: 120 of them,
+# 3.5%), and the supervisor holds one per VM (about 18% of a core at 640 workers); at 30 s, 0.0003% each. Data still
+# wakes it at once; a connection closed here ends, its thread and the VM's sshd session with it, within this time
+# (nothing waits for it).
+IDLE_WAKE_S = 30.0
 
 
 @dataclass
@@ -65,6 +71,8 @@ class Ssh:
             known.touch(exist_ok=True)
             conn.client.load_host_keys(str(known))  # AutoAddPolicy then saves the first key seen here
             conn.open()
+            if conn.transport is not None and conn.transport.sock is not None:
+                conn.transport.sock.settimeout(IDLE_WAKE_S)  # after the handshake, which keeps paramiko's own
             self._conns[host] = conn
             return conn
 
