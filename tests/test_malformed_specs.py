@@ -30,7 +30,10 @@ pytestmark = pytest.mark.slow
 
 GOOD = "name: a\ntrainer: {steps: 10}\npipeline: {builtin: synthetic}\n"
 HEAD = "name: a\ntrainer: {steps: 10}\n"  # GOOD without the pipeline
-MARKER = "dsctl-corpus-leftover"  # in the command line of a process a looping entrypoint starts
+# In the command line of a process a looping entrypoint starts. This test process's pid is part of it: another
+# test process may be running its own copy of the corpus (the module fixture runs once per test process), and
+# the process its looping entrypoint started is alive while its check runs.
+MARKER = f"dsctl-corpus-leftover-{os.getpid()}"
 
 
 @dataclass
