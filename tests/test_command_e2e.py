@@ -62,7 +62,8 @@ def test_a_killed_program_resumes_from_its_checkpoint_and_the_two_runs_add_up_to
     metrics = lambda: next((home / "runs").glob("script-tf-loop-*/metrics/trainer-0.jsonl"), None)  # noqa: E731
     wait_for(lambda: metrics() and metrics().read_text().count('"checkpoint"') >= 3, timeout=120,
              what="three checkpoints")
-    program = next(p for p in psutil.process_iter(["cmdline"]) if "scripts/tf_loop.py" in " ".join(p.info["cmdline"] or []))
+    program = next(p for p in psutil.process_iter(["cmdline", "cwd"]) if "scripts/tf_loop.py" in " ".join(
+        p.info["cmdline"] or []) and (p.info["cwd"] or "").startswith(str(tmp_path)))  # not another test's program
     program.send_signal(signal.SIGKILL)
     out, err = up.communicate(timeout=120)
     assert up.returncode == 1 and "was killed by signal 9 (SIGKILL)" in err, err
