@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers import processes_under
+from helpers import processes_under, remove_cgroup
 
 # The provider contract suite's asserts say what they compared, as a test file's do.
 pytest.register_assert_rewrite("contract.suite")
@@ -368,23 +368,7 @@ def _end_oom_cgroups() -> list[str]:
     lines = []
     for name in (n for n in names if _made_here_or_abandoned(n, OOM_PREFIX)):
         folder = parent / name
-        held: list[int] = []
-        for _ in range(50):
-            try:
-                pids = [int(p) for p in (folder / "cgroup.procs").read_text().split()]
-            except OSError:
-                break
-            held += [p for p in pids if p not in held]
-            for pid in pids:
-                try:
-                    os.kill(pid, 9)
-                except ProcessLookupError:
-                    pass
-            try:
-                folder.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+        held = remove_cgroup(folder)
         failed = " (could not be removed)" if folder.exists() else ""
         lines.append(f"memory cgroup {folder}: {f'processes {held}' if held else 'empty'}{failed}")
     return lines

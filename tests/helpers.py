@@ -217,3 +217,26 @@ def tmpfs(folder: Path, size: str):
         yield folder
     finally:
         subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def remove_cgroup(folder: Path) -> list[int]:
+    """Kill every process in a cgroup folder (v1 or v2) and remove it, trying for up to 5 s (a killed process leaves
+    cgroup.procs a moment later); the pids it killed. The folder is left where it cannot be removed."""
+    killed: list[int] = []
+    for _ in range(50):
+        try:
+            pids = [int(p) for p in (folder / "cgroup.procs").read_text().split()]
+        except OSError:
+            break
+        killed += [p for p in pids if p not in killed]
+        for pid in pids:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        try:
+            folder.rmdir()
+            break
+        except OSError:
+            time.sleep(0.1)
+    return killed

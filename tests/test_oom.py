@@ -17,7 +17,7 @@ import pytest
 from test_command_runner import errors, run_command
 
 from dsctl.specs import exits
-from helpers import dsctl, write_spec
+from helpers import dsctl, remove_cgroup, write_spec
 
 pytestmark = pytest.mark.integration  # processes killed by the kernel; dsctl as a subprocess
 
@@ -58,18 +58,7 @@ def limited_memory(limit: int):
     try:
         yield folder
     finally:
-        for _ in range(50):
-            pids = [int(p) for p in (folder / "cgroup.procs").read_text().split()]
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            try:
-                folder.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+        remove_cgroup(folder)
 
 
 def into(folder: Path):
