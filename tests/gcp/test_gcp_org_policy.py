@@ -191,18 +191,26 @@ def test_up_where_external_addresses_are_forbidden_exits_2_naming_the_constraint
                                                                                                   tmp_path):
     """The caller may not read organization policies (orgpolicy.policy.get, which many users lack), so the plan cannot
     see this one (orgpolicy.py): Compute Engine refuses the VMs when they are created, and that refusal is explained."""
-    cloud.set_org_policy("compute.vmExternalIpAccess", [{"denyAll": True}])
+    message = _up_refused_by_a_policy_it_could_not_read(cloud, home, tmp_path, "compute.vmExternalIpAccess",
+                                                         [{"denyAll": True}])
+    assert "constraints/compute.vmExternalIpAccess" in message and "gcp.public_ips: false" in message
+    assert "POST http" not in message and "PreconditionFailed" not in message
+    # The stand-in refused every VM that asked for an external address; the firewall rules made beside them went.
+    assert [b for k, b in cloud.created if k == "firewall"]
+
+
+def _up_refused_by_a_policy_it_could_not_read(cloud, home, tmp_path, constraint: str, rules: list[dict]) -> str:
+    """`dsctl up --yes` where `constraint` has `rules` and the caller may not read policies: exit 2, no traceback,
+    no VM made, everything made deleted; the one-paragraph message."""
+    cloud.set_org_policy(constraint, rules)
     cloud.orgpolicy_denied = True
     spec = gcp_spec(tmp_path / "job", home=home, workers=2, trainer_machine="n2-standard-8")
     proc = dsctl("up", spec, "--yes")
     message = " ".join(proc.stderr.split())
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert "constraints/compute.vmExternalIpAccess" in message and "gcp.public_ips: false" in message
-    assert "POST http" not in message and "PreconditionFailed" not in message
     assert "Everything the run had created was deleted." in message
-    # The stand-in refused every VM that asked for an external address; the firewall rules made beside them went.
-    assert not [b for k, b in cloud.created if k == "instance"] and [b for k, b in cloud.created if k == "firewall"]
-    assert cloud.counts() == NOTHING
+    assert not [b for k, b in cloud.created if k == "instance"] and cloud.counts() == NOTHING
+    return message
 
 
 def test_the_stand_in_refuses_boot_images_from_projects_the_policy_does_not_trust(compute):
@@ -243,13 +251,8 @@ def test_up_with_untrusted_images_it_could_not_see_exits_2_naming_the_constraint
                                                                                                    tmp_path):
     """Policies unreadable to the caller: the stand-in refuses the VMs' images when they are created, and that refusal
     is explained (exit 2) after everything made was deleted."""
-    cloud.set_org_policy("compute.trustedImageProjects", [{"values": {"allowedValues": ["projects/ubuntu-os-cloud"]}}])
-    cloud.orgpolicy_denied = True
-    spec = gcp_spec(tmp_path / "job", home=home, workers=2, trainer_machine="n2-standard-8")
-    proc = dsctl("up", spec, "--yes")
-    message = " ".join(proc.stderr.split())
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    message = _up_refused_by_a_policy_it_could_not_read(
+        cloud, home, tmp_path, "compute.trustedImageProjects",
+        [{"values": {"allowedValues": ["projects/ubuntu-os-cloud"]}}])
     assert "constraints/compute.trustedImageProjects" in message and "gcp.image" in message
     assert "Use of images from project debian-cloud is prohibited" in message
-    assert "Everything the run had created was deleted." in message
-    assert not [b for k, b in cloud.created if k == "instance"] and cloud.counts() == NOTHING
