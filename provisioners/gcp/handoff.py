@@ -25,7 +25,6 @@ from . import compute, operations, preflight, remote, serviceaccount, stage, sta
 from .context import Context
 from .errors import GcpError
 from .lifetime import beat_every_s
-from .naming import run_filter
 from .state import RemoteProcess, gcp
 from .storage import HeartbeatObject, RunObjects
 from .watch import Watched
@@ -125,7 +124,8 @@ class SupervisorWatch:
         if sup is None:
             return "no supervisor"
         try:
-            vm = compute.statuses(ctx.clients, run_filter(ctx.dep.run_id)).get(sup.instance)
+            # Its one VM, by name (a name dsctl made: naming.instance_name), not the whole run's listing.
+            vm = compute.statuses(ctx.clients, f'name = "{sup.instance}"').get(sup.instance)
         except Exception as exc:  # noqa: BLE001 - the API out of reach: nothing is known
             return f"unknown ({type(exc).__name__}: {exc})"
         if vm is None:
