@@ -136,8 +136,6 @@ class GcpProvisioner:
         """On the supervising VM, after adopt: the run's VMs (created by `dsctl up` without being reached) reached
         over SSH at their internal addresses, their versions checked, the dispatcher and workers started."""
         ctx = self._context(dep)
-        if any(gcp(n).remote_pid for n in dep.by_role("dispatcher") + dep.by_role("worker")):
-            return  # started before the hand-over (a run handed over by an earlier dsctl)
         events("cloud", "reaching the run's VMs from the dispatcher VM, at their internal addresses")
         nodes = [n for n in dep.nodes if n.role in ("dispatcher", "worker", "trainer")]
         vms.check_versions(ctx, vms.reach_all(ctx, nodes))
