@@ -38,6 +38,7 @@ Run standalone (for the benchmark):  python fake_gce.py --port 0 --latency-ms 20
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import hashlib
 import ipaddress
@@ -378,12 +379,13 @@ class Faults:
     # failing its operation; applies to the fail_nth knob and to configured quotas alike.
     fail_sync: bool = False
     # Every `burst_every`-th call to one method and path starts a burst of `burst_length` errors with
-    # `burst_status` (503 backendError, 429 or 403 rateLimitExceeded) on it. Counted per method and path,
-    # so a caller retrying one call meets at most `burst_length` errors in a row however many other
-    # calls run at the same time (a global count would fail concurrent retries far more often).
+    # `burst_status` (503 backendError, 429 or 403 rateLimitExceeded) on it; a tuple of them: the bursts take
+    # them in turn, across paths. Counted per method and path, so a caller retrying one call meets at most
+    # `burst_length` errors in a row however many other calls run at the same time (a global count would
+    # fail concurrent retries far more often).
     burst_every: int | None = None
     burst_length: int = 0
-    burst_status: int = 503
+    burst_status: int | tuple[int, ...] = 503
     # Instances whose name contains one of these never leave PROVISIONING.
     stuck_names: list[str] = field(default_factory=list)
     # Cloud TPU has no capacity in any zone: nodes.create operations end with code 8 (RESOURCE_EXHAUSTED);
@@ -793,7 +795,7 @@ class FakeCloud(IdentityApis):
         self.request_ids: dict[tuple, str] = {}  # (api, project, requestId) -> operation name
         self.projects: dict[str, dict] = {}
         self.calls: list[tuple[str, str]] = []  # (method, path) of every API call
-        self.errors_injected = 0
+        self.errors_by_status: collections.Counter[int] = collections.Counter()  # injected by maybe_fail_call
         # ("instance" | "firewall" | "tpu" | "queued_resource", request body as received (+ name)), for assertions
         self.created: list[tuple[str, dict]] = []
         # Quotas: (region or None, metric) -> limit; unset = unlimited. See set_quota.
@@ -815,7 +817,8 @@ class FakeCloud(IdentityApis):
         self._addr_base = self._addr_index_of(first_ip)
         self._next_addr = 0
         self._free_addrs: list[int] = []
-        self._bursts: dict[tuple[str, str], list[int]] = {}  # (method, path) -> [calls, errors left]
+        self._bursts: dict[tuple[str, str], list[int]] = {}  # (method, path) -> [calls, errors left, status]
+        self._bursts_started = 0
         self._pending_created: list[dict] = []  # made under the lock; their on_created hooks run after it
         self._pending_stopped: list[dict] = []  # stopped or preempted, likewise
         self._pending_started: list[dict] = []  # started again, likewise
@@ -1142,25 +1145,32 @@ class FakeCloud(IdentityApis):
                     "tpus": len(self.tpus) + sum(1 for q in self.queued.values() if q.get("_node_key") not in self.tpus)}
 
     # -- faults --------------------------------------------------------------------------------------------
+    @property
+    def errors_injected(self) -> int:
+        return sum(self.errors_by_status.values())
+
     def maybe_fail_call(self, method: str, path: str) -> None:
         """Bursts of errors. Rate limits are 403/429 with reason rateLimitExceeded
         (https://cloud.google.com/compute/api-quota#exceeded); never a quota error."""
         f = self.faults
         with self.lock:
-            burst = self._bursts.setdefault((method, path), [0, 0])
+            burst = self._bursts.setdefault((method, path), [0, 0, 0])
             burst[0] += 1
             if burst[1] > 0:
                 burst[1] -= 1
             elif f.burst_every and burst[0] % f.burst_every == 0 and f.burst_length > 0:
-                burst[1] = f.burst_length - 1
+                statuses = f.burst_status if isinstance(f.burst_status, tuple) else (f.burst_status,)
+                burst[1], burst[2] = f.burst_length - 1, statuses[self._bursts_started % len(statuses)]
+                self._bursts_started += 1
             else:
                 return
-            self.errors_injected += 1
+            status = burst[2]
+            self.errors_by_status[status] += 1
         rate_details = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "RATE_LIMIT_EXCEEDED",
                          "domain": "googleapis.com", "metadata": {"service": "compute.googleapis.com"}}]
-        if f.burst_status == 429:
+        if status == 429:
             raise ApiError(429, "Rate Limit Exceeded", "rateLimitExceeded", domain="usageLimits", details=rate_details)
-        if f.burst_status == 403:  # Compute Engine's per-minute API rate quota
+        if status == 403:  # Compute Engine's per-minute API rate quota
             raise ApiError(403, "Quota exceeded for quota metric 'Queries' and limit 'Queries per minute' of service "
                                 "'compute.googleapis.com'", "rateLimitExceeded", domain="usageLimits",
                            grpc="RESOURCE_EXHAUSTED", details=rate_details)
