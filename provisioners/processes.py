@@ -25,6 +25,14 @@ class Process(Protocol):
     create_time: float | None
 
 
+# How far a process's start time, read twice, may differ and still name the same process. Linux keeps a process's
+# start as clock ticks since boot; psutil adds the boot time, which the kernel recomputes on every read as the wall
+# clock minus the uptime, in whole seconds, so an NTP adjustment between two reads (the one recorded, the one
+# compared) moves it by a second. A pid reused by another process started within 1.5 s of the recorded one would
+# need the whole pid space to wrap in that time.
+START_TIME_TOLERANCE_S = 1.5
+
+
 def is_ours(node: Process) -> bool:
     """True while the process recorded for `node` is still the same process and not a zombie."""
     if not node.pid:
@@ -33,7 +41,7 @@ def is_ours(node: Process) -> bool:
         proc = psutil.Process(node.pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return False
-        return node.create_time is None or abs(proc.create_time() - node.create_time) < 0.01
+        return node.create_time is None or abs(proc.create_time() - node.create_time) < START_TIME_TOLERANCE_S
     except psutil.NoSuchProcess:
         return False
 

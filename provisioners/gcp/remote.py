@@ -82,7 +82,7 @@ def parse_launch(stdout: str) -> tuple[int, int]:
 def stop(layout: Layout, start_time: int | None, grace_s: float = 8.0) -> str:
     """SIGTERM the process (if it is still the one started), SIGKILL its group after grace_s."""
     d = q(layout.dir)
-    start = q(str(start_time or ""))
+    start = q("" if start_time is None else str(start_time))
     ticks = max(int(grace_s * 10), 1)
     return (
         f"cd {d} 2>/dev/null || exit 0; pid=$(cat pid 2>/dev/null); [ -n \"$pid\" ] || exit 0; "
