@@ -115,19 +115,20 @@ def close_run(store: RunStore, record: RunRecord, dep: Deployment, monitor_gone:
     reconcile.forget_outcome(run_dir)
 
 
-def close_points(store: RunStore, sweep_id: str) -> None:
-    """The sweep's points still being measured when its deployment went: interrupted, from their stored windows."""
+def close_points(store: RunStore, sweep_id: str, why: str | None = None, event: str = "down") -> None:
+    """The sweep's points still being measured when it ended (its deployment removed by `dsctl down`, or the sweep
+    itself stopped by a signal): interrupted, summarized from their stored windows."""
+    why = why or f"the deployment of sweep {sweep_id} was removed by dsctl down"
     for point in store.list(kinds=("point",), parent_id=sweep_id):
         if point.status != "running":
             continue
         utilization, windows = store.utilization(point.id), store.windows(point.id)
         ended = max((u["t"] for u in utilization), default=time.time())
         summary = summarize_run({}, windows, utilization, point.created_at, max(ended, point.created_at))
-        error = (f"interrupted: the deployment of sweep {sweep_id} was removed by dsctl down before this point's "
-                 "measurement ended")
+        error = f"interrupted: {why} before this point's measurement ended"
         summary["cost"] = cost_summary(replace(point, status="interrupted", error=error, summary=summary))
         store.update_run(point.id, status="interrupted", ended_at=time.time(), error=error, summary=summary)
-        store.add_event(point.id, "down", error)
+        store.add_event(point.id, event, error)
 
 
 def close_sweep(store: RunStore, sweep: RunRecord, why: str = "its deployment was removed by dsctl down") -> None:

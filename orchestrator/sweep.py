@@ -25,6 +25,7 @@ from dsctl.provisioners import Capacity, Deployment, Provider, TrainerLaunch, ge
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 from dsctl.specs.calibration import Calibration
 
+from . import closing
 from .accelerators import trainer_accelerators
 from .handles import AttachedDeployment, OwnedDeployment
 from .outcome import Outcome, RunFailed
@@ -174,6 +175,10 @@ class SweepRunner:
                 self._measure(measured)
         finally:
             succeeded = outcome.status == "succeeded"
+            if outcome.status == "interrupted":  # the point being measured when Ctrl-C, SIGTERM or SIGHUP came
+                # (a sweep that failed leaves it to `dsctl down`, which says why: its deployment was removed)
+                closing.close_points(self.store, self.sweep_id, why=f"sweep {self.sweep_id} was stopped",
+                                     event="interrupted")
             summary = self._conclude(predicted if succeeded else [])
             self.store.update_run(self.sweep_id, status=outcome.status, ended_at=time.time(), error=outcome.error,
                                   summary=summary)

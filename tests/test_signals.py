@@ -73,18 +73,24 @@ def test_sighup_to_up_tears_down_records_and_exits_129(home, tmp_path):
 
 def test_sigterm_to_sweep_keeps_finished_points_and_leaves_nothing_running(home, tmp_path):
     spec = write_spec(tmp_path, JOB)
-    sweep = start("sweep", str(spec), "--workers", "1..2", "--window", "1s", "--warmup", "0.5")
+    """The signal comes while a point is being measured, after one has finished: that one is kept, the one being
+    measured is recorded interrupted (it stayed "running" when the signal came inside its window)."""
+    sweep = start("sweep", str(spec), "--workers", "1..2", "--window", "4s", "--warmup", "0.5")
 
-    def a_point_finished():
-        return [p for p in RunStore().list(kinds=("point",)) if p.mode == "service" and p.status == "succeeded"]
+    def measuring_after_a_finished_point():
+        points = RunStore().list(kinds=("point",))
+        finished = [p for p in points if p.mode == "service" and p.status == "succeeded"]
+        return finished and [p for p in points if p.status == "running" and p.created_at > finished[0].created_at]
 
-    wait_for(a_point_finished, timeout=180, what="the first measured point")
+    [measuring] = wait_for(measuring_after_a_finished_point, timeout=180, what="a point measured after the first")
     sweep.send_signal(signal.SIGTERM)
     line = assert_ended_by(sweep, signal.SIGTERM, home)
     [record] = RunStore().list(kinds=("sweep",))
     assert record.status == "interrupted" and record.id in line
     assert [p["workers"] for p in record.summary["points"]][:1] == [1]
     assert not [r for r in RunStore().list(kinds=("job", "sweep", "point")) if r.status == "running"]
+    point = RunStore().recorded(measuring.id)
+    assert point.status == "interrupted" and f"sweep {record.id} was stopped" in (point.error or "")
 
 
 def test_sigterm_to_experiments_run_stops_its_deployment_and_records_its_run(home, tmp_path):
