@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -21,6 +22,14 @@ from helpers import processes_under, remove_cgroup
 
 # The provider contract suite's asserts say what they compared, as a test file's do.
 pytest.register_assert_rewrite("contract.suite")
+
+# The Ctrl-C tests send SIGINT to dsctl as a terminal does. A suite started in the background by a non-interactive
+# shell (`.ci/run &`) inherits SIGINT ignored, and an ignored signal stays ignored in every process started from
+# here, so dsctl would never see it (Python installs its Ctrl-C handler only where SIGINT is not ignored). Each test
+# process (pytest's own and every xdist worker import this file) takes SIGINT back; the processes it starts then get
+# the default, as from a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # -- tiers ------------------------------------------------------------------------------------------------------------
 #
