@@ -63,6 +63,8 @@ def test_sighup_to_up_tears_down_records_and_exits_129(home, tmp_path):
     """A closed terminal: `dsctl up` tears the run down and records it interrupted."""
     up = start("up", str(write_spec(tmp_path, JOB)))
     wait_for(lambda: training(home), timeout=120, what="the trainer's first window")
+    # and dsctl up has stored it (it reads the trainer's metrics file every few tenths of a second)
+    wait_for(lambda: [r for r in RunStore().list() if RunStore().windows(r.id)], timeout=60, what="a stored window")
     up.send_signal(signal.SIGHUP)
     assert_ended_by(up, signal.SIGHUP, home)
     [record] = RunStore().list()
