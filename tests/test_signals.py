@@ -74,9 +74,9 @@ def test_sighup_to_up_tears_down_records_and_exits_129(home, tmp_path):
 
 
 def test_sigterm_to_sweep_keeps_finished_points_and_leaves_nothing_running(home, tmp_path):
-    spec = write_spec(tmp_path, JOB)
     """The signal comes while a point is being measured, after one has finished: that one is kept, the one being
     measured is recorded interrupted (it stayed "running" when the signal came inside its window)."""
+    spec = write_spec(tmp_path, JOB)
     sweep = start("sweep", str(spec), "--workers", "1..2", "--window", "4s", "--warmup", "0.5")
 
     def measuring_after_a_finished_point():
