@@ -53,7 +53,10 @@ from .state import Isolation, LocalCodec, LocalDeployment, LocalNode
 WORKER_MEMORY_BYTES = 500 * 2**20
 OTHER_PROCESS_MEMORY_BYTES = 900 * 2**20
 READY_TIMEOUT_S = 120.0
-EXIT_STATUS_GRACE_S = 10.0
+# A forked process's exit status comes from the launcher that reaps it. While the launcher lives its answer is on
+# its way, however loaded the machine (a trainer's memory cgroup thrashing before the kernel kills it slows every
+# process in it): waited for this long. A launcher that has ended says nothing more: its children's statuses are lost.
+LAUNCHER_REAP_WAIT_S = 120.0
 # A restarting worker whose port another process holds: tried again at the same address (the only
 # one its clients will read the rest of its share from) with backoff, for this long; then moved.
 WORKER_PORT_WAIT_S = 30.0
@@ -162,7 +165,7 @@ class LocalProvisioner:
                     state.port, state.ready, state.served = ready["port"], True, True
                     pending.remove(node)
                 elif not is_ours(node):
-                    code = self._exit_code(node)
+                    code = self._exit_code(dep, node)
                     if code is None:
                         continue  # gone, its exit code not written yet: wait for it (a port refusal is told apart)
                     if code == EXIT_PORT_IN_USE and node.role in ("worker", "dispatcher"):
@@ -235,6 +238,8 @@ class LocalProvisioner:
         for node in dep.nodes:
             if node.pid is None and _state(node).launch_id:
                 changed |= self._launcher.resolve(node)
+                if node.pid and node.role == "trainer":  # its cgroups' out-of-memory kill counts, should its status be lost
+                    self._watches[node.pid] = exits.watch(node.pid)
         if changed:
             dep.save()
 
@@ -405,33 +410,47 @@ class LocalProvisioner:
             self._launch(dep, node, launch.module, args, launch.metrics_dir / f"trainer-{index}.log", launch.cpus)
         events("training", f"{launch.count} trainer(s) started ({launch.mode})")
 
-    def _exit_code(self, node: Node) -> int | None:
+    def _exit_code(self, dep: Deployment, node: Node) -> int | None:
         """None while the node's process runs (or is not forked yet); its exit code after.
 
-        A process the launcher forked is reaped by the launcher, which then writes its exit code;
-        on a loaded machine that can lag behind the process's end, so a vanished process without
-        an exit file counts as running for a grace period before it is reported lost (-1).
+        A process the launcher forked is reaped by the launcher, which then writes its exit code; on a loaded
+        machine that can lag well behind the process's end, so a vanished process without an exit file counts as
+        running while the launcher lives (up to LAUNCHER_REAP_WAIT_S), and is reported lost (-1) once the launcher
+        has ended without writing it: nobody else can read that status.
         """
         proc = self._procs.get((node.role, node.index))
         if proc is not None and proc.pid == node.pid:
             return proc.poll()
         if node.pid is None or is_ours(node):
             return None
-        code = self._launcher.exit_code(node) if self._launcher else None
+        launcher = self._launcher or Launcher(Path(dep.run_dir))  # its answers are files: any dsctl process reads them
+        code = launcher.exit_code(node)
         if code is not None:
             return code
         vanished = self._vanished.setdefault(node.pid, time.monotonic())
-        return None if time.monotonic() - vanished < EXIT_STATUS_GRACE_S else -1
+        if self._launcher_alive(dep) and time.monotonic() - vanished < LAUNCHER_REAP_WAIT_S:
+            return None
+        code = launcher.exit_code(node)  # written just before the launcher ended
+        return -1 if code is None else code
 
-    def _ending(self, node: Node, code: int) -> str | None:
+    def _ending(self, dep: Deployment, node: Node, code: int) -> str | None:
         """How the node's ended process ended, in words: the launcher's, who reaped it; for one spawned here, judged
-        here (an out-of-memory kill named by the evidence: dsctl.specs.exits)."""
+        here (an out-of-memory kill named by the evidence: dsctl.specs.exits); for one whose status was lost, that,
+        with any evidence of an out-of-memory kill in the cgroups it was watched in here."""
         proc = self._procs.get((node.role, node.index))
         if proc is not None and proc.pid == node.pid:
             if proc.pid not in self._endings:
                 self._endings[proc.pid] = str(exits.judge(code, pid=proc.pid, watch=self._watches.pop(proc.pid, None)))
             return self._endings[proc.pid]
-        return self._launcher.ending(node) if self._launcher else None
+        said = (self._launcher or Launcher(Path(dep.run_dir))).ending(node)
+        if said or code != -1:
+            return said
+        log = Path(dep.run_dir) / "logs" / "launcher.log"
+        why = (f"the launcher that forked it has not said how within {LAUNCHER_REAP_WAIT_S:.0f} s"
+               if self._launcher_alive(dep) else "the launcher that forked it ended without saying how")
+        lost = f"ended, and its exit status is lost: {why} (see {log})"
+        evidence = exits.oom_evidence(node.pid, self._watches.get(node.pid or 0))
+        return f"{lost}. The kernel's out-of-memory killer may have ended it; evidence: {evidence}" if evidence else lost
 
     def poll(self, dep: Deployment, events: EventSink) -> Poll:
         """The trainers' state, and the servers found exited (a worker waiting for its taken port is tried again
@@ -444,17 +463,17 @@ class LocalProvisioner:
             if node.index in self._port_waits and node.role == "worker":
                 self._retry_taken_port(dep, node, events)
                 continue
-            code = self._exit_code(node)
+            code = self._exit_code(dep, node)
             if code is not None:
                 exited.append(ServerExit(node, code))
         running, codes, endings = [], {}, {}
         for node in dep.by_role("trainer"):
-            code = self._exit_code(node)
+            code = self._exit_code(dep, node)
             if code is None:
                 running.append(node.index)
                 continue
             codes[node.index] = code
-            ended = self._ending(node, code) if code != 0 else None
+            ended = self._ending(dep, node, code) if code != 0 else None
             if ended:
                 endings[node.index] = ended
         return Poll(TrainerState(running=running, exit_codes=codes, endings=endings), exited)
