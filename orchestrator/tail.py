@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 
 from dsctl.provisioners import Deployment
@@ -41,15 +43,23 @@ class LineTail:
 
 
 class JsonlTail(LineTail):
-    def read(self) -> list[dict]:
-        out = []
+    """New JSON records, each handed out once. The file is read ahead of the caller, so the records read but not yet
+    taken are kept here: a caller stopped mid-loop (Ctrl-C, SIGTERM or SIGHUP while it records a batch of windows)
+    gets the rest on its next read, where its teardown drains the tail, instead of losing them with the offset."""
+
+    def __init__(self, path: str | Path):
+        super().__init__(path)
+        self._unread: deque[dict] = deque()
+
+    def read(self) -> Iterator[dict]:
         for line in self.lines():
             if line.strip():
                 try:
-                    out.append(json.loads(line))
+                    self._unread.append(json.loads(line))
                 except json.JSONDecodeError:
                     continue
-        return out
+        while self._unread:
+            yield self._unread.popleft()  # taken before it is handed out: one being recorded when stopped is not twice
 
 
 class OutputTail(LineTail):

@@ -33,15 +33,31 @@ def make_run(store: RunStore, run_id: str = "rec-1", summary: dict | None = None
 def test_tail_returns_only_complete_lines(tmp_path):
     path = tmp_path / "m.jsonl"
     tail = JsonlTail(path)
-    assert tail.read() == []
+    assert list(tail.read()) == []
     with open(path, "w") as f:
         f.write('{"a": 1}\n{"b":')
         f.flush()
-        assert tail.read() == [{"a": 1}]
+        assert list(tail.read()) == [{"a": 1}]
         f.write(' 2}\n')
         f.flush()
-        assert tail.read() == [{"b": 2}]
-    assert tail.read() == []
+        assert list(tail.read()) == [{"b": 2}]
+    assert list(tail.read()) == []
+
+
+def test_tail_keeps_the_records_a_stopped_reader_had_not_taken(tmp_path):
+    """A signal while the run records one window of a read (its handler raises in the loop): the windows after it,
+    already read from the file, come with the next read, the one teardown makes, instead of being lost."""
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"window": i}) + "\n" for i in range(4)))
+    tail, taken = JsonlTail(path), []
+    with pytest.raises(KeyboardInterrupt):
+        for rec in tail.read():
+            taken.append(rec["window"])
+            if rec["window"] == 1:
+                raise KeyboardInterrupt
+    assert taken == [0, 1]
+    assert [rec["window"] for rec in tail.read()] == [2, 3]  # the one being recorded when stopped is not given twice
+    assert list(tail.read()) == []
 
 
 def test_store_keeps_what_was_written_before_a_crash(tmp_path):
