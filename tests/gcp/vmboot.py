@@ -209,7 +209,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import partial, wraps
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
@@ -688,6 +688,26 @@ def _acquire_slot() -> _Slot:
 # =================================================================================================
 # The Cloud Storage emulator, served from the gateway namespace
 # =================================================================================================
+def _one_call_at_a_time(storage):
+    """gcp-storage-emulator's Storage with each of its public methods under one lock: its own server is single-threaded
+    and its Storage is not thread-safe (two uploads at once once failed with "dictionary changed size during
+    iteration" while it wrote its index). The lock is held for the storage call only, not while a request's bytes
+    cross the network, so a large download does not hold up a VM's other requests."""
+    lock = threading.RLock()  # a method that calls another takes it again
+
+    def locked(method):
+        @wraps(method)
+        def call(*args, **kwargs):
+            with lock:
+                return method(*args, **kwargs)
+        return call
+
+    for name in dir(storage):
+        if not name.startswith("_") and callable(method := getattr(storage, name)):
+            setattr(storage, name, locked(method))
+    return storage
+
+
 class GcsEmulator(ThreadedService):
     """gcp-storage-emulator's storage and request handler (in memory, one bucket to start with),
     served by a threading HTTP server this module controls, so that it listens in the gateway
@@ -700,7 +720,7 @@ class GcsEmulator(ThreadedService):
         from gcp_storage_emulator.storage import Storage
 
         self.host, self.port = host, port
-        self.storage = Storage(use_memory_fs=True)
+        self.storage = _one_call_at_a_time(Storage(use_memory_fs=True))
         buckets.create_bucket(default_bucket, self.storage)
         self.token_is_valid = token_is_valid
         self.gated_clients = set(gated_clients)
