@@ -98,6 +98,15 @@ def judge(code: int, *, pid: int | None = None, watch: Watch | None = None, sinc
     return ending(code, oom_evidence(pid, watch))
 
 
+def judge_lost(pid: int, watch: Watch) -> Ending | None:
+    """A process whose exit status nobody can read (the parent that reaped it ended first): a SIGKILL by the kernel's
+    out-of-memory killer when the kernel log names its pid since it was watched (a cgroup's count alone could be
+    another process's kill), else None: how it ended is not known."""
+    if _kernel_log(pid, watch.started) is None:
+        return None
+    return ending(KILLED, oom_evidence(pid, watch))
+
+
 def describe(code: int, *, pid: int | None = None, watch: Watch | None = None, since: float | None = None) -> str:
     """`judge`, as one phrase."""
     return str(judge(code, pid=pid, watch=watch, since=since))

@@ -7,6 +7,7 @@ exited with code -9", and a user's command (judged by its runner) "was killed by
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -81,6 +82,9 @@ def test_a_process_killed_for_memory_is_named_with_its_evidence_and_kill_9_is_no
     assert f"memory cgroup {memory_cgroup} counted 1 out-of-memory kill(s)" in text and "400 MiB" in text, text
     if os.access(exits.KMSG, os.R_OK):
         assert f"Killed process {proc.pid} (" in text, text
+        # Its status read by nobody (its reaper gone): the kernel log naming its pid still says how it ended.
+        lost = exits.judge_lost(proc.pid, watched)
+        assert lost is not None and lost.oom and str(lost) == text, lost
 
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], preexec_fn=into(memory_cgroup))
     watched = exits.watch(other.pid)
@@ -89,6 +93,7 @@ def test_a_process_killed_for_memory_is_named_with_its_evidence_and_kill_9_is_no
     text = exits.describe_exit(code, exits.oom_evidence(other.pid, watched))
     assert text.startswith("was killed by signal 9 (SIGKILL): ") and "out-of-memory killer" not in text.split(":")[0]
     assert "kill -9" in text, text
+    assert exits.judge_lost(other.pid, watched) is None  # no kernel log line names it: how it ended is not known
     assert exits.describe_exit(3) == "exited with code 3"
     assert exits.describe_exit(-15) == "was killed by signal 15 (SIGTERM)"
 
@@ -141,13 +146,20 @@ def test_a_builtin_trainer_killed_for_memory_fails_the_run_naming_the_oom_kill(r
     proc = dsctl("up", spec, "--mode", "colocated", timeout=300, preexec_fn=into(run_memory_cgroup))
     err = " ".join(proc.stderr.split())
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "trainer 0 failed: trainer 0 was killed by the kernel's out-of-memory killer (SIGKILL): it ran out of " \
-           "memory. Evidence: memory cgroup " in err, err
-    assert f"memory cgroup {run_memory_cgroup} counted 1 out-of-memory kill(s) while it ran (its limit: 1024 MiB)" \
-        in err, err
-    assert "exited with code -9" not in err, err
+    # On a loaded machine the kernel may kill the launcher too, once the trainer's memory is slow to go (a CI run
+    # counted 2 kills): the trainer's exit status is then lost with its reaper, and the kernel log, which names the
+    # trainer's pid, is what says how it ended. Without that log only a cgroup's count is left, which could be
+    # another process's kill: the error then says the out-of-memory killer may have ended it.
+    kills = re.search(rf"memory cgroup {re.escape(str(run_memory_cgroup))} counted (\d+) out-of-memory kill\(s\) while "
+                      r"it ran \(its limit: 1024 MiB\)", err)
+    assert kills and int(kills[1]) >= 1, err
+    assert "exited with code -9" not in err and "code -1" not in err, err
+    named = "trainer 0 failed: trainer 0 was killed by the kernel's out-of-memory killer (SIGKILL): it ran out of " \
+            "memory. Evidence: memory cgroup "
     if os.access(exits.KMSG, os.R_OK):
-        assert "the kernel log says: '" in err and "Killed process " in err, err
+        assert named in err and "the kernel log says: '" in err and "Killed process " in err, err
+    else:
+        assert named in err or "The kernel's out-of-memory killer may have ended it; evidence: memory cgroup " in err, err
 
 
 def test_a_users_command_killed_for_memory_is_named_so_by_its_runner(memory_cgroup, tmp_path):

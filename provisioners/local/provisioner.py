@@ -449,7 +449,12 @@ class LocalProvisioner:
         why = (f"the launcher that forked it has not said how within {LAUNCHER_REAP_WAIT_S:.0f} s"
                if self._launcher_alive(dep) else "the launcher that forked it ended without saying how")
         lost = f"ended, and its exit status is lost: {why} (see {log})"
-        evidence = exits.oom_evidence(node.pid, self._watches.get(node.pid or 0))
+        watch = self._watches.get(node.pid or 0)  # when it started, and its cgroups' kill counts then
+        if not node.pid or watch is None:
+            return lost
+        if killed := exits.judge_lost(node.pid, watch):  # the kernel log names it: that is how it ended
+            return f"{killed}. Its exit status is lost: {why} (see {log})"
+        evidence = exits.oom_evidence(node.pid, watch)
         return f"{lost}. The kernel's out-of-memory killer may have ended it; evidence: {evidence}" if evidence else lost
 
     def poll(self, dep: Deployment, events: EventSink) -> Poll:
