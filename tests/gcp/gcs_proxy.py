@@ -176,6 +176,7 @@ class GcsProxy:
         self._lock = threading.Lock()
         self._requests: list[ProxiedRequest] = []
         self._refused: list[str] = []
+        self._abandoned: list[str] = []  # connections the client dropped before TLS was up: not refusals
         self.tunnels = 0  # CONNECT tunnels accepted
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -248,10 +249,16 @@ class GcsProxy:
         with self._lock:
             return list(self._refused)
 
+    @property
+    def abandoned(self) -> list[str]:
+        with self._lock:
+            return list(self._abandoned)
+
     def reset(self) -> None:
         with self._lock:
             self._requests.clear()
             self._refused.clear()
+            self._abandoned.clear()
             self.tunnels = 0
 
     def _select(self, kind: str | None, bucket: str | None, prefix: str) -> list[ProxiedRequest]:
@@ -282,6 +289,10 @@ class GcsProxy:
     def _refuse(self, what: str) -> None:
         with self._lock:
             self._refused.append(what)
+
+    def _abandon(self, what: str) -> None:
+        with self._lock:
+            self._abandoned.append(what)
 
     def _tunnel_opened(self) -> None:
         with self._lock:
@@ -402,6 +413,12 @@ class _FrontHandler(BaseHTTPRequestHandler):
         proxy = self.server.proxy
         try:
             tls = proxy._tls.wrap_socket(self.connection, server_side=True)
+        except (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError) as exc:
+            # The client went away mid-handshake (a process killed while it opened a connection, as a test's job
+            # killed in its put epoch is): nothing was refused. A client that rejects the certificate sends an
+            # alert instead, an SSLError below.
+            proxy._abandon(f"TLS handshake for {self.path} abandoned by the client: {exc}")
+            return
         except (ssl.SSLError, OSError) as exc:
             proxy._refuse(f"TLS handshake for {self.path} failed: {exc}")
             return

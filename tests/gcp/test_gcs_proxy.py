@@ -22,6 +22,8 @@ import google_crc32c
 import pytest
 from gcs_proxy import GCS_API_HOST, GCS_MEDIA_HOST, GcsProxy
 
+from helpers import wait_for
+
 BUCKET = "dsctl-gcs-proxy-test"
 PROJECT = "dsctl-test"
 
@@ -155,6 +157,19 @@ def test_proxy_refuses_other_hosts_methods_paths_and_credentials(proxy, emulator
     assert proxy.requests == []  # nothing reached the emulator
     assert len(proxy.refused) == 6 + len(refusals)
     assert any("CONNECT example.com:443" in r for r in proxy.refused)
+
+
+def test_a_client_gone_before_the_handshake_is_not_a_refusal(proxy):
+    """A process killed while it opens a tunnel (a job killed in its put epoch): its socket closes, plainly or with
+    a reset, before TLS is up. The proxy refused nothing, and says so; a CI run once counted that as refused."""
+    for reset in (False, True):
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+            s.sendall(f"CONNECT {GCS_API_HOST}:443 HTTP/1.1\r\nHost: {GCS_API_HOST}:443\r\n\r\n".encode())
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
+            if reset:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close() sends a reset
+    wait_for(lambda: len(proxy.abandoned) == 2, timeout=30, what="both tunnels to end")
+    assert proxy.refused == [] and proxy.tunnels == 0, proxy.refused
 
 
 _GRPC_ECHO = textwrap.dedent("""\
