@@ -423,7 +423,7 @@ class LocalProvisioner:
             return proc.poll()
         if node.pid is None or is_ours(node):
             return None
-        launcher = self._launcher or Launcher(Path(dep.run_dir))  # its answers are files: any dsctl process reads them
+        launcher = self._answers(dep)
         code = launcher.exit_code(node)
         if code is not None:
             return code
@@ -442,9 +442,20 @@ class LocalProvisioner:
             if proc.pid not in self._endings:
                 self._endings[proc.pid] = str(exits.judge(code, pid=proc.pid, watch=self._watches.pop(proc.pid, None)))
             return self._endings[proc.pid]
-        said = (self._launcher or Launcher(Path(dep.run_dir))).ending(node)
+        said = self._answers(dep).ending(node)
         if said or code != -1:
             return said
+        key = node.pid or 0
+        if key not in self._endings:  # judged once: the kernel log is read once, not on every poll
+            self._endings[key] = self._lost(dep, node)
+        return self._endings[key]
+
+    def _answers(self, dep: Deployment) -> Launcher:
+        """The launcher's answers (exit files) for this deployment: files, so any dsctl process reads them."""
+        return self._launcher or Launcher(Path(dep.run_dir))
+
+    def _lost(self, dep: Deployment, node: Node) -> str:
+        """How a trainer whose exit status was lost with its launcher ended, as far as the evidence says."""
         log = Path(dep.run_dir) / "logs" / "launcher.log"
         why = (f"the launcher that forked it has not said how within {LAUNCHER_REAP_WAIT_S:.0f} s"
                if self._launcher_alive(dep) else "the launcher that forked it ended without saying how")
