@@ -30,6 +30,7 @@ from dsctl.costmodel import (
     provisioning_label,
     usage_from_spec,
 )
+from dsctl.costmodel.money import usd
 from dsctl.orchestrator.preflight import load_job
 from dsctl.orchestrator.pricing import AS_GCP, RunAdditions, stands_in
 from dsctl.specs.errors import SpecError
@@ -156,14 +157,24 @@ def cost_row(label: str, usage: RunUsage, b: CostBreakdown, catalog: Catalog,
 
 
 def _money(v: float | None, places: int = 2) -> str:
-    """To the cent for real sums; tiny sums (short local runs) keep four significant digits."""
-    if v is None:
-        return "-"
-    return f"${v:,.{places}f}" if v == 0 or abs(v) >= 1 else f"${v:#.4g}"
+    """To the cent (or `places`) for real sums; tiny sums (short local runs) in plain decimals, three significant
+    digits."""
+    return usd(v, places)
+
+
+def unpriced_row(label: str, reason: str) -> dict:
+    """A run that cannot be priced (a machine type no catalog knows, a record this dsctl cannot read): its row says
+    so, and the others are priced as usual."""
+    row: dict = {k: None for k in FIELDS}
+    return {**row, "label": label, "not_priced": reason, "price_sources": [], "notes": [], "cache": None,
+            "additions": None}
 
 
 def _display(row: dict) -> list[tuple[str, str]]:
     """Human-readable (name, value) pairs for table and markdown output."""
+    if row.get("not_priced"):
+        return [("basis", "-"), ("prices", "-"), ("priced as", "-"), ("job time", "-"), ("batches", "-"),
+                ("total", "not priced (below)")]
     svc, trn = provisioning_label(row["service_provisioning"]), provisioning_label(row["trainer_provisioning"])
     workers = f"{row['n_workers']} x {row['worker_machine']} ({svc})" if row["n_workers"] else "none (colocated)"
     dispatcher = f"1 x {row['dispatcher_machine']} ({svc})" if row["dispatcher_machine"] else "none"
@@ -224,8 +235,9 @@ def _csv_value(key: str, value):
     return "" if value is None else value
 
 
-def render(rows: list[dict], fmt: str, title: str = "") -> str | None:
-    """json/csv/markdown as text (full precision for json and csv); table: None, print with print_table."""
+def render(rows: list[dict], fmt: str, title: str = "", verbose: bool = True) -> str | None:
+    """json/csv/markdown as text (full precision for json and csv, every note); table: None, print with print_table.
+    Markdown lists its notes when `verbose`, else says how many there are."""
     if fmt == "json":
         return json.dumps(rows, indent=2)
     if fmt == "csv":
@@ -240,32 +252,83 @@ def render(rows: list[dict], fmt: str, title: str = "") -> str | None:
         lines = [f"**{title}**", ""] if title else []
         lines += ["| | " + " | ".join(r["label"] for r in rows) + " |", "|---|" + "---|" * len(rows)]
         longest = max(shown, key=len)  # the row with the most names (speedup and cache are not in every row)
-        for i, (name, _) in enumerate(longest):
-            lines.append(f"| {name} | " + " | ".join(s[i][1] if i < len(s) else "-" for s in shown) + " |")
-        lines += [""] + [f"- {n}" for n in _notes(rows)]
+        for name, _ in longest:
+            lines.append(f"| {name} | " + " | ".join(dict(s).get(name, "-") for s in shown) + " |")
+        lines += [""] + [f"- {r['label']}: not priced: {r['not_priced']}" for r in rows if r.get("not_priced")]
+        lines += [f"- {n}" for n in _notes(rows)] if verbose else [f"- {_notes_hidden(rows)}"] if _notes(rows) else []
         return "\n".join(lines).rstrip("\n")
     return None
 
 
-def print_table(rows: list[dict], title: str) -> None:
+def _notes_hidden(rows: list[dict]) -> str:
+    n = len(_notes(rows))
+    return f"{n} note{'' if n == 1 else 's'} on how this was priced (price sources, additions): --verbose shows them."
+
+
+def print_table(rows: list[dict], title: str, verbose: bool = False, width: int | None = None) -> None:
+    """One column per run, each run's id whole: runs that do not fit the terminal's width go on to a table of their
+    own. Runs that could not be priced are said below, then the notes (or how many there are, without --verbose)."""
     from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(width=width) if width else Console()
+    shown = [_display(r) for r in rows]
+    names = max(shown, key=len)
+    name_width = max(len(n) for n, _ in names) + 3
+    need = [max([len(r["label"]), *(len(v) for _, v in s)]) + 3 for r, s in zip(rows, shown)]
+    groups: list[list[int]] = [[]]
+    used = name_width + 1
+    for i, w in enumerate(need):
+        if groups[-1] and used + w > console.width:
+            groups.append([])
+            used = name_width + 1
+        groups[-1].append(i)
+        used += w
+    for n, group in enumerate(groups, 1):
+        part = f" [{n} of {len(groups)}]" if len(groups) > 1 else ""
+        if len(group) == 1 and name_width + need[group[0]] + 1 > console.width:  # even alone it is too wide
+            console.print(_run_table(rows[group[0]], shown[group[0]], names, title, part))
+        else:
+            console.print(_table([rows[i] for i in group], [shown[i] for i in group], names, title, part))
+    for row in rows:
+        if row.get("not_priced"):
+            console.print(f"{row['label']}: not priced: {escape(row['not_priced'])}", highlight=False, soft_wrap=True)
+    if not verbose and _notes(rows):
+        console.print(_notes_hidden(rows), highlight=False)
+        return
+    for note in _notes(rows):  # catalog sources are the user's text: [brackets] in them are not markup
+        console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
+
+
+def _run_table(row: dict, shown: list[tuple[str, str]], names: list[tuple[str, str]], title: str, part: str):
+    """One run too wide to stand beside the names (a long run id, a narrow terminal): its id above, its values
+    below the names."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    head, _, _ = title.partition(" (")
+    table = Table(title=f"{head}{part}: {row['label']}", title_justify="left", show_header=False)
+    table.add_column("", no_wrap=True)
+    table.add_column("", justify="right")
+    values = dict(shown)
+    for name, _ in names:
+        table.add_row(name, escape(values.get(name, "-")), style="bold" if name in ("total", "cost saving") else None)
+    return table
+
+
+def _table(rows: list[dict], shown: list[list[tuple[str, str]]], names: list[tuple[str, str]], title: str, part: str):
     from rich.markup import escape
     from rich.table import Table
 
     head, _, tail = title.partition(" (")
-    table = Table(title=head, caption=("(" + tail) if tail else None)
-    table.add_column("")
+    table = Table(title=head + part, caption=("(" + tail) if tail else None)
+    table.add_column("", no_wrap=True)
     for row in rows:
-        table.add_column(row["label"], justify="right")
-    shown = [_display(r) for r in rows]
-    longest = max(shown, key=len)
-    for i, (name, _) in enumerate(longest):
+        table.add_column(row["label"], justify="right", no_wrap=True, min_width=len(row["label"]))
+    for name, _ in names:
         emphasis = name in ("total", "cost saving")
-        table.add_row(name, *(escape(s[i][1]) if i < len(s) else "-" for s in shown), style="bold" if emphasis else None)
-    console = Console()
-    console.print(table)
-    for note in _notes(rows):  # catalog sources are the user's text: [brackets] in them are not markup
-        console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
+        table.add_row(name, *(escape(dict(s).get(name, "-")) for s in shown), style="bold" if emphasis else None)
+    return table
 
 
 def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
@@ -289,6 +352,8 @@ def estimate_cmd(
         None, "--compare-colocated", metavar="B0",
         help="Also price the same trainers without the service at B0 batches/s; print speedup and cost saving."),
     fmt: str = typer.Option("table", "--format", help="table | json | csv | markdown."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also print the notes on how it was priced (price "
+                                                                "sources, additions); json and csv always have them."),
 ) -> None:
     """What a configuration costs at a given throughput, without running anything (paper §4.1)."""
     _choice(fmt, FORMATS, "--format")
@@ -325,9 +390,9 @@ def estimate_cmd(
     priced_as = describe_provisioning(spec.service.provisioning if usage.n_workers else None, spec.trainer.provisioning)
     title = (f"Cost estimate: {spec.name} ({basis} basis, prices {catalog.name} of {catalog.date}, {catalog.currency}; "
              f"{priced_as})")
-    text = render(rows, fmt, title)
+    text = render(rows, fmt, title, verbose)
     if text is None:
-        print_table(rows, title)
+        print_table(rows, title, verbose)
     else:
         typer.echo(text)
 
@@ -382,6 +447,9 @@ def report_cmd(
     baseline: str | None = typer.Option(None, "--baseline", metavar="RUN",
                                            help="Compare each run with this one: speedup and cost saving (paper Figure 8)."),
     fmt: str = typer.Option("table", "--format", help="table | json | csv | markdown."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also print the notes on how each run was priced "
+                                                                "(price sources, additions); json and csv always "
+                                                                "have them."),
 ) -> None:
     """Price recorded runs with Equation 1: each part's cost, the total and the cost per 1,000 batches; beside the
     total, what the run's external IPv4 addresses and boot disks cost (additions, not in Equation 1)."""
@@ -400,14 +468,21 @@ def report_cmd(
         base = price_record(base_record, catalog, basis)[1]
     rows = []
     for record in records:
-        usage, breakdown, used_catalog = price_record(record, catalog, basis)
+        try:
+            usage, breakdown, used_catalog = price_record(record, catalog, basis)
+        except SpecError as exc:  # this run only: the others are priced, and this one says why not
+            rows.append(unpriced_row(record.id, exc.message))
+            continue
+        except ValueError as exc:  # a record this dsctl cannot read (its spec, written by another version)
+            rows.append(unpriced_row(record.id, f"its record cannot be read by this dsctl: {' '.join(str(exc).split())}"))
+            continue
         comparison = compare(base, breakdown) if base is not None else None
         row = cost_row(record.id, usage, breakdown, used_catalog, comparison, cache_storage(record, used_catalog),
                        run_additions(record, usage, used_catalog))
         rows.append(row)
     title = f"Cost report: {len(rows)} run(s)" + (f" against baseline {baseline}" if baseline else "")
-    text = render(rows, fmt, title)
+    text = render(rows, fmt, title, verbose)
     if text is None:
-        print_table(rows, title + " (Equation 1 of the tf.data service paper)")
+        print_table(rows, title + " (Equation 1 of the tf.data service paper)", verbose)
     else:
         typer.echo(text)

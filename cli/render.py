@@ -11,6 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from dsctl.costmodel.money import usd
+
 # Piped output (logs, CI, scripts) gets wide tables instead of rich's 80-column default.
 console = Console(highlight=False, soft_wrap=True,
                   width=None if (sys.stdout.isatty() or "COLUMNS" in os.environ) else 200)
@@ -25,10 +27,8 @@ def fmt(value: Any, unit: str = "", digits: int = 2) -> str:
 
 
 def money(value: float | None) -> str:
-    """Dollars to the cent for real sums; small local runs keep four significant digits."""
-    if value is None:
-        return "-"
-    return f"${value:,.2f}" if abs(value) >= 1 else f"${value:.4g}"
+    """Dollars to the cent for real sums; small local runs in plain decimals with three significant digits."""
+    return usd(value)
 
 
 def cache_text(cache: dict, catalog: str) -> str:
@@ -143,16 +143,66 @@ def resume_line(resume, steps: int | None) -> str:
     return f"resuming run {resume.run_id} {at} (checkpoints in {resume.restore_from}/trainer-<i>{holder}){rest}.{notes}"
 
 
-def runs_table(records) -> Table:
-    t = Table(title="runs", title_justify="left")
-    for col in ("run", "status", "mode", "workers", "trainers", "batches/s", "stall", "duration", "started"):
-        t.add_column(col, no_wrap=True)
+def fitted_table(title: str, columns: list[str], rows: list[list[str]], keep: list[str], width: int | None = None,
+                 more: str = "--json") -> Table:
+    """A table whose columns fit in `width` (default: the console's) without cutting any cell: the columns are
+    taken in the order `keep` names them (the first, a run id, always) while they fit, and shown in their own
+    order; the caption names those left out. A run id is what every other command takes, so it is never cut."""
+    width = width or console.width
+    need = {c: max([len(c), *(len(row[i]) for row in rows)]) + 3 for i, c in enumerate(columns)}  # padding, border
+    chosen: list[str] = []
+    used = 1
+    for c in [c for c in keep if c in columns] + [c for c in columns if c not in keep]:
+        if not chosen or used + need[c] <= width:
+            chosen.append(c)
+            used += need[c]
+    shown = [c for c in columns if c in chosen]
+    left = [c for c in columns if c not in chosen]
+    caption = f"left out to fit {width} columns: {', '.join(left)} ({more} has every field)" if left else None
+    t = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    for c in shown:
+        t.add_column(c, no_wrap=True, min_width=need[c] - 3)
+    for row in rows:
+        t.add_row(*(cell for c, cell in zip(columns, row) if c in chosen))
+    return t
+
+
+def status_table(title: str, group: list[dict], width: int | None = None) -> Table:
+    """`dsctl status`: one table of deployments (or TensorBoards), their run ids whole."""
+    cols = list(dict.fromkeys(k for r in group for k in r if k not in ("kind", "other_processes")))
+    rows = [[str(r.get(c, "")) for c in cols] for r in group]
+    return fitted_table(title, cols, rows, ["run", "status", "provider", "url"], width, more="`dsctl status --json`")
+
+
+RUN_COLUMNS = ["run", "status", "mode", "workers", "trainers", "batches/s", "stall", "duration", "started"]
+RUN_COLUMNS_KEPT = ["run", "status", "mode", "batches/s", "duration", "started", "stall", "workers", "trainers"]
+
+
+def job_length(loaded) -> str:
+    """What ends a spec's job, as `dsctl validate` says it: a cap of steps, a duration, or its pipeline's end."""
+    from dsctl.specs.pipelines import batches_per_pass
+
+    t, p = loaded.spec.trainer, loaded.spec.pipeline
+    if t.steps is not None:
+        return f"ends at trainer.steps ({t.steps:,}, a cap on training steps)"
+    if t.duration_s is not None:
+        return f"ends after trainer.duration_s ({t.duration_s:g} s)"
+    alone = batches_per_pass(p.builtin, p.params) if p.builtin else None
+    known = f"{alone:,} batches a pass, read alone" if alone else "a pass's length is told when it runs"
+    if t.command:
+        return f"ends when your program does: its own loop over its epochs decides ({known})"
+    return f"ends with its pipeline ({known})"
+
+
+def runs_table(records, width: int | None = None) -> Table:
+    """`dsctl runs`: every run id whole; a narrow terminal drops the other columns, least telling first."""
+    rows = []
     for r in records:
         s = r.summary
-        t.add_row(r.id, r.status, r.mode if r.kind != "sweep" else "sweep", str(r.workers), str(r.trainers),
-                  fmt(s.get("batches_per_s")), pct(s.get("input_stall_frac")), fmt(s.get("duration_s"), " s", 1),
-                  when(r.created_at))
-    return t
+        rows.append([r.id, r.status, r.mode if r.kind != "sweep" else "sweep", str(r.workers), str(r.trainers),
+                     fmt(s.get("batches_per_s")), pct(s.get("input_stall_frac")), fmt(s.get("duration_s"), " s", 1),
+                     when(r.created_at)])
+    return fitted_table("runs", RUN_COLUMNS, rows, RUN_COLUMNS_KEPT, width, more="`dsctl runs --json`")
 
 
 def worker_counts(counts: list[int], asked: str | None) -> str:

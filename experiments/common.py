@@ -28,6 +28,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from dsctl.costmodel.money import usd
 from dsctl.orchestrator.preflight import load_job
 from dsctl.orchestrator.run import JobRunner, Progress
 from dsctl.orchestrator.store import RunStore, dsctl_home
@@ -143,9 +144,7 @@ def fmt(v: Any, digits: int = 3, suffix: str = "") -> str:
 
 def money(v: float | None) -> str:
     """Dollars to the cent; sums under a dollar keep three significant digits."""
-    if v is None:
-        return "—"
-    return f"${v:,.2f}" if abs(v) >= 1 else f"${v:.3g}"
+    return "—" if v is None else usd(v)
 
 
 def md_table(headers: list[str], rows: Iterable[Iterable[Any]]) -> str:

@@ -156,8 +156,8 @@ def cost_summary(record: RunRecord) -> dict | None:
         created = None
     try:
         usage, b, catalog = price_record(record)
-    except SpecError as exc:
-        return {"error": str(exc), "created": created}
+    except Exception as exc:  # noqa: BLE001 - a price missing (a machine type no catalog knows) never stops the record
+        return {"error": exc.message if isinstance(exc, SpecError) else " ".join(str(exc).split()), "created": created}
     note = "priced as the spec's machine types" if stands_in(record.provider) else "list prices"
     extra = run_additions(record, usage, catalog, Created.from_dict(created), RECORDED) if created else None
     return {"total": b.total, "service": b.service, "trainers": b.trainers, "per_1000_batches": b.per_1000_batches,

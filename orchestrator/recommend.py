@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dsctl.costmodel.money import usd
+
 
 @dataclass(frozen=True)
 class Pick:
@@ -126,12 +128,12 @@ def _cheapest(pts: list[_Point]) -> Pick | None:
     tied = [p for p in priced if math.isclose(_cost(p), low, rel_tol=1e-9, abs_tol=1e-12)]
     pick = max(tied, key=lambda p: (p.bps, -p.workers))
     others = sorted((p for p in priced if p is not pick), key=_cost)
-    cost = f"{_n(pick.workers)} {_verb(pick.workers, 'cost')} ${pick.cost:.4g} per 1,000 batches ({pick.kind})"
+    cost = f"{_n(pick.workers)} {_verb(pick.workers, 'cost')} {usd(pick.cost)} per 1,000 batches ({pick.kind})"
     if not others:
         return _pick(pick, f"{cost}, the only priced point.")
     nxt = others[0]
     return _pick(pick, f"{cost}, the lowest of {len(priced)} priced points; next is {_n(nxt.workers)} "
-                       f"at ${nxt.cost:.4g} ({nxt.kind}).")
+                       f"at {usd(nxt.cost)} ({nxt.kind}).")
 
 
 def _cost(p: _Point) -> float:

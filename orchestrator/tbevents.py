@@ -96,6 +96,8 @@ class RunBoard:
         self._uploaded: dict[Path, int] = {}
         self._last_upload = time.monotonic()
         self._uploading: threading.Thread | None = None
+        self._unpriced: str | None = None  # why the cost so far is not written (the run cannot be priced)
+        self._unpriced_said = False
 
     # -- what the orchestrator feeds it ------------------------------------------------------
     def started(self, trainer: int, restored_step: int | None) -> str | None:
@@ -107,8 +109,13 @@ class RunBoard:
         return self._guard(self._add_samples, samples)
 
     def window(self, trainer: int, rec: dict, workers: int, record: RunRecord | None) -> str | None:
-        """Write one window's scalars; a warning (once) if the board cannot."""
-        return self._guard(self._window, trainer, rec, workers, record)
+        """Write one window's scalars; a warning (once) if the board cannot, or (once) if the run cannot be priced:
+        then every scalar but the cost goes on."""
+        warning = self._guard(self._window, trainer, rec, workers, record)
+        if warning is None and self._unpriced is not None and not self._unpriced_said:
+            self._unpriced_said = True
+            return self._unpriced
+        return warning
 
     def close(self) -> str | None:
         """At the run's end, after teardown: close the file and copy it to trainer.tensorboard_dir (waits for that)."""
@@ -161,7 +168,7 @@ class RunBoard:
                 DESCRIPTIONS["input_stall_frac"])
         if trainer == min(self._steps, default=trainer):  # run-wide values once per round of windows
             put("workers", workers, step, wall, DESCRIPTIONS["workers"])
-            if record is not None:
+            if record is not None and self._unpriced is None:
                 self._cost(record, workers, step, wall)
         self._maybe_upload()
 
@@ -170,7 +177,13 @@ class RunBoard:
         for role, (cores, rss, n) in self._use.items():
             summary[f"{role}_cpu_cores"], summary[f"{role}_mem_gb"] = cores / n, rss / n / 2**30
         so_far = replace(record, workers=workers or record.workers, summary=summary)
-        _, breakdown, self._catalog = price_record(so_far, self._catalog)
+        try:
+            _, breakdown, self._catalog = price_record(so_far, self._catalog)
+        except Exception as exc:  # noqa: BLE001 - a run that cannot be priced still has its other scalars
+            detail = " ".join(str(exc).split()) or type(exc).__name__
+            self._unpriced = (f"TensorBoard gets no cost_so_far_usd for this run, which cannot be priced ({detail}); "
+                              "its other scalars are written.")
+            return
         local = " (each process priced as the machine type the spec names for it)" if stands_in(record.provider) else ""
         assert self._file is not None, "_window opened the file"
         self._file.scalar("cost_so_far_usd", breakdown.total, step, wall,

@@ -93,3 +93,28 @@ class TextParams(Strict):
 
 
 PARAMS_BY_BUILTIN: dict[str, type[BaseModel]] = {"synthetic": SyntheticParams, "images": ImagesParams, "text": TextParams}
+
+
+
+def _builtin_params(builtin: str, params: dict) -> SyntheticParams | ImagesParams | TextParams:
+    p = PARAMS_BY_BUILTIN[builtin].model_validate(params)
+    assert isinstance(p, (SyntheticParams, ImagesParams, TextParams)), "PARAMS_BY_BUILTIN holds these three"
+    return p
+
+
+def examples_per_epoch(builtin: str, params: dict) -> int:
+    """Elements in one epoch of a builtin (before batching), from its params alone."""
+    p = _builtin_params(builtin, params)
+    if isinstance(p, SyntheticParams):
+        return p.elements
+    return p.num_files * (p.images_per_file if isinstance(p, ImagesParams) else p.sequences_per_file)
+
+
+def batches_per_pass(builtin: str, params: dict) -> int | None:
+    """Batches one full pass over a builtin's dataset yields read alone (all its `epochs`; the last batch may be
+    partial, as every builtin batches without drop_remainder); None when it repeats forever. Every builtin is
+    `repeat(epochs).batch(batch_size)` over its elements (runtime/pipelines/), which this mirrors."""
+    p = _builtin_params(builtin, params)
+    if p.epochs is None:
+        return None
+    return -(-examples_per_epoch(builtin, params) * p.epochs // p.batch_size)

@@ -220,9 +220,9 @@ def test_cost_report_csv_and_table_show_the_additions_or_not_recorded(runs):
     assert float(rows["kept"]["total_with_additions"]) > float(rows["kept"]["total"])
     assert rows["older"]["ipv4_cost"] == "" and rows["older"]["additions_status"].startswith("not recorded")
     assert "external IPv4 (standard VMs): Google VPC pricing" in rows["kept"]["price_sources"]
-    table = " ".join(report("kept", "older").split())
-    assert "+ external IPv4 │ $0.1000 (10 addresses) │ not recorded" in table
-    assert "+ boot disks │ $0.1370 (10 x 50 GB pd-balanced) │ not recorded" in table
+    table = " ".join(report("kept", "older", "--verbose").split())
+    assert "+ external IPv4 │ $0.100 (10 addresses) │ not recorded" in table
+    assert "+ boot disks │ $0.137 (10 x 50 GB pd-balanced) │ not recorded" in table
     assert "[sku-2025-03-06]" in table  # a source's brackets are text, not markup
 
 

@@ -69,7 +69,7 @@ def test_table_and_markdown_show_the_breakdown(job):
     for words in ("$80.23", "$40.63", "$31.20", "1.97x", "2.57x", "paper-2023-06",
                   "16 x n2-standard-8 (Spot)", "1 x n2-standard-8 (Spot)", "1 x tpu-v2-8 (on-demand)"):
         assert words in out
-    code, out = run("estimate", str(job), "--batches-per-sec", "4.5", "--format", "markdown")
+    code, out = run("estimate", str(job), "--batches-per-sec", "4.5", "--format", "markdown", "--verbose")
     assert code == 0 and "| total | $40.63 |" in out and "whole machines" in out
     assert "| priced as | workers and dispatcher: Spot, trainers: on-demand |" in out
     assert "prices paper-2023-06 of 2023-06, USD; workers and dispatcher: Spot, trainers: on-demand" in out

@@ -26,8 +26,8 @@ def test_clean_knee_and_cheapest():
     assert r.cheapest.workers == 4 and r.cheapest.cost_per_1000_batches == 1.3
     assert r.smallest.reason.startswith("4 workers give the sweep's best, 1.00 batches/s (measured)")
     assert "3 workers, falls short at 0.750 batches/s" in r.smallest.reason
-    assert r.cheapest.reason == ("4 workers cost $1.3 per 1,000 batches (measured), the lowest of 6 priced "
-                                 "points; next is 5 workers at $1.5 (measured).")
+    assert r.cheapest.reason == ("4 workers cost $1.30 per 1,000 batches (measured), the lowest of 6 priced "
+                                 "points; next is 5 workers at $1.50 (measured).")
 
 
 def test_noise_on_the_plateau_within_tolerance():
