@@ -60,7 +60,8 @@ def run_app(app: typer.Typer) -> None:
         err_console.print(escape(exc.for_user()))
         sys.exit(exc.exit_code)
     except DsctlError as exc:
-        err_console.print(f"[bold red]error:[/] {escape(exc.for_user())}")
+        for paragraph in exc.paragraphs():  # validate reports every problem it found, each its own paragraph
+            err_console.print(f"[bold red]error:[/] {escape(paragraph)}")
         sys.exit(exc.exit_code)
     except OSError as exc:
         home = store.home_error(exc)  # a read-only, file-shaped or otherwise unusable DSCTL_HOME, a name too long

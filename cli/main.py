@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from dsctl.errors import EXIT_BAD_INPUT, stop_on_signals
 from dsctl.orchestrator.preflight import load_job
@@ -17,7 +18,16 @@ from .cost import cost_app
 from .errors import err_console, fail, run_app
 from .experiments import experiments_app
 from .live import LiveView
-from .render import console, print_json, resume_line, runs_table, summary_table, sweep_table
+from .render import (
+    console,
+    job_length,
+    print_json,
+    resume_line,
+    runs_table,
+    status_table,
+    summary_table,
+    sweep_table,
+)
 from .sweep import sweep
 from .tensorboard import tensorboard
 
@@ -35,15 +45,37 @@ app.add_typer(cost_app, name="cost")
 app.add_typer(experiments_app, name="experiments")
 app.command("sweep")(sweep)
 
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        console.print(f"dsctl {version('dsctl')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
+                                       help="print dsctl's version and exit")) -> None:
+    """Run TensorFlow's tf.data service for training jobs from YAML specs: provision, measure, price, tear down."""
+
+
 @app.command()
 def validate(spec: Path = typer.Argument(..., metavar="JOB.yaml", help="job spec YAML")) -> None:
     """Check a job spec (schema, cross-field rules, and that user entrypoints import) without running anything."""
     loaded = load_job(spec)  # entrypoints are imported and checked in a child process
     s = loaded.spec
     trains = f"command `{shlex.join(s.trainer.command)}`" if s.trainer.command else f"model {s.trainer.model.kind}"
+    warn(loaded.warnings)
     console.print(f"{spec}: ok — job '{s.name}', {s.service.workers} worker(s), {s.trainer.count} trainer(s) "
-                  f"({trains}), pipeline {s.pipeline.builtin or s.pipeline.entrypoint}, provider {s.provider}",
-                  markup=False, highlight=False)
+                  f"({trains}), pipeline {s.pipeline.builtin or s.pipeline.entrypoint}, provider {s.provider}; "
+                  f"{job_length(loaded)}", markup=False, highlight=False)
+
+
+def warn(warnings) -> None:
+    """What a spec's run should be told (SpecErrors not raised: file, line, field), one 'warning:' each."""
+    for w in warnings:
+        err_console.print(f"[bold yellow]warning:[/] {escape(w.render())}")
 
 
 class _Talk:
@@ -100,7 +132,8 @@ def up(
         fail(f"--mode must be one of {', '.join(MODES)}, got '{mode}'.", EXIT_BAD_INPUT)
     if autoscale is not None and autoscale not in ("cachew", "cpu"):
         fail(f"--autoscale must be cachew or cpu, got '{autoscale}'.", EXIT_BAD_INPUT)
-    loaded = load_job(spec, autoscale=autoscale)
+    loaded = load_job(spec, autoscale=autoscale, workers=workers, mode=mode)
+    warn(loaded.warnings)
     talk = _Talk(json_out)
     options = UpOptions(path=spec, workers=workers, mode=mode, detach=detach, autoscale=autoscale, dry_run=dry_run,
                         yes=yes, resume=resume, run_id=run_id, detached_child=detached_child)
@@ -166,18 +199,9 @@ def status(json_out: bool = typer.Option(False, "--json")) -> None:
                           "dsctl's launcher, servers and trainers and what runs in their sessions (daemons they "
                           f"started): {'; '.join(held.others)}. `dsctl down {run}` ends them with the run.",
                           markup=False, highlight=False)
-    from rich.table import Table
-
     for title, group in (("deployments", view.rows), ("tensorboard", view.tensorboards)):
-        if not group:
-            continue
-        t = Table(title=title, title_justify="left")
-        cols = list(dict.fromkeys(k for r in group for k in r if k not in ("kind", "other_processes")))
-        for col in cols:
-            t.add_column(col)
-        for r in group:
-            t.add_row(*(str(r.get(c, "")) for c in cols))
-        console.print(t)
+        if group:
+            console.print(status_table(title, group))
 
 
 @app.command()

@@ -60,7 +60,9 @@ def sweep(
         if spec is None:
             attach, loaded = detached_target()
         else:
-            loaded = load_job(spec)  # entrypoints are imported and checked in a (contained) child process
+            # entrypoints are imported and checked in a (contained) child process; a sweep repeats the pipeline, so
+            # it reads no epochs (mode None)
+            loaded = load_job(spec, mode=None)
         runner = SweepRunner(loaded, options, attach=attach)
         (err_console if json_out else console).print(sweep_plan_line(*runner.plan(), options.asked), markup=False)
         with LiveView(enabled=not json_out) as view:

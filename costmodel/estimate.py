@@ -75,6 +75,9 @@ def estimate(spec: JobSpec, catalog: Catalog, *, batches_per_sec: float, steps: 
         raise SpecError("give either a number of steps or a number of hours to price, not both.")
     if steps is None and hours is None:
         steps, hours = spec.trainer.steps, (spec.trainer.duration_s / 3600.0 if spec.trainer.duration_s else None)
+        if steps is None and hours is None:
+            raise SpecError("the spec gives neither trainer.steps nor trainer.duration_s (its pipeline, or its program's "
+                            "epochs, decide its length), so give the length to price: --steps N or --hours H.")
     if steps is not None:
         batches = _require_positive(steps, "the number of steps", "A job trains for one or more steps (one batch each).")
         job_time_s = batches / bps

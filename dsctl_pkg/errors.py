@@ -12,15 +12,42 @@ import signal
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
 
+# Lines quoted after an error's paragraph (the end of a program's output) start with this: they are shown as lines,
+# not joined into the paragraph.
+QUOTED = "  | "
+
+
+def quoted(lines: list[str]) -> str:
+    """Lines to show after a paragraph, as they were (a traceback reads as one only line by line)."""
+    return "".join(f"\n{QUOTED}{line}" for line in lines)
+
+
+def split_quoted(text: str) -> tuple[str, str]:
+    """(the paragraph, the quoted lines after it, each starting with a newline; "" when there are none)."""
+    at = text.find("\n" + QUOTED)
+    return (text, "") if at < 0 else (text[:at], text[at:])
+
 
 class DsctlError(Exception):
-    """One paragraph for the user; `exit_code` is what the command exits with."""
+    """One paragraph for the user (and the lines it quotes); `exit_code` is what the command exits with. `run_id`:
+    the run the error ended, whose id the user is told with where to look."""
 
     exit_code = EXIT_FAILED
+    run_id: str | None = None
 
     def for_user(self) -> str:
-        """What the CLI prints after 'error: '."""
-        return str(self)
+        """What the CLI prints after 'error: ': the paragraph, the run to look at, then any quoted lines."""
+        paragraph, lines = split_quoted(str(self))
+        return paragraph + self.run_hint() + lines
+
+    def run_hint(self) -> str:
+        rid = self.run_id
+        return (f" (run {rid}: `dsctl logs {rid}` shows what it printed, `dsctl runs show {rid}` what it measured)"
+                if rid else "")
+
+    def paragraphs(self) -> list[str]:
+        """Each problem the error reports, for the CLI to print as one 'error:' each."""
+        return [self.for_user()]
 
 
 class Signalled(KeyboardInterrupt):

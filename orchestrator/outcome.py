@@ -28,10 +28,6 @@ class RunFailed(DsctlError):
         super().__init__(message)
         self.run_id = run_id
 
-    def for_user(self) -> str:
-        hint = f" (run {self.run_id}; `dsctl runs show {self.run_id}` has what was measured)" if self.run_id else ""
-        return str(self) + hint
-
 
 class Interrupted(DsctlError):
     """Ctrl-C (or SIGTERM, SIGHUP) during a run: everything it started is stopped and what it measured is recorded.

@@ -14,24 +14,66 @@ import os
 from pathlib import Path
 
 from dsctl.costmodel.catalog import load_catalog
+from dsctl.costmodel.machines import MACHINES, closest_first, shape
 from dsctl.provisioners import containment
 from dsctl.provisioners.registry import provider_class
 from dsctl.specs import LoadedSpec, SpecError, entrypoints, load_spec
 from dsctl.specs.command import command_problem
+from dsctl.specs.epochs import epoch_findings
+from dsctl.specs.errors import Problems
 
 from .store import notices
 
 
-def load_job(path: str | Path, *, autoscale: str | None = None, check_entrypoints: bool = True) -> LoadedSpec:
-    """The spec at `path`, checked whole: SpecError (one paragraph, file and line) for anything wrong in it.
-    check_entrypoints=False leaves out what runs the user's code or looks for it (a supervisor on the cloud)."""
+def load_job(path: str | Path, *, autoscale: str | None = None, check_entrypoints: bool = True,
+             workers: int | None = None, mode: str | None = "service") -> LoadedSpec:
+    """The spec at `path`, checked whole: a SpecError (one paragraph, file and line) for anything wrong in it, or
+    SpecErrors with every problem found. check_entrypoints=False leaves out what runs the user's code or looks for
+    it (a supervisor on the cloud). `workers` and `mode` are how a run reads its epochs (specs/epochs.py: refused,
+    or a warning in `loaded.warnings`), `workers` defaulting to the spec's; mode None: a sweep, which repeats the
+    pipeline and reads no epochs."""
     loaded = load_spec(path)
+    problems = Problems()
     if check_entrypoints:
-        check_entrypoints_contained(loaded)
-        check_command(loaded)
-    check_pricing(loaded)
-    check_autoscale(loaded, autoscale)
+        with problems.check():
+            check_entrypoints_contained(loaded)
+        with problems.check():
+            check_command(loaded)
+    for check in (check_machines, check_pricing):
+        with problems.check():
+            check(loaded)
+    with problems.check():
+        check_autoscale(loaded, autoscale)
+    if mode is not None:
+        refused, loaded.warnings = epoch_findings(loaded, workers or loaded.spec.service.workers, mode)
+        problems.found += refused
+    problems.raise_any()
     return loaded
+
+
+def check_machines(loaded: LoadedSpec) -> None:
+    """Every machine type the spec names is one dsctl knows the shape and prices of, else the closest known ones
+    (a typo such as tpu-v9-8 would otherwise run, and end unpriced). Where the provider's machines stand in for the
+    spec's (local processes), a trainer may be `local`: this machine, unpriced."""
+    spec = loaded.spec
+    provider = provider_class(spec.provider)
+    here = bool(provider is not None and provider.stands_in)
+    problems = Problems()
+    named = [(("service", "worker_machine"), spec.service.worker_machine),
+             (("service", "dispatcher_machine"), spec.service.dispatcher_machine),
+             (("trainer", "machine"), spec.trainer.machine)]
+    for loc, machine in named:
+        if machine == "local" and loc == ("trainer", "machine") and here:
+            continue
+        with problems.check():
+            try:
+                shape(machine)
+            except SpecError as exc:
+                close = closest_first(machine, list(MACHINES), 1)
+                similar = close and difflib.SequenceMatcher(None, machine, close[0]).ratio() >= 0.6
+                hint = f" Did you mean '{close[0]}'?" if similar else ""
+                raise loaded.error(loc, exc.message.replace(". Known", f".{hint} Known", 1)) from None
+    problems.raise_any()
 
 
 _warned: list[str] = []  # the not-contained warning, said once per process

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from dsctl.provisioners import Deployment, HandsOff, ProcessRef, Provider, TrainerLaunch, get_provider
 from dsctl.specs import LoadedSpec, SpecError, exits, spec_hash
+from dsctl.specs.epochs import epoch_findings
 
 from . import caching, reconcile
 from .accelerators import trainer_accelerators
@@ -137,6 +138,10 @@ class JobRunner:
                 self.provisioner.check(self.spec, most, self.loaded.base_dir)
             except SpecError as exc:
                 raise self.loaded.locate(exc) from None
+        # How this run reads its epochs with the workers it has (a repeated pipeline has none): refused, or warned.
+        refused, warnings = epoch_findings(self.loaded, self.workers, self.mode) if not self.repeat else ([], [])
+        if refused:
+            raise refused[0]
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if not self.hands_off:  # room for the outcome, should the disk fill before this process records the run
             reconcile.reserve(self.run_dir)
@@ -167,6 +172,8 @@ class JobRunner:
         dep.save()
         self.deployment = dep
         self.supervisor = Supervisor(self.provisioner, dep, self.spec.service.fault_tolerant, self._event)
+        for warning in warnings:
+            self._event("warning", warning.render())
         return dep
 
     def supervise_until_stopped(self) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from dsctl.errors import signum_of
+from dsctl.errors import DsctlError, signum_of
 from dsctl.provisioners import HandsOff, Plans, get_provider
 from dsctl.specs import LoadedSpec, SpecError
 
@@ -104,6 +104,10 @@ def up(loaded: LoadedSpec, opt: UpOptions, talk: Conversation,
         raise Interrupted(f"interrupted ({signal.Signals(signum_of(exc)).name}): everything run {runner.run_id} "
                           "started has been stopped; what it measured is recorded (`dsctl runs show` has it).",
                           signum_of(exc)) from None
+    except DsctlError as exc:  # a run that failed says which, and where its output and record are
+        if exc.run_id is None and runner.store.get(runner.run_id) is not None:
+            exc.run_id = runner.run_id
+        raise
     result = UpResult("finished", runner.run_id, runner.store.get(runner.run_id))
     if opt.detached_child:
         runner.supervise_until_stopped()

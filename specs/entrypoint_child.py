@@ -8,7 +8,8 @@ module that never imports it is checked without it.
 Usage: python entrypoint_child.py REQUEST_FILE RESULT_FILE (REQUEST_FILE: JSON with base_dir,
 pipeline {entrypoint, params} or null, model entrypoint or null). Before each step it writes
 {"field", "module", "function"} to RESULT_FILE (what the parent names if it has to kill
-the child), and at the end {"ok": true} or {"field", "message"}.
+the child), and at the end {"ok": true, "cardinality": the pipeline's length (tf.data's: -1 endless,
+-2 unknown)} or {"field", "message"}.
 """
 
 import difflib
@@ -79,6 +80,10 @@ def _check_pipeline(entrypoint, params):
             "followed by .batch(...)); note that from_generator and py_function pipelines cannot run on tf.data "
             "service workers."
         )
+    try:
+        return int(result.cardinality())  # the dataset's length: -1 endless, -2 not known to TensorFlow
+    except Exception:  # noqa: BLE001 - the length is a help, never a reason to refuse
+        return None
 
 
 def _check_model(entrypoint):
@@ -103,15 +108,18 @@ def main(request_path, result_path):
         steps.append(("pipeline.entrypoint", p["entrypoint"], lambda: _check_pipeline(p["entrypoint"], p["params"])))
     if request.get("model"):
         steps.append(("trainer.model.entrypoint", request["model"], lambda: _check_model(request["model"])))
+    found = {}
     for field, entrypoint, check in steps:
         module, function = entrypoint.split(":")
         _report(result_path, {"field": field, "module": module, "function": function})
         try:
-            check()
+            cardinality = check()
         except _Refused as exc:
             _report(result_path, {"field": field, "message": str(exc)})
             return
-    _report(result_path, {"ok": True})
+        if field == "pipeline.entrypoint":
+            found["cardinality"] = cardinality
+    _report(result_path, {"ok": True, **found})
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 CHILD = Path(__file__).with_name("entrypoint_child.py")
 TIMEOUT_ENV = "DSCTL_ENTRYPOINT_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 60.0  # importing TensorFlow alone takes 7 s on a busy 2-core machine
-_passed: set[str] = set()  # requests already checked in this process (`up --detach` loads twice)
+# Requests already checked in this process (`up --detach` loads twice), with the pipeline's cardinality they found.
+_passed: dict[str, int | None] = {}
 
 
 def timeout_s() -> float:
@@ -62,7 +63,8 @@ class ChildRunner(Protocol):
 
 def check_entrypoints(loaded: LoadedSpec, run: ChildRunner) -> None:
     """Raise a SpecError at the entrypoint's line if it does not import, has no such function,
-    does not return a dataset, or takes longer than the limit. The child runs through `run`."""
+    does not return a dataset, or takes longer than the limit. The child runs through `run`. The length of the
+    dataset a pipeline entrypoint returned goes to `loaded.pipeline_cardinality` (specs/epochs.py reads it)."""
     spec = loaded.spec
     pipeline = spec.pipeline.entrypoint
     model = spec.trainer.model.entrypoint if spec.trainer.model.kind in ("python", "keras") else None
@@ -75,12 +77,14 @@ def check_entrypoints(loaded: LoadedSpec, run: ChildRunner) -> None:
         "model": model,
     }, sort_keys=True, default=str)
     if request in _passed:
+        loaded.pipeline_cardinality = _passed[request]
         return
     limit = timeout_s()
     watched = exits.watch(os.getpid())  # the child's memory cgroups are this process's (or below them)
     result, code, timed_out = _run_child(request, limit, run)
     if result.get("ok") and not timed_out:
-        _passed.add(request)
+        cardinality = result.get("cardinality")
+        _passed[request] = loaded.pipeline_cardinality = cardinality if isinstance(cardinality, int) else None
         return
     field = result.get("field") or ("pipeline.entrypoint" if pipeline else "trainer.model.entrypoint")
     loc = tuple(field.split("."))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import SpecError
@@ -12,10 +12,15 @@ from .yamlsource import YamlSource
 
 @dataclass
 class LoadedSpec:
-    """A validated spec plus where it came from (for errors found later, e.g. by the runtime)."""
+    """A validated spec plus where it came from (for errors found later, e.g. by the runtime). The entrypoint check
+    (orchestrator/preflight.py) adds `pipeline_cardinality`, the length of the dataset an entrypoint pipeline
+    returned (tf.data's: -1 infinite, -2 unknown); `warnings` are what a run of it should be told, each pointing at
+    its line as an error would."""
 
     spec: JobSpec
     source: YamlSource
+    pipeline_cardinality: int | None = None
+    warnings: list[SpecError] = field(default_factory=list)
 
     @property
     def base_dir(self) -> Path:

@@ -9,7 +9,7 @@ import hashlib
 import json
 import os
 
-from .errors import SpecError
+from .errors import Problems, SpecError
 from .loaded import LoadedSpec
 from .pipelines import PARAMS_BY_BUILTIN
 from .rules import check_rules
@@ -33,12 +33,16 @@ def from_source(src: YamlSource) -> LoadedSpec:
             f"a job spec is a mapping of keys (name, service, trainer, pipeline, ...), got a {type(src.data).__name__}.",
             where=src.where(()),
         )
-    spec = validate(JobSpec, src)
+    spec = validate(JobSpec, src)  # every problem of the schema; nothing below can be checked without it
+    problems = Problems()
     if spec.pipeline.builtin is not None:
         params_model = PARAMS_BY_BUILTIN[spec.pipeline.builtin]
-        params = validate(params_model, src, spec.pipeline.params, prefix=("pipeline", "params"))
-        spec.pipeline.params = params.model_dump(mode="json")
-    check_rules(spec, src)
+        with problems.check():
+            params = validate(params_model, src, spec.pipeline.params, prefix=("pipeline", "params"))
+            spec.pipeline.params = params.model_dump(mode="json")
+    with problems.check():
+        check_rules(spec, src)
+    problems.raise_any()
     return LoadedSpec(spec=spec, source=src)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 
+from .errors import Problems
 from .schema import JobSpec
 from .yamlsource import YamlSource
 
@@ -23,16 +24,32 @@ def _infinite(spec: JobSpec) -> bool | None:
 
 
 def check_rules(spec: JobSpec, src: YamlSource) -> None:
-    _check_pinning(spec, src)
-    _check_autoscale(spec, src)
-    svc, trainer, pipe = spec.service, spec.trainer, spec.pipeline
+    """Every rule is checked, and every problem found is reported (SpecErrors when there are several); each check
+    stops at its own first problem."""
+    problems = Problems()
+    for check in (_check_pinning, _check_autoscale, _check_length, _check_source, _check_command, _check_model_kind,
+                  _check_keras, _check_coordinated_reads, _check_cross_trainer_cache, _check_gcp_rules):
+        with problems.check():
+            check(spec, src)
+    problems.raise_any()
 
-    if (trainer.steps is None) == (trainer.duration_s is None):
-        raise src.error(
-            ("trainer",),
-            "give exactly one of 'steps' (a number of training steps) or 'duration_s' (seconds to train); "
-            + ("both were given." if trainer.steps is not None else "neither was given."),
-        )
+
+def _check_length(spec: JobSpec, src: YamlSource) -> None:
+    """What ends the job: trainer.steps (a cap), trainer.duration_s, or, with neither, the pipeline's own end (an
+    epoch program's own loop): then the pipeline must end."""
+    trainer = spec.trainer
+    if trainer.steps is not None and trainer.duration_s is not None:
+        raise src.error(("trainer",), "give at most one of 'steps' (a cap on the training steps) or 'duration_s' "
+                                      "(seconds to train); both were given.")
+    if trainer.steps is None and trainer.duration_s is None and _infinite(spec):
+        raise src.error(("trainer",), "give 'steps' (a number of training steps) or 'duration_s' (seconds to train): "
+                        "the pipeline repeats forever (pipeline.params.epochs: null), so nothing else would end the "
+                        "job. Or set pipeline.params.epochs, and the job (your program's epoch loop) ends with the "
+                        "data.")
+
+
+def _check_source(spec: JobSpec, src: YamlSource) -> None:
+    pipe = spec.pipeline
     if (pipe.builtin is None) == (pipe.entrypoint is None):
         raise src.error(
             ("pipeline",),
@@ -40,64 +57,79 @@ def check_rules(spec: JobSpec, src: YamlSource) -> None:
             "('package.module:function' returning a tf.data.Dataset); "
             + ("both were given." if pipe.builtin else "neither was given."),
         )
-    _check_command(spec, src)
+
+
+def _check_model_kind(spec: JobSpec, src: YamlSource) -> None:
+    trainer = spec.trainer
     if trainer.model.kind == "python" and not trainer.model.entrypoint:
         raise src.error(("trainer", "model", "kind"), "model kind 'python' needs 'entrypoint: package.module:function', "
                                                       "the step function called with each batch.")
     if trainer.model.kind == "synthetic" and trainer.model.entrypoint:
         raise src.error(("trainer", "model", "entrypoint"),
                         "an entrypoint is only used with 'kind: python' or 'kind: keras'; remove it or set the kind.")
-    _check_keras(spec, src)
 
+
+def _check_coordinated_reads(spec: JobSpec, src: YamlSource) -> None:
+    svc, trainer, pipe = spec.service, spec.trainer, spec.pipeline
     coord = svc.coordinated_reads
-    if coord is not None:
-        where = ("service", "coordinated_reads")
-        if not svc.job_name:
-            raise src.error(where, "coordinated reads need a shared 'service.job_name' so that all consumers read the same job.")
-        if coord.num_consumers != trainer.count:
-            raise src.error(
-                where + ("num_consumers",),
-                f"num_consumers is {coord.num_consumers} but trainer.count is {trainer.count}; they must be equal, "
-                "because tf.data service blocks every consumer until all of them have read each round.",
-            )
-        if svc.processing_mode not in ("parallel_epochs", "off"):
-            raise src.error(("service", "processing_mode"), "coordinated reads work only with processing_mode: parallel_epochs.")
-        if _infinite(spec) is False:
-            raise src.error(
-                ("pipeline", "params", "epochs"),
-                "coordinated reads need an infinite dataset; set 'epochs: null' and bound the job with trainer.steps "
-                "or trainer.duration_s.",
-            )
-        if pipe.builtin not in (None, "text"):
-            raise src.error(("pipeline", "builtin"),
-                            "coordinated reads bucket sequences by length; use the 'text' builtin or your own entrypoint.")
-        max_len = pipe.params.get("max_length")
-        if max_len is not None and coord.bucket_boundaries[-1] >= max_len:
-            raise src.error(
-                where + ("bucket_boundaries",),
-                f"the last bucket boundary ({coord.bucket_boundaries[-1]}) must be below pipeline.params.max_length ({max_len}).",
-            )
-        if svc.cross_trainer_cache:
-            raise src.error(("service", "cross_trainer_cache"),
-                            "cross-trainer cache and coordinated reads cannot be combined; choose one.")
-
+    if coord is None:
+        return
+    where = ("service", "coordinated_reads")
+    if not svc.job_name:
+        raise src.error(where, "coordinated reads need a shared 'service.job_name' so that all consumers read the same job.")
+    if coord.num_consumers != trainer.count:
+        raise src.error(
+            where + ("num_consumers",),
+            f"num_consumers is {coord.num_consumers} but trainer.count is {trainer.count}; they must be equal, "
+            "because tf.data service blocks every consumer until all of them have read each round.",
+        )
+    if svc.processing_mode not in ("parallel_epochs", "off"):
+        raise src.error(("service", "processing_mode"), "coordinated reads work only with processing_mode: parallel_epochs.")
+    if _infinite(spec) is False:
+        raise src.error(
+            ("pipeline", "params", "epochs"),
+            "coordinated reads need an infinite dataset; set 'epochs: null' and bound the job with trainer.steps "
+            "or trainer.duration_s.",
+        )
+    if pipe.builtin not in (None, "text"):
+        raise src.error(("pipeline", "builtin"),
+                        "coordinated reads bucket sequences by length; use the 'text' builtin or your own entrypoint.")
+    max_len = pipe.params.get("max_length")
+    if max_len is not None and coord.bucket_boundaries[-1] >= max_len:
+        raise src.error(
+            where + ("bucket_boundaries",),
+            f"the last bucket boundary ({coord.bucket_boundaries[-1]}) must be below pipeline.params.max_length ({max_len}).",
+        )
     if svc.cross_trainer_cache:
-        if not svc.job_name:
-            raise src.error(("service", "cross_trainer_cache"),
-                            "the cross-trainer cache needs a shared 'service.job_name' naming the job the trainers share.")
-        if svc.processing_mode not in ("parallel_epochs", "off"):
-            raise src.error(("service", "processing_mode"),
-                            "the cross-trainer cache works only with processing_mode: parallel_epochs.")
-        if _infinite(spec) is False:
-            raise src.error(
-                ("pipeline", "params", "epochs"),
-                "the cross-trainer cache needs an infinite dataset; set 'epochs: null' and bound the job with "
-                "trainer.steps or trainer.duration_s.",
-            )
+        raise src.error(("service", "cross_trainer_cache"),
+                        "cross-trainer cache and coordinated reads cannot be combined; choose one.")
 
+
+def _check_cross_trainer_cache(spec: JobSpec, src: YamlSource) -> None:
+    svc = spec.service
+    if not svc.cross_trainer_cache:
+        return
+    if not svc.job_name:
+        raise src.error(("service", "cross_trainer_cache"),
+                        "the cross-trainer cache needs a shared 'service.job_name' naming the job the trainers share.")
+    if svc.processing_mode not in ("parallel_epochs", "off"):
+        raise src.error(("service", "processing_mode"),
+                        "the cross-trainer cache works only with processing_mode: parallel_epochs.")
+    if _infinite(spec) is False:
+        raise src.error(
+            ("pipeline", "params", "epochs"),
+            "the cross-trainer cache needs an infinite dataset; set 'epochs: null' and bound the job with "
+            "trainer.steps or trainer.duration_s.",
+        )
+
+
+def _check_gcp_rules(spec: JobSpec, src: YamlSource) -> None:
     if spec.provider == "gcp":
-        _check_gcp(spec, src)
-        _check_gcp_autocache(spec, src)
+        problems = Problems()
+        for check in (_check_gcp, _check_gcp_autocache):
+            with problems.check():
+                check(spec, src)
+        problems.raise_any()
 
 
 def _check_gcp_autocache(spec: JobSpec, src: YamlSource) -> None:

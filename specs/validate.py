@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import pydantic
 from pydantic import BaseModel
 from pydantic_core import ErrorDetails, PydanticUndefined
 
-from .errors import SpecError, dotted
+from .errors import SpecError, SpecErrors, dotted
 from .yamlsource import YamlSource
 
 M = TypeVar("M", bound=BaseModel)
@@ -190,16 +190,24 @@ def _clean_loc(loc: tuple) -> tuple:
     )
 
 
-def _raise(err: ErrorDetails, count: int, model: type[BaseModel], source: YamlSource, prefix: tuple) -> NoReturn:
+def _meant(err: ErrorDetails, model: type[BaseModel]) -> tuple | None:
+    """The field an unknown key was probably meant to be (its did-you-mean), as a location."""
+    loc = _clean_loc(tuple(err["loc"]))
+    owner = _model_at(model, loc[:-1])
+    guess = difflib.get_close_matches(str(loc[-1]), sorted(owner.model_fields), n=1, cutoff=0.5) if owner else []
+    return loc[:-1] + (guess[0],) if guess else None
+
+
+def _problem(err: ErrorDetails, model: type[BaseModel], source: YamlSource, prefix: tuple) -> SpecError:
     clean = _clean_loc(tuple(err["loc"]))
     loc = prefix + clean
     message = _message({**err, "loc": clean}, model)
-    more = f" ({count - 1} more problem{'s' if count > 2 else ''} after this one.)" if count > 1 else ""
-    raise SpecError(message + more, where=source.where(loc), field=dotted(loc) or None) from None
+    return SpecError(message, where=source.where(loc), field=dotted(loc) or None)
 
 
 def validate(model: type[M], source: YamlSource, data: Any = None, prefix: tuple = ()) -> M:
-    """Validate `data` (default: the whole file) against `model`, raising the first error as a SpecError."""
+    """Validate `data` (default: the whole file) against `model`; every problem found is raised, each its own
+    paragraph (SpecErrors when there are several)."""
     data = source.data if data is None else data
     try:
         result = model.model_validate(data)
@@ -208,8 +216,12 @@ def validate(model: type[M], source: YamlSource, data: Any = None, prefix: tuple
         # An unknown key is usually a typo, and often the cause of the other errors
         # (`pipline:` also makes `pipeline` missing): report it first.
         errors.sort(key=lambda e: e["type"] != "extra_forbidden")
-        _raise(errors[0], len(errors), model, source, prefix)
+        meant = {_meant(e, model) for e in errors if e["type"] == "extra_forbidden"}
+        # `pipline:` said with its "did you mean 'pipeline'?" is the whole story: not "pipeline is required" too
+        errors = [e for e in errors if not (e["type"] == "missing" and _clean_loc(tuple(e["loc"])) in meant)]
+        problems = [_problem(e, model, source, prefix) for e in errors]
+        raise (problems[0] if len(problems) == 1 else SpecErrors(problems)) from None
     bool_err = _bool_as_number(model, data)
     if bool_err is not None:
-        _raise(bool_err, 1, model, source, prefix)
+        raise _problem(bool_err, model, source, prefix) from None
     return result

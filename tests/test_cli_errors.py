@@ -24,7 +24,7 @@ BAD_SPECS = {
         "name: a\nservice:\n  coordinated_reads: {num_consumers: 1, bucket_boundaries: [64]}\n" + GOOD_TRAINER
         + "pipeline: {builtin: text, params: {epochs: null}}\n", "job.yaml:3", "job_name"),
     "unknown builtin": ("name: a\n" + GOOD_TRAINER + "pipeline: {builtin: video}\n", "job.yaml:3", "synthetic"),
-    "steps and duration": ("name: a\ntrainer: {steps: 10, duration_s: 5}\n" + GOOD_PIPELINE, "job.yaml:2", "exactly one"),
+    "steps and duration": ("name: a\ntrainer: {steps: 10, duration_s: 5}\n" + GOOD_PIPELINE, "job.yaml:2", "at most one"),
     "bad pipeline param": ("name: a\n" + GOOD_TRAINER + "pipeline:\n  builtin: synthetic\n  params: {batch_sise: 4}\n",
                            "job.yaml:5", "did you mean 'batch_size'"),
     "empty file": ("", "job.yaml", "empty"),

@@ -44,7 +44,9 @@ def error_of(path: Path) -> SpecError:
     with pytest.raises(SpecError) as info:
         load_catalog(path)
     message = str(info.value)
-    assert "\n" not in message and "Traceback" not in message and "Input should be" not in message
+    # every problem found, each one paragraph of its own
+    assert len(message.splitlines()) == len(getattr(info.value, "problems", [info.value]))
+    assert "Traceback" not in message and "Input should be" not in message
     return info.value
 
 

@@ -141,7 +141,7 @@ CASES = [
     # --- required sections and cross-field rules
     Case("missing-trainer", "name: a  #<\npipeline: {builtin: synthetic}\n", "trainer", ("required",)),
     Case("steps-and-duration", "name: a\ntrainer: {steps: 10, duration_s: 5}  #<\npipeline: {builtin: synthetic}\n",
-         "trainer", ("exactly one", "both were given")),
+         "trainer", ("at most one", "both were given")),
     # --- Google Cloud settings
     Case("gcp-bad-project", GCP + "gcp:\n  project: My_Project  #<\n", "gcp.project", ("project id",)),
     Case("gcp-bad-zone", GCP + "gcp:\n  zone: uscentral1  #<\n", "gcp.zone", ("us-central1-a",)),

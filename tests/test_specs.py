@@ -13,6 +13,7 @@ import pytest
 
 import dsctl.specs
 from dsctl.specs import SpecError, load_spec, load_spec_text, spec_hash
+from dsctl.specs.errors import SpecErrors
 
 EXAMPLES_DIR = Path(dsctl.specs.__file__).parent / "examples"
 EXAMPLES = (
@@ -413,17 +414,17 @@ BAD_SPECS = [
           duration_s: 30
         pipeline: {builtin: synthetic}
         """,
-        2, "trainer", ["exactly one of 'steps'", "'duration_s'", "both were given"],
+        2, "trainer", ["at most one of 'steps'", "'duration_s'", "both were given"],
     ),
     (
         "neither-steps-nor-duration",
         """
         name: bad
-        pipeline: {builtin: synthetic}
+        pipeline: {builtin: synthetic, params: {epochs: null}}
         trainer:
           count: 1
         """,
-        3, "trainer", ["exactly one of 'steps'", "neither was given"],
+        3, "trainer", ["give 'steps'", "'duration_s'", "the pipeline repeats forever (pipeline.params.epochs: null)"],
     ),
     (
         "unknown-builtin",
@@ -1023,7 +1024,9 @@ def test_directory_instead_of_file(tmp_path):
     assert_readable(str(info.value))
 
 
-def test_several_problems_report_the_first_and_count_the_rest(tmp_path):
+def test_several_problems_are_each_reported_in_a_paragraph_of_their_own(tmp_path):
+    """The schema's problems all at once; then the pipeline's params and every rule, each of which is checked even
+    when another fails."""
     path = write(tmp_path, """
         name: bad
         service:
@@ -1032,12 +1035,32 @@ def test_several_problems_report_the_first_and_count_the_rest(tmp_path):
         trainer: {steps: 10}
         pipeline: {builtin: synthetic}
         """)
+    with pytest.raises(SpecErrors) as info:
+        load_spec(path)
+    assert str(info.value).splitlines() == [f"{path}:3: service.workers: must be at least 1, got 0.",
+                                            f"{path}:4: service.cross_trainer_cache_mb: must be at least 1, got 0."]
+    assert info.value.where == f"{path}:3" and info.value.field == "service.workers"  # as a SpecError: the first
+
+    path = write(tmp_path, """
+        name: bad
+        service: {processing_mode: distributed_epoch, cross_trainer_cache: true}
+        trainer: {steps: 10, duration_s: 5}
+        pipeline: {builtin: synthetic, params: {batch_sise: 4}}
+        """)
+    with pytest.raises(SpecErrors) as info:
+        load_spec(path)
+    found = [(p.where, p.field) for p in info.value.problems]
+    assert found == [(f"{path}:4", "pipeline.params.batch_sise"), (f"{path}:3", "trainer"),
+                     (f"{path}:2", "service.cross_trainer_cache")], str(info.value)
+    for paragraph in info.value.paragraphs():
+        assert_readable(paragraph)
+
+
+def test_a_typo_is_reported_once_not_also_as_the_field_it_meant_missing(tmp_path):
+    path = write(tmp_path, "name: bad\ntrainer: {steps: 10}\npipline: {builtin: synthetic}\n")
     with pytest.raises(SpecError) as info:
         load_spec(path)
-    message = str(info.value)
-    assert message.startswith(f"{path}:3: service.workers: must be at least 1, got 0.")
-    assert "(1 more problem after this one.)" in message
-    assert_readable(message)
+    assert not isinstance(info.value, SpecErrors) and "Did you mean 'pipeline'?" in str(info.value)
 
 
 def test_load_spec_text_names_its_source():
