@@ -231,7 +231,8 @@ def sweep_table(record) -> Table:
     colo, ideal = base.get("colocated", {}), base.get("ideal", {})
     given = colo.get("given") or ideal.get("given")
     counts = f"worker counts: {worker_counts(s['counts'], s.get('workers_asked'))}\n" if s.get("counts") else ""
-    caption = (f"{counts}colocated {fmt(colo.get('batches_per_s'))} b/s, ideal {fmt(ideal.get('batches_per_s'))} b/s "
+    measures = f"each point measures {s['measures']}\n" if s.get("measures") else ""
+    caption = (f"{counts}{measures}colocated {fmt(colo.get('batches_per_s'))} b/s, ideal {fmt(ideal.get('batches_per_s'))} b/s "
                f"({'given: ' + given if given else 'measured here'}); source: measured here, fitted (the model "
                "at a count it was fitted on: its input back), or predicted (* in the workers column)")
     t = Table(title=f"sweep {record.id} ({record.status}; window {s.get('window')}, warm-up {s.get('warmup_s')} s)",
@@ -246,11 +247,14 @@ def sweep_table(record) -> Table:
                   source)
     rec = s.get("recommendation")
     if rec:
-        lines = [f"recommended: {rec['smallest']['workers']} worker(s): {rec['smallest']['reason']}"]
+        lines = [f"recommended: none: {rec['refused']}"] if rec.get("refused") else []
+        if rec.get("smallest"):
+            lines.append(f"recommended: {rec['smallest']['workers']} worker(s): {rec['smallest']['reason']}")
         if rec.get("cheapest"):
             lines.append(f"cheapest: {rec['cheapest']['workers']} worker(s): {rec['cheapest']['reason']}")
-        if rec.get("warning"):
-            lines.append(f"warning: {rec['warning']}")
+        for key in ("warning", "extend"):
+            if rec.get(key):
+                lines.append(f"warning: {rec[key]}")
         caption += "\n" + "\n".join(lines)
     if s.get("plots"):
         caption += "\nplots: " + ", ".join(s["plots"])

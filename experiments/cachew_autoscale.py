@@ -83,7 +83,8 @@ def run(out_dir: Path, quick: bool = False, log: Log | None = None) -> Experimen
         policies[policy] = _policy_result(outcome.run_id, loaded.spec, curve)
 
     res.data = {"sweep_id": runner.sweep_id, "knee_by_construction": KNEE,
-                "sweep_recommendation": sweep["recommendation"]["smallest"]["workers"], "sweep_tolerance": tolerance,
+                "sweep_recommendation": (sweep["recommendation"]["smallest"] or {}).get("workers"),
+                "sweep_tolerance": tolerance,
                 "curve": [{k: curve[n].get(k) for k in ("workers", "batches_per_s", "cost_per_1000_batches")}
                           for n in sorted(curve)],
                 "policies": policies}
@@ -157,9 +158,10 @@ def verdict(d: dict) -> dict:
     the sweep finds the designed knee, Cachew's policy settles within one worker of the sweep's choice, and the
     CPU policy settles below it with less throughput and a higher cost (Cachew §6: HPA under-provisions)."""
     rec, c, h = d["sweep_recommendation"], d["policies"]["cachew"], d["policies"]["cpu"]
-    v = {"sweep_at_knee": abs(rec - KNEE) <= 1,
-         "cachew_at_sweep": abs(c["final_workers"] - rec) <= 1,
-         "cpu_under_provisions": h["final_workers"] < rec and h["final_bps"] < c["final_bps"],
+    known = rec is not None  # None: the sweep's window was too short to recommend from (recommend.py)
+    v = {"sweep_at_knee": known and abs(rec - KNEE) <= 1,
+         "cachew_at_sweep": known and abs(c["final_workers"] - rec) <= 1,
+         "cpu_under_provisions": known and h["final_workers"] < rec and h["final_bps"] < c["final_bps"],
          "cpu_below_target": h.get("worker_cpu_util") is not None and h["worker_cpu_util"] < CPU_TARGET,
          "slower": h["training_hours_100k_steps"] / c["training_hours_100k_steps"],
          "dearer": h["cost_100k_steps"] / c["cost_100k_steps"]}
@@ -171,6 +173,9 @@ def _conclusion(d: dict) -> str:
     """The section's findings, each sentence chosen by the verdict."""
     v, rec, c, h = d["verdict"], d["sweep_recommendation"], d["policies"]["cachew"], d["policies"]["cpu"]
     util = h.get("worker_cpu_util")
+    if rec is None:
+        return ("The sweep recommends nothing: its measurements contradicted each other (a point above the ideal, or "
+                "the ideal below colocated), so its window was too short for this machine's noise; run it again.")
     out = [f"The sweep recommends {rec} workers (the fewest within {d.get('sweep_tolerance', 0.03):.0%} of its best; "
            f"{'within one of' if v['sweep_at_knee'] else 'more than one from'} "
            f"the knee by construction, {KNEE}). Cachew's policy settles at {c['final_workers']}, "

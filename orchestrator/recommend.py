@@ -10,6 +10,14 @@ look at the plot.
 More workers never make a latency- or CPU-bound job slower by much, so a measured point slower
 than one with fewer workers shows the noise of the measurement itself. When that dip is larger
 than the tolerance, the pick rests on noise, and the recommendation says so (`warning`).
+
+Some measurements cannot be recommended from at all: an ideal baseline slower than the colocated one
+(input that never stalls cannot be slower than input made on the trainer), or a measured point faster
+than the ideal by more than the tolerance. Both say the window was too short for this job (a model-bound
+job's rates differ by less than a short window's noise): then nothing is recommended (`smallest` and
+`cheapest` are None) and `refused` says to measure again with a longer --window. A sweep whose best point
+is its largest count and still gained more than the tolerance over the one before may scale further:
+`extend` says to sweep beyond it.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ class Recommendation:
     """`smallest`: fewest workers within tolerance of the best; `cheapest`: lowest cost per
     1,000 batches (None when no point was priced). `best_bps` is the bar they were held to."""
 
-    smallest: Pick
+    smallest: Pick | None
     cheapest: Pick | None
     best_bps: float
     best_workers: int
@@ -46,6 +54,8 @@ class Recommendation:
     tolerance: float
     noise: float = 0.0  # the largest dip of a measured point below one with fewer workers, as a fraction
     warning: str | None = None
+    refused: str | None = None  # why nothing is recommended (the measurements contradict each other)
+    extend: str | None = None  # the sweep may scale beyond its largest count
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -63,7 +73,8 @@ class _Point:
         return "predicted" if self.predicted else "measured"
 
 
-def recommend(points: Iterable[Any], *, tolerance: float = 0.03, ideal_bps: float | None = None) -> Recommendation:
+def recommend(points: Iterable[Any], *, tolerance: float = 0.03, ideal_bps: float | None = None,
+              colocated_bps: float | None = None) -> Recommendation:
     """Points are dicts or objects with workers, batches_per_s, cost_per_1000_batches, predicted.
 
     Points without a positive throughput (failed runs) are ignored; ValueError if none is left.
@@ -81,12 +92,42 @@ def recommend(points: Iterable[Any], *, tolerance: float = 0.03, ideal_bps: floa
     need = (1 - tolerance) * bar * (1 - 1e-12)
     pick = next(p for p in pts if p.bps >= need)
     noise, warning = _noise(pts, tolerance)
+    refused = _contradicted(pts, tolerance, ideal_bps, colocated_bps)
     return Recommendation(
-        smallest=_pick(pick, _smallest_reason(pick, pts, best, bar, capped, tolerance)),
-        cheapest=_cheapest(pts),
+        smallest=None if refused else _pick(pick, _smallest_reason(pick, pts, best, bar, capped, tolerance)),
+        cheapest=None if refused else _cheapest(pts),
         best_bps=bar, best_workers=best.workers, best_predicted=best.predicted, tolerance=tolerance,
-        noise=noise, warning=warning,
+        noise=noise, warning=warning, refused=refused, extend=_still_scaling(pts, best, tolerance, ideal_bps),
     )
+
+
+def _contradicted(pts: list[_Point], tolerance: float, ideal: float | None, colocated: float | None) -> str | None:
+    """Why the measurements cannot be recommended from (beyond the tolerance, the ideal is slower than colocated,
+    or a measured point faster than the ideal), or None."""
+    again = ("the measurement window was too short for this job's rates to stand apart from its noise; nothing is "
+             "recommended until the sweep is run again with a longer --window (e.g. --window 20s).")
+    if ideal and colocated and ideal < (1 - tolerance) * colocated:
+        return (f"the ideal baseline measured {_bps(ideal)}, below the colocated one's {_bps(colocated)}, which input "
+                f"that never stalls cannot be: {again}")
+    above = [p for p in pts if not p.predicted and ideal and p.bps > (1 + tolerance) * ideal]
+    if above and ideal:
+        p = max(above, key=lambda q: q.bps)
+        return (f"{_n(p.workers)} measured {_bps(p.bps)}, {p.bps / ideal:.0%} of the ideal baseline's {_bps(ideal)}, "
+                f"which no count of workers can pass: {again}")
+    return None
+
+
+def _still_scaling(pts: list[_Point], best: _Point, tolerance: float, ideal: float | None) -> str | None:
+    """When the largest count is the best and still gained more than the tolerance over the count before it (and
+    is short of the ideal): the range ends before the knee."""
+    if len(pts) < 2 or best is not pts[-1]:
+        return None
+    before = pts[-2]
+    gain = best.bps / before.bps - 1
+    if gain <= tolerance or (ideal and best.bps >= (1 - tolerance) * ideal):
+        return None
+    return (f"still scaling at {_n(best.workers)} ({gain:+.0%} over {_n(before.workers)}), the largest count swept: "
+            f"more workers may be faster still; extend --workers beyond {best.workers}.")
 
 
 def _noise(pts: list[_Point], tolerance: float) -> tuple[float, str | None]:

@@ -331,9 +331,11 @@ class SweepRunner:
                 samples = handle.sample()
                 if time.time() >= start:
                     self.store.add_utilization(point_id, time.time(), samples)
+                self._point_progress(per_trainer)
             if all(self.opt.window.done(a["seconds"], a["batches"]) for a in per_trainer.values()):
                 break
             time.sleep(POLL_S)
+        self._point_progress(per_trainer)
         rates = [a["batches"] / a["seconds"] for a in per_trainer.values() if a["seconds"] > 0]
         wait = sum(a["wait"] for a in per_trainer.values())
         step = sum(a["step"] for a in per_trainer.values())
@@ -347,6 +349,24 @@ class SweepRunner:
         }
         self.store.update_run(point_id, status="succeeded", ended_at=time.time(), summary=summary)
         return self.store.recorded(point_id)
+
+    def _point_progress(self, per_trainer: dict[int, dict[str, Any]]) -> None:
+        """The point being measured, live: the batches its window holds so far and their rate per trainer."""
+        rates = [a["batches"] / a["seconds"] for a in per_trainer.values() if a["seconds"] > 0]
+        self.progress.batches = sum(a["batches"] for a in per_trainer.values())
+        self.progress.batches_per_s = mean(rates) if rates else None
+        self.listener(self.progress)
+
+    def _measures(self) -> str:
+        """What each point's number is a measurement of, said in the sweep's record and table."""
+        window = self.opt.window.describe()
+        p = self.spec.pipeline
+        finite = p.entrypoint is not None or p.params.get("epochs") is not None
+        if not finite:
+            return f"a steady window of {window} per trainer at each point, after a {self.opt.warmup_s:g} s warm-up"
+        return (f"a steady window of {window} per trainer at each point, after a {self.opt.warmup_s:g} s warm-up, "
+                "not whole epochs: a sweep repeats the pipeline so that no point runs out of data, so a program's "
+                "epoch loop stays in its first epoch and what it does between epochs (evaluation) is not measured")
 
     # -- results ---------------------------------------------------------------------------
     def _add_point(self, record) -> None:
@@ -401,11 +421,13 @@ class SweepRunner:
         summary: dict = {"counts": sorted(self.opt.counts), "workers_asked": self.opt.asked,
                          "points": self.points, "baselines": self.baselines, "model": model,
                          "window": self.opt.window.describe(), "warmup_s": self.opt.warmup_s,
+                         "measures": self._measures(),
                          "strategy": self.opt.strategy, "tolerance": self.opt.tolerance, "timings": self.timings}
         colocated = self.baselines.get("colocated", {}).get("batches_per_s")
         ideal = self.baselines.get("ideal", {}).get("batches_per_s")
         if self.points:
-            summary["recommendation"] = recommend(self.points, tolerance=self.opt.tolerance, ideal_bps=ideal).to_dict()
+            summary["recommendation"] = recommend(self.points, tolerance=self.opt.tolerance, ideal_bps=ideal,
+                                                  colocated_bps=colocated).to_dict()
         if self.points and colocated and ideal:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             title = f"{self.spec.name} sweep"

@@ -39,13 +39,37 @@ def test_noise_on_the_plateau_within_tolerance():
     assert r.cheapest is None                       # nothing priced
 
 
-def test_a_point_above_ideal_is_noise_when_ideal_is_known():
+def test_a_point_above_ideal_within_the_tolerance_is_noise_when_ideal_is_known():
     spiky = pts([(1, 0.25, None, False), (2, 0.5, None, False), (3, 0.75, None, False),
-                 (4, 0.99, None, False), (5, 0.98, None, False), (6, 1.09, None, False)])
+                 (4, 1.0, None, False), (5, 0.99, None, False), (6, 1.09, None, False)])
     assert recommend(spiky).smallest.workers == 6             # without the ideal, the spike sets the bar
-    r = recommend(spiky, ideal_bps=1.0)
-    assert r.smallest.workers == 4 and r.best_bps == 1.0
+    r = recommend(spiky, ideal_bps=1.07, tolerance=0.07)      # 1.09 is 1.9% above the ideal: noise
+    assert r.smallest.workers == 4 and r.best_bps == 1.07 and r.refused is None
     assert "above ideal" in r.smallest.reason
+
+
+def test_measurements_that_contradict_each_other_recommend_nothing_until_a_longer_window():
+    """A model-bound job measured on a short window: its points, colocated and ideal differ by less than the
+    window's noise (a sweep once printed 'within 3% of the ideal' at 155% of ideal)."""
+    above = pts([(1, 1.50, 0.5, False), (2, 1.55, 0.6, False)])
+    r = recommend(above, ideal_bps=1.0, colocated_bps=0.9)
+    assert r.smallest is None and r.cheapest is None
+    assert r.refused.startswith("2 workers measured 1.55 batches/s, 155% of the ideal baseline's 1.00 batches/s")
+    assert "longer --window" in r.refused
+    r = recommend(pts([(1, 1.0, None, False), (2, 1.0, None, False)]), ideal_bps=0.8, colocated_bps=1.0)
+    assert r.smallest is None and r.refused.startswith("the ideal baseline measured 0.800 batches/s, below the "
+                                                       "colocated one's 1.00 batches/s")
+    # within the tolerance, both are noise, and the sweep recommends as usual
+    assert recommend(KNEE_AT_4, ideal_bps=0.99, colocated_bps=1.0).refused is None
+
+
+def test_a_sweep_still_scaling_at_its_largest_count_says_to_extend_it():
+    r = recommend(pts([(1, 0.25, None, False), (2, 0.5, None, False), (4, 0.9, None, False)]), ideal_bps=2.0)
+    assert r.smallest.workers == 4
+    assert r.extend == ("still scaling at 4 workers (+80% over 2 workers), the largest count swept: more workers may "
+                        "be faster still; extend --workers beyond 4.")
+    assert recommend(KNEE_AT_4).extend is None  # the knee is inside the range
+    assert recommend(pts([(1, 0.5, None, False), (2, 0.99, None, False)]), ideal_bps=1.0).extend is None  # at ideal
 
 
 def test_tolerance_is_configurable():
