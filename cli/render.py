@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import os
 import sys
+import textwrap
 from typing import Any
 
 from rich.console import Console
@@ -61,9 +62,11 @@ def summary_table(record, resumed_by: list[str] | None = None) -> Table:
     t.add_column(style="bold")
     t.add_column()
     rows = [
-        ("throughput", f"{fmt(s.get('batches_per_s'))} batches/s per trainer "
+        ("throughput", f"{fmt(s.get('batches_per_s'))} batches/s per trainer over the wall clock "
                        f"({record.trainers} trainer(s), {record.workers} worker(s))"),
+        *time_rows(s),
         ("batches", fmt(s.get("batches"))),
+        *epoch_rows(s),
         ("input stall", pct(s.get("input_stall_frac"))),
         ("duration", fmt(s.get("duration_s"), " s", 1)),
         ("first batch after", fmt(s.get("time_to_first_batch_s"), " s", 1)),
@@ -94,6 +97,39 @@ def summary_table(record, resumed_by: list[str] | None = None) -> Table:
     for k, v in rows:
         t.add_row(k, v)
     return t
+
+
+def time_rows(s: dict) -> list[tuple[str, str]]:
+    """Time inside the trainers' loops (waiting for input, stepping) and outside them (a program's evaluation,
+    checkpoints), when a program spent any outside: then throughput per training step time too."""
+    if not s.get("outside_s") or not s.get("step_batches_per_s"):
+        return []
+    return [("in training", f"{fmt(s['step_batches_per_s'])} batches/s per trainer over its training step time "
+                            "(inside its loop over the batches: input wait and steps)"),
+            ("outside training", f"{fmt(s['outside_s'], ' s', 1)} per trainer ({pct(s.get('outside_frac'))} of the "
+                                 "measured time) outside its loop over the batches: the program's own evaluation, "
+                                 "checkpoints; in the throughput over the wall clock, not in the one over training "
+                                 "step time")]
+
+
+ENDED_BY = {"end_of_data": "the end of its data (the program's own loop over its epochs)",
+            "closed": "the program's own loop", "steps": "trainer.steps, the job's cap",
+            "duration": "trainer.duration_s", "signal": "the run's stop"}
+
+
+def epoch_rows(s: dict) -> list[tuple[str, str]]:
+    """A program's epochs: how many, each one's batches against a pass read alone, and why they differ."""
+    if "epochs" not in s or (not s["epochs"] and s.get("ended_by") in ("steps", "duration", None)):
+        return []
+    got = s.get("epoch_batches") or []
+    listed = (f": {got[0]:,} batches each" if got and len(set(got)) == 1 else
+              f": {', '.join(map(str, got[:8]))}{', ...' if len(got) > 8 else ''} batches" if got else "")
+    alone = f"; a pass read alone: {s['pass_batches']:,} batches" if s.get("pass_batches") is not None else ""
+    ended = ENDED_BY.get(s.get("ended_by") or "", s.get("ended_by") or "-")
+    rows = [("epochs", f"{s['epochs']}{listed}{alone}; ended by {ended}")]
+    if s.get("epoch_note"):
+        rows.append(("epoch note", s["epoch_note"]))
+    return rows
 
 
 def training_rows(record, resumed_by: list[str]) -> list[tuple[str, str]]:
@@ -158,7 +194,8 @@ def fitted_table(title: str, columns: list[str], rows: list[list[str]], keep: li
             used += need[c]
     shown = [c for c in columns if c in chosen]
     left = [c for c in columns if c not in chosen]
-    caption = f"left out to fit {width} columns: {', '.join(left)} ({more} has every field)" if left else None
+    caption = "\n".join(textwrap.wrap(f"left out to fit {width} columns: {', '.join(left)} ({more} has every field)",
+                                      width)) if left else None  # wrapped here: the console does not wrap
     t = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for c in shown:
         t.add_column(c, no_wrap=True, min_width=need[c] - 3)

@@ -31,7 +31,7 @@ from .preflight import check_autoscale
 from .pricing import cost_summary
 from .resume import Resume
 from .store import FULL_BELOW, RunStore, dsctl_home
-from .summary import summarize_run
+from .summary import epoch_line, epoch_note, summarize_run
 from .supervision import Supervisor
 from .tail import JsonlTail, trainer_metrics
 from .tbevents import RunBoard
@@ -40,7 +40,8 @@ POLL_S = 0.2
 SAMPLE_S = 0.5
 STALL_TIMEOUT_S = 180.0  # a trainer with no new batch this long is stuck (e.g. a worker lost for good)
 # Spec fields the trainers' errors may start with ("trainer.command: ..."): the error then points at its line.
-LOCATABLE = ("trainer.command", "trainer.steps", "trainer.checkpoint", "trainer.model.entrypoint", "pipeline.entrypoint")
+LOCATABLE = ("trainer.command", "trainer.steps", "trainer.duration_s", "trainer.checkpoint", "trainer.model.entrypoint",
+             "pipeline.entrypoint", "service.processing_mode")
 
 
 @dataclass
@@ -398,6 +399,9 @@ class JobRunner:
         summary = summarize_run(results, store.windows(self.run_id), store.utilization(self.run_id), started, ended,
                                 self.first_batch_wall, self.measured_from_wall)
         summary.update(self._element_accounting(results))
+        note = epoch_note(summary, self.mode, self.spec.service.processing_mode, self.workers)
+        if note:
+            summary["epoch_note"] = note
         summary.update({f"{role}_stopped_s": seconds for role, seconds in self._stopped_s.items() if seconds})
         if self.policy is not None:
             summary.update(self._scaling_summary())
@@ -480,6 +484,8 @@ class JobRunner:
                     # Stopped before its final record: keep what its windows measured.
                     self._results[index] = {"batches": batches[index], "batches_per_s": rates.get(index), "partial": True}
                     self.store.set_trainer_result(self.run_id, index, self._results[index])
+            self.progress.batches = sum(batches.values())  # the final count, not the last sample's
+            self.listener(self.progress)
         self._check_exits(state.exit_codes, errors, state.endings)
 
     def _follow(self, dep: Deployment, tails: dict, batches: dict, rates: dict, errors: dict):
@@ -550,6 +556,8 @@ class JobRunner:
             self._windows.trainer_ended(index)
         elif event == "error":
             errors[index] = rec
+        elif event == "epoch":
+            self._event("epoch", epoch_line(index, rec))
         elif event == "autocache" and index == 0:  # what the hints did (put, get, fallback), once per job
             self._event(rec.get("kind", "autocache"), rec.get("message", ""))
             self.cache = caching.cache_used(rec, self.cache, self.spec)
@@ -634,11 +642,11 @@ class JobRunner:
         return (self.mode == "service" and p.builtin == "synthetic" and p.params.get("epochs") is not None
                 and self.spec.trainer.model.kind != "keras")
 
-    def _copies_expected(self) -> int:
+    def _copies_expected(self, passes: int) -> int:
         """How often each id should arrive: every worker makes a whole epoch unless sharding is dynamic;
-        trainers without a shared job name each get their own job."""
+        trainers without a shared job name each get their own job; a program's epoch loop reads `passes`."""
         svc = self.spec.service
-        copies = self.spec.pipeline.params["epochs"]
+        copies = self.spec.pipeline.params["epochs"] * passes
         if svc.processing_mode in ("parallel_epochs", "off"):
             copies *= self.workers
         if not svc.job_name:
@@ -648,10 +656,13 @@ class JobRunner:
     def _element_accounting(self, results: dict[int, dict]) -> dict:
         if not self._countable() or not results or any(r.get("reason") != "end_of_data" for r in results.values()):
             return {}  # only a dataset read to its end tells what was lost
+        passes = {r.get("epochs") or 1 for r in results.values()}  # an epoch program reads the dataset once an epoch
+        if len(passes) > 1:
+            return {}  # trainers that read different numbers of passes: no count to hold the ids to
         ids: list[int] = []
         for path in (self.run_dir / "metrics").glob("trainer-*.ids.json"):
             ids.extend(json.loads(path.read_text()))
-        copies = self._copies_expected()
+        copies = self._copies_expected(passes.pop())
         elements = self.spec.pipeline.params["elements"]
         counts = Counter(ids)
         lost = sum(max(copies - counts.get(i, 0), 0) for i in range(elements))

@@ -1,7 +1,12 @@
 """Turn a run's stored metrics into the numbers users compare: throughput, input stall, utilization.
 
 Throughput is steps per second per trainer (each trainer is one replica taking
-one batch per step), averaged over trainers, measured after the warm-up batches.
+one batch per step), averaged over trainers, measured after the warm-up batches: over the
+wall clock (`batches_per_s`, what sweeps and prices use), and over the training step time
+alone (`step_batches_per_s`: the time inside the trainer's loop over its batches, waiting for
+input or stepping), which leaves out what a program does between its epochs (evaluation,
+checkpoints: `outside_s`). A program's epochs (the passes it read to their end) are summarized
+with what one pass holds read alone, and said when the two differ (epoch_note).
 
 A trainer that never sent its end record (dsctl up killed, the trainer stopped early, the
 record lost to a full disk) is summarized from its stored metrics windows the same way,
@@ -24,10 +29,16 @@ def summarize(trainer_results: dict[int, dict], utilization: list[dict], started
     batches = sum(r.get("batches", 0) for r in results)
     tokens = sum(r.get("tokens", 0) for r in results)
     padded = sum(r.get("padded_tokens", 0) for r in results)
+    step_rates = [r["step_batches_per_s"] for r in results if r.get("step_batches_per_s")]
+    outside = sum(r.get("outside_s") or 0.0 for r in results)
+    measured_s = sum(r.get("measured_s") or 0.0 for r in results)
     out = {
         "batches": batches,
         "batches_per_s": mean(rates) if rates else None,
         "total_batches_per_s": sum(rates) if rates else None,
+        "step_batches_per_s": mean(step_rates) if step_rates else None,
+        "outside_s": outside / len(results) if results else 0.0,  # per trainer
+        "outside_frac": outside / measured_s if measured_s > 0 else None,
         "input_stall_frac": wait / (wait + step) if (wait + step) > 0 else None,
         "duration_s": ended_at - started_at,
         "time_to_first_batch_s": (first_batch_wall - started_at) if first_batch_wall else None,
@@ -52,11 +63,60 @@ def summarize_run(trainer_results: dict[int, dict], windows: list[dict], utiliza
     results, rebuilt = complete_results(trainer_results, windows)
     out = summarize(results, utilization, started_at, ended_at, first_batch_wall, measured_from_wall)
     out.update(loss_summary(windows))
+    out.update(epoch_summary(results))
     if rebuilt:
         out["summary_source"] = "windows"
         # Which ones: a reader must not be told that every trainer's end record is missing when one wrote its own.
         out["rebuilt_trainers"] = sorted(i for i, r in results.items() if r is not trainer_results.get(i))
     return out
+
+
+def epoch_summary(results: dict[int, dict]) -> dict:
+    """How many epochs (passes read to their end) the trainers read, each one's batches and elements (the first
+    trainer's, listed), what a pass holds read alone, and what ended the reading; {} for a trainer that read no
+    epoch to its end (a job cut by trainer.steps in its first pass)."""
+    ends = [results[i] for i in sorted(results) if "epochs" in results[i]]
+    if not ends:
+        return {}
+    first = ends[0]
+    out = {"epochs": min(r["epochs"] for r in ends), "ended_by": first.get("reason")}
+    if out["epochs"]:
+        out.update(epoch_batches=first.get("epoch_batches") or [], epoch_examples=first.get("epoch_examples") or [])
+    if first.get("pass_batches") is not None:
+        out.update(pass_batches=first["pass_batches"], pass_examples=first.get("pass_examples"))
+    return out
+
+
+def epoch_note(summary: dict, mode: str, processing_mode: str, workers: int) -> str | None:
+    """Why a run's epochs differ from a pass read alone, when they do: parallel_epochs gives every worker the whole
+    dataset; distributed_epoch has each worker batch the shards it was handed, so a pass ends with a partial batch
+    per worker (or, with drop_remainder, drops each worker's remainder)."""
+    got, alone = summary.get("epoch_batches") or [], summary.get("pass_batches")
+    if not got or alone is None or all(b == alone for b in got):
+        return None
+    shown = ", ".join(map(str, got[:8])) + (", ..." if len(got) > 8 else "")
+    elements = summary.get("epoch_examples") or []
+    held = f" ({', '.join(map(str, elements[:8]))}{', ...' if len(elements) > 8 else ''} elements)" if elements else ""
+    alone_elements = summary.get("pass_examples")
+    said = f"epochs of {shown} batches{held} against {alone} batches a pass read alone" + (
+        f" ({alone_elements} elements)" if alone_elements else "")
+    if mode == "service" and processing_mode in ("parallel_epochs", "off") and workers > 1:
+        return (f"{said}: with processing_mode {processing_mode} each of the {workers} workers produced the whole "
+                "dataset. processing_mode: distributed_epoch reads one copy per epoch.")
+    if mode == "service" and workers > 1:
+        return (f"{said}: with processing_mode {processing_mode} each of the {workers} workers batches the shards the "
+                f"dispatcher hands it, so a pass ends with up to {workers} partial batches where it has one read "
+                f"alone, or, when the pipeline batches with drop_remainder, loses up to {workers} x (batch size - 1) "
+                "elements. Shards whose sizes are multiples of the batch size keep a pass's batches whole.")
+    return f"{said}."
+
+
+def epoch_line(trainer: int, rec: dict) -> str:
+    """An epoch a trainer read to its end, as the run's events say it."""
+    metrics = rec.get("metrics") or {}
+    shown = "".join(f", {k} {v:.4g}" for k, v in metrics.items() if isinstance(v, (int, float)))
+    return (f"trainer {trainer}: epoch {rec.get('epoch')}: {rec.get('batches')} batches, {rec.get('examples'):,} "
+            f"elements, {rec.get('seconds', 0.0):.1f} s{shown}")
 
 
 def loss_summary(windows: list[dict]) -> dict:

@@ -42,6 +42,7 @@ class _Run:
     stop: threading.Event = field(default_factory=threading.Event)
     checkpoint_step: int | None = None
     spec_path: Path | None = None  # outside a run: the spec read
+    pass_length: tuple[int | None, int | None] = (None, None)  # (batches, elements) of one pass read alone, if known
 
     @property
     def inside(self) -> bool:
@@ -56,8 +57,11 @@ class _Run:
         return self.args.index if self.args else 0
 
     def bounds(self) -> tuple[int | None, float | None]:
-        """(steps, duration_s) of the whole job, as the harness takes them: the launch's overrides, else the spec's."""
-        if self.args is not None and (self.args.steps is not None or self.args.duration_s is not None):
+        """(steps, duration_s) of the whole job, as the harness takes them: the launch's overrides, else the spec's.
+        Outside a run, nothing: a program run on its own is as long as its own loop (its epochs, its flags)."""
+        if self.args is None:
+            return None, None
+        if self.args.steps is not None or self.args.duration_s is not None:
             return self.args.steps, self.args.duration_s
         return self.spec.trainer.steps, self.spec.trainer.duration_s
 
@@ -122,7 +126,7 @@ def _cache_dir(run: _Run) -> str | Path:
 def dataset(spec: str | os.PathLike | None = None):
     from . import autocache
     from .pipelines.errors import PipelineError
-    from .trainer import build_input
+    from .trainer import build_input_and_length
 
     run = _current(spec, needed_by="dataset()")
     args = run.args
@@ -130,14 +134,16 @@ def dataset(spec: str | os.PathLike | None = None):
     plan = autocache.plan_for(run.spec, run.mode, cache_dir)
     try:
         with autocache.active(plan):
-            ds = build_input(run.spec, run.mode, run.index, args.dispatcher if args else None, cache_dir,
-                             run.base_dir, repeat=bool(args and args.repeat))
+            ds, run.pass_length = build_input_and_length(run.spec, run.mode, run.index,
+                                                         args.dispatcher if args else None, cache_dir, run.base_dir,
+                                                         repeat=bool(args and args.repeat))
     except PipelineError as exc:
         raise run.fail(str(exc)) from None
     if not run.started:
         run.started = True
         run.plan = plan
-        run.emit("start", pid=os.getpid(), mode=run.mode, restored_step=resume_step(), trainer="command")
+        run.emit("start", pid=os.getpid(), mode=run.mode, restored_step=resume_step(), trainer="command",
+                 pass_batches=run.pass_length[0], pass_examples=run.pass_length[1])
         autocache.report(plan, run.emit)
     return ds
 
@@ -151,7 +157,7 @@ def _loop(run: _Run) -> MeasuredLoop:
             window_s=(args.window_s if args and args.window_s else run.spec.trainer.window_s),
             warmup_batches=run.spec.trainer.warmup_batches, queue_fill=run.mode == "service" and run.inside,
             record_ids=args.record_ids if args else None, record_steps=args.record_steps if args else None,
-            stop=run.stop, first_step=resume_step(), scalars=run.scalars)
+            stop=run.stop, first_step=resume_step(), scalars=run.scalars, pass_length=run.pass_length)
         run.loop.checkpoint_step = run.checkpoint_step
     return run.loop
 
@@ -163,13 +169,7 @@ def batches(ds, numpy: bool = False) -> Iterator[Any]:
                        "run's data with ds = dsctl.train.dataset(), then iterate dsctl.train.batches(ds).")
     loop = _loop(run)
     if loop.exhausted:
-        steps, _ = run.bounds()
-        assert loop.reason is not None, "an exhausted loop says why"
-        why = {"steps": f"its {loop.batches} batch(es) (trainer.steps{' less the resumed step' if resume_step() else ''})",
-               "duration": "its trainer.duration_s", "signal": "the run's stop"}[loop.reason]
-        raise run.fail(f"dsctl.train.batches() was called again after the run's batches were all read ({why}): a "
-                       f"program reads at most trainer.steps ({steps}) batches. Loop over dsctl.train.batches(ds) once, "
-                       "or end the program's own loop when it ends.")
+        raise run.fail(_read_past(run, loop))
     convert = _to_numpy if numpy else None
     previous = _on_stop(run)
     try:
@@ -180,6 +180,42 @@ def batches(ds, numpy: bool = False) -> Iterator[Any]:
     if loop.exhausted:  # steps, duration or a stop: the run's measurement is complete
         loop.finish()
         _after_run(run)
+
+
+def _read_past(run: _Run, loop: MeasuredLoop) -> str:
+    """What to tell a program that asks for batches after the run's were all read: the field that ended them (its
+    line is then shown), how far its epochs got, and what to change."""
+    steps, duration = run.bounds()
+    epochs = loop.epochs
+    got = (f"in {epochs.count} full epoch(s) of {_lengths(epochs.batches)} batches"
+           + (f" and {loop.batches - sum(epochs.batches)} of the next" if loop.batches > sum(epochs.batches) else "")
+           if epochs.count else f"before its first epoch ended ({loop.batches} batches)")
+    if loop.reason == "signal":
+        return (f"dsctl.train.batches() was called again after the run stopped the program (a teardown, or a sweep "
+                f"changing its trainers), {got}; end the program once its loop over dsctl.train.batches(ds) ends.")
+    if loop.reason == "duration":
+        return (f"trainer.duration_s: the program asked for more batches after trainer.duration_s ({duration:g} s) "
+                f"ended the job, {got}. End the program's own loop when dsctl.train.batches(ds) yields nothing more, "
+                "or remove trainer.duration_s and let the program's epochs decide.")
+    resumed = f" (less the {resume_step()} a resumed run had trained)" if resume_step() else ""
+    svc = run.spec.service
+    alone = epochs.pass_batches
+    if (run.mode == "service" and svc.processing_mode in ("parallel_epochs", "off") and epochs.count and alone
+            and epochs.batches[0] > alone):
+        return (f"service.processing_mode: the program asked for more batches after trainer.steps ({steps}){resumed} "
+                f"were read, {got}, where its pipeline read alone has {alone} a pass: with processing_mode "
+                f"{svc.processing_mode} every worker produces the whole dataset, so each epoch held a copy per worker. "
+                "Use processing_mode: distributed_epoch (one copy per epoch), and remove trainer.steps to let the "
+                "program's epochs decide the job's length, or raise it.")
+    return (f"trainer.steps: the program asked for more batches after trainer.steps ({steps}){resumed}, the cap on "
+            f"the job's training steps, were read, {got}. Remove trainer.steps and the program's own loop (its "
+            "epochs) decides the job's length, or raise it to the batches the program reads.")
+
+
+def _lengths(batches: list[int]) -> str:
+    """'64' when every epoch had 64 batches, else '64, 63, 64'."""
+    return str(batches[0]) if len(set(batches)) == 1 else ", ".join(map(str, batches[:10])) + (
+        ", ..." if len(batches) > 10 else "")
 
 
 def _after_run(run: _Run) -> None:

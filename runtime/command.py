@@ -36,6 +36,7 @@ from pathlib import Path
 
 import psutil
 
+from dsctl.errors import quoted
 from dsctl.specs import exits
 from dsctl.specs.command import activated, find_program
 from dsctl.specs.schema import JobSpec
@@ -177,7 +178,8 @@ def _outcome(code: int, argv: list[str], metrics: str, log_tail: str, steps: int
     ends = [e for e in events if e.get("event") == "end"]
     batches = sum(e.get("batches", 0) for e in events if e.get("event") == "window")
     errors = [e for e in events if e.get("event") == "error" and e.get("source") == "dsctl.train"]
-    output = f" Its output ends with: {logtail.inline(log_tail, TAIL_LINES)}" if log_tail else " It printed nothing."
+    output = (f" The last lines it printed are below.{quoted(logtail.last(log_tail, TAIL_LINES))}" if log_tail
+              else " It printed nothing.")
     if errors:
         return CommandError(f"{errors[-1]['message']} (The command `{show(argv)}` exited with code {code}.)",
                             user=errors[-1].get("kind") == "user")

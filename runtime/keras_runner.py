@@ -30,7 +30,7 @@ import keras
 
 from dsctl.specs.schema import JobSpec
 
-from .metrics import MetricsWriter, NullWriter, Window, end_fields
+from .metrics import Epochs, MetricsWriter, NullWriter, Window, end_fields
 from .models import ModelError, load_function
 
 
@@ -134,12 +134,14 @@ class Meter(keras.callbacks.Callback):
         self.done = 0  # batches finished
         self.begun_at = self.t0  # when the running execution began
         self.busy = 0.0  # seconds inside executions, this window
+        self.end_wait = 0.0  # seconds spent learning that the data ended (a step that found none), this window
         # batches, meter sums, metric sums at the window's start
         self.at_window: tuple[int, tuple[float, int, int, int, int], dict | None] = (0, (0.0, 0, 0, 0, 0), None)
         self.stopped_by: str | None = None
         self.ended_at: float | None = None  # when the last batch was done
         self.on_end: Callable[[], None] = lambda: None  # run then (train() sets it)
         self.scalars = None  # a program's own reported figures (runtime/keras_script.py), joined to each window
+        self.epochs: Epochs | None = None  # a program's epochs (runtime/keras_script.py)
 
     # -- keras hooks -------------------------------------------------------------------------------
     def on_train_begin(self, logs=None):
@@ -206,6 +208,8 @@ class Meter(keras.callbacks.Callback):
         w.input_wait_s = sums[0] - sums0[0]
         w.examples, w.tokens, w.padded_tokens = (sums[i] - sums0[i] for i in (1, 2, 3))
         w.step_s = max(self.busy - w.input_wait_s, 0.0)
+        w.input_wait_s += self.end_wait
+        self.end_wait = 0.0
         loss, others = _window_metrics(metrics0, metrics)
         if self.scalars is not None:  # what a program reported itself (dsctl.train.report)
             reported_loss, reported = self.scalars.take()
@@ -237,7 +241,7 @@ class Meter(keras.callbacks.Callback):
             self.reason = "end_of_data"
         measured_s = (end - self.measured_from) if self.measured_from is not None else 0.0
         self.writer.emit("end", **end_fields(self.reason, self.done, self.measured, measured_s, step=step,
-                                             checkpoint_step=checkpoint_step))
+                                             checkpoint_step=checkpoint_step, epochs=self.epochs))
 
 
 def _metric_state(model) -> dict:

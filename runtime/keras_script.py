@@ -8,7 +8,11 @@ needs beyond dsctl's own one-epoch fit:
 - several epochs: batch indices restart each epoch and Keras resets the metrics, so each epoch
   ends its window and the next one counts on from the batches already done;
 - the run's steps end training (stop_training) even if fit was asked for more;
-- what the program reports itself (dsctl.train.report) joins each window's metrics.
+- what the program reports itself (dsctl.train.report) joins each window's metrics;
+- each epoch is recorded (its batches, elements and seconds, and the validation metrics fit computed for it);
+- validation (`validation_data`): fit evaluates after an epoch's last batch with the same metric objects, which
+  it resets; the window is closed before it (so it holds the training metrics) and the evaluation's time is
+  the program's own, outside training (the window's `outside_s`), not a slow last step.
 The end record is written when training ends (on_train_end), as for dsctl's keras trainer.
 """
 
@@ -19,7 +23,7 @@ from collections.abc import Callable
 
 from .keras_input import InputMeter
 from .keras_runner import Meter
-from .metrics import NullWriter
+from .metrics import Epochs, NullWriter
 
 
 class ScriptMeter(Meter):
@@ -38,6 +42,10 @@ class ScriptMeter(Meter):
         self.wrapped = False
         self._epoch_base = 0  # batches done before this epoch
         self.on_end = self._end
+        self.epochs = Epochs(pass_batches=run.pass_length[0], pass_examples=run.pass_length[1])
+        self._epoch_began = (time.perf_counter(), 0)  # when this epoch began, and the elements read before it
+        self._evaluating_since: float | None = None
+        self._validated = False  # this epoch's validation ran
 
     def input(self, ds):
         """The dataset to give model.fit: metered, and cut to the batches this run has left."""
@@ -49,6 +57,32 @@ class ScriptMeter(Meter):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_base = self.done
         self.at_window = (self.done, self.at_window[1], self._metric_sums())  # Keras has just reset the metrics
+        self._epoch_began = (time.perf_counter(), self.meter.read()[1])
+        self._validated = False
+
+    def _epoch_done(self, now: float) -> None:
+        """The epoch's last batch has ended by now. When it had ended before (fit then tried a step that found the
+        data's end: a finite dataset of a length Keras does not know), the time since is the wait for that end."""
+        done = self.meter.read()[4]
+        if done > self.done:
+            self._finished(done, now)
+        elif now > self.begun_at:
+            self.end_wait += now - self.begun_at
+        self.begun_at = now
+
+    def on_test_begin(self, logs=None):
+        """Validation inside fit (validation_data), after the epoch's last batch: that batch ends now, and its
+        window closes while the metrics still hold the training's."""
+        now = time.perf_counter()
+        self._epoch_done(now)
+        if self.window.batches or self.done > self.at_window[0]:
+            self._close(now)
+        self._evaluating_since, self._validated = now, True
+
+    def on_test_end(self, logs=None):
+        if self._evaluating_since is not None:
+            self.window.outside_s += time.perf_counter() - self._evaluating_since
+            self._evaluating_since = None
 
     def on_train_batch_begin(self, batch, logs=None):
         done = self._epoch_base + batch
@@ -65,11 +99,16 @@ class ScriptMeter(Meter):
 
     def on_epoch_end(self, epoch, logs=None):
         now = time.perf_counter()
-        done = self.meter.read()[4]
-        if done > self.done:
-            self._finished(done, now)
+        if not self._validated:  # with validation, the batches ended when it began
+            self._epoch_done(now)
         if self.window.batches or self.done > self.at_window[0]:
             self._close(now)  # Keras resets the metrics before the next epoch
+        began, examples_before = self._epoch_began
+        examples = self.meter.read()[1] - examples_before
+        self.epochs.add(self.done - self._epoch_base, examples, now - began)
+        validation = {k: float(v) for k, v in (logs or {}).items() if k.startswith("val_") and _number(v)}
+        self.writer.emit("epoch", epoch=self.epochs.count, batches=self.done - self._epoch_base, examples=examples,
+                         seconds=now - began, **({"metrics": validation} if validation else {}))
 
     def _finished(self, done: int, now: float) -> None:
         if not self.wrapped and self.done == 0:
@@ -81,3 +120,11 @@ class ScriptMeter(Meter):
     def _end(self) -> None:
         self.emit_end(self.restored + self.done, self.budget, self.checkpoint_step)
         self._after()
+
+
+def _number(value) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True

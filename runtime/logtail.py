@@ -32,7 +32,7 @@ def tail(path: str | Path | None, lines: int = 12, max_bytes: int = 256 * 1024) 
     return "\n".join(useful_lines(text)[-lines:])
 
 
-def inline(text: str, lines: int = 6, width: int = 240) -> str:
-    """The last lines of `text` on one line, each cut to `width`: for a one-paragraph error."""
-    kept = [line.strip()[:width] for line in text.splitlines() if line.strip()][-lines:]
-    return " | ".join(kept)
+def last(text: str, lines: int = 6, width: int = 240) -> list[str]:
+    """The last non-blank lines of `text`, each cut to `width`, as they were indented (a traceback reads as one only
+    line by line): quoted after an error's paragraph (dsctl.errors.quoted)."""
+    return [line.rstrip()[:width] for line in text.splitlines() if line.strip()][-lines:]

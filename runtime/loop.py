@@ -9,8 +9,12 @@ is marked and kept out of the end record's throughput, as in every other trainer
 
 A loop can be run over several datasets in turn (a program's epoch loop calls `batches()` once per
 epoch): its windows, warm-up, step budget and deadline carry over, and `finish()` writes the one
-end record. Per batch it only reads the clock, counts and yields: the benchmark in benchmarks/
-holds it to within a few percent of a bare loop over the same dataset.
+end record. Each pass read to its end is an epoch (an `epoch` record: its batches, elements and
+seconds). The time between two passes is the program's own (evaluation, checkpoints): it is kept
+apart, as the windows' `outside_s`, so that throughput can be said both per wall clock and per
+training step time; creating a pass's iterator counts as the wait for its first batch. Per batch it
+only reads the clock, counts and yields: the benchmark in benchmarks/ holds it to within a few
+percent of a bare loop over the same dataset.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .metrics import MetricsWriter, NullWriter, Window, end_fields
+from .metrics import Epochs, MetricsWriter, NullWriter, Window, end_fields
 from .queuefill import QueueFillSampler, read_model_fill
 
 
@@ -55,7 +59,7 @@ class MeasuredLoop:
     def __init__(self, writer: MetricsWriter | None, *, steps: int | None, duration_s: float | None,
                  window_s: float, warmup_batches: int, queue_fill: bool = False, record_ids: str | None = None,
                  record_steps: str | None = None, stop: threading.Event | None = None, first_step: int = 0,
-                 scalars: Scalars | None = None):
+                 scalars: Scalars | None = None, pass_length: tuple[int | None, int | None] = (None, None)):
         self.writer = writer or NullWriter()
         self.steps = steps if steps is not None else float("inf")
         self.duration_s, self.window_s = duration_s, window_s
@@ -79,7 +83,8 @@ class MeasuredLoop:
         self._measured_from: float | None = None
         self._deadline = float("inf")
         self._fill = QueueFillSampler(None)
-        self._last_end: float | None = None  # when the last batch's step ended: the measurement ends there
+        self._last_end: float | None = None  # when the last batch's step (or the wait for the data's end) ended
+        self.epochs = Epochs(pass_batches=pass_length[0], pass_examples=pass_length[1])
 
     @property
     def exhausted(self) -> bool:
@@ -112,8 +117,11 @@ class MeasuredLoop:
         until the budget is spent, the data ends, stop is set, or the consumer stops asking."""
         if self.finished:
             return
+        entered = time.perf_counter()
         if self._t0 is None:
             self._start()
+        elif self._last_end is not None and self._window is not None:
+            self._window.outside_s += entered - self._last_end  # the program's own time since its last batch
         steps = self.steps
         record_ids, log_steps = self.record_ids is not None, self.record_steps is not None
         stats_of = _batch_stats()
@@ -123,6 +131,7 @@ class MeasuredLoop:
         assert window is not None and t0 is not None, "_start() made the first window"
         holding = None  # (wait, fetched at, stats) of the batch the consumer has now
         c = time.perf_counter()
+        read, examples = self.batches, 0  # this pass's: batches before it, elements in it
         self.reason = "steps"
         try:
             while self.batches < steps:
@@ -133,13 +142,19 @@ class MeasuredLoop:
                     self.reason = "duration"
                     break
                 fill.maybe_sample()
-                a = time.perf_counter()
+                a = time.perf_counter() if self.batches > read else entered  # the first waits for the iterator too
                 try:
                     batch = next(iterator)
-                except StopIteration:
+                except StopIteration:  # waiting to learn that the data ended is waiting for input too
                     self.reason = "end_of_data"
+                    self._last_end = ended = time.perf_counter()
+                    window.input_wait_s += ended - a
+                    self.epochs.add(self.batches - read, examples, ended - entered)
+                    self._emit("epoch", epoch=self.epochs.count, batches=self.batches - read, examples=examples,
+                               seconds=ended - entered)
                     break
                 stats = self.stats = stats_of(batch)
+                examples += int(stats.get("examples", 0))
                 if record_ids and isinstance(batch, dict) and "id" in batch:
                     self.ids.extend(batch["id"].numpy().ravel().tolist())
                 if convert is not None:
@@ -174,6 +189,8 @@ class MeasuredLoop:
                 self.batches += 1
                 self._last_end = time.perf_counter()
                 window.add(holding[0], self._last_end - holding[1], holding[2])
+                if self.batches >= steps:
+                    self.reason = "steps"  # its last batch was the budget's last: the budget is spent either way
             raise
 
     def finish(self) -> None:
@@ -193,7 +210,8 @@ class MeasuredLoop:
                 self._measured.append(window)
         measured_s = (end - self._measured_from) if self._measured_from is not None else 0.0
         self._emit("end", **end_fields(self.reason or "steps", self.batches, self._measured, measured_s,
-                                       step=self.first_step + self.batches, checkpoint_step=self.checkpoint_step))
+                                       step=self.first_step + self.batches, checkpoint_step=self.checkpoint_step,
+                                       epochs=self.epochs))
         if self.record_ids:
             Path(self.record_ids).write_text(json.dumps(self.ids))
         if self.record_steps:

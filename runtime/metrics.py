@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO
 
 
@@ -37,6 +37,7 @@ class Window:
     tokens: int = 0
     padded_tokens: int = 0
     warmup: bool = False
+    outside_s: float = 0.0  # time the consumer spent outside its loop over the batches (evaluating between epochs)
 
     def add(self, wait_s: float, step_s: float, stats: dict) -> None:
         self.batches += 1
@@ -60,20 +61,53 @@ class Window:
             "tokens": self.tokens,
             "padded_tokens": self.padded_tokens,
             "warmup": self.warmup,
+            "outside_s": self.outside_s,
         }
 
 
+MAX_EPOCHS_LISTED = 1000  # an end record lists this many epochs' lengths at most (it counts them all)
+
+
+@dataclass
+class Epochs:
+    """The passes a consumer read to their end (a program's epochs): each one's batches, elements and seconds; and
+    what one pass holds read alone (standalone: no service), when known."""
+
+    batches: list[int] = field(default_factory=list)
+    examples: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    count: int = 0
+    pass_batches: int | None = None
+    pass_examples: int | None = None
+
+    def add(self, batches: int, examples: int, seconds: float) -> None:
+        self.count += 1
+        if self.count <= MAX_EPOCHS_LISTED:
+            self.batches.append(batches)
+            self.examples.append(examples)
+            self.seconds.append(round(seconds, 4))
+
+    def as_fields(self) -> dict:
+        return {"epochs": self.count, "epoch_batches": self.batches, "epoch_examples": self.examples,
+                "epoch_seconds": self.seconds, "pass_batches": self.pass_batches, "pass_examples": self.pass_examples}
+
+
 def end_fields(reason: str, batches: int, measured: list[Window], measured_s: float, *, step: int,
-               checkpoint_step: int | None) -> dict:
+               checkpoint_step: int | None, epochs: Epochs | None = None) -> dict:
     """A trainer's end record (event "end"), the same for every kind of trainer: why it stopped, its batches,
-    the throughput of its measured (post-warm-up) windows, its global step and the last step it saved."""
+    the throughput of its measured (post-warm-up) windows over the wall clock and over its training step time
+    (inside its loop: input wait and steps), the time it spent outside its loop (evaluation, checkpoints), its
+    epochs, its global step and the last step it saved."""
     measured_batches = sum(w.batches for w in measured)
+    inside_s = sum(w.input_wait_s + w.step_s for w in measured)
     return dict(
         reason=reason, batches=batches, measured_batches=measured_batches, measured_s=measured_s,
         batches_per_s=(measured_batches / measured_s) if measured_s > 0 and measured_batches else None,
+        step_batches_per_s=(measured_batches / inside_s) if inside_s > 0 and measured_batches else None,
         input_wait_s=sum(w.input_wait_s for w in measured), step_s=sum(w.step_s for w in measured),
+        outside_s=sum(w.outside_s for w in measured),
         tokens=sum(w.tokens for w in measured), padded_tokens=sum(w.padded_tokens for w in measured),
-        step=step, checkpoint_step=checkpoint_step,
+        step=step, checkpoint_step=checkpoint_step, **(epochs or Epochs()).as_fields(),
     )
 
 

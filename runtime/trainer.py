@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -45,12 +46,24 @@ SHARDING = {
 }
 
 
+IDEAL_COUNT_S = 60.0  # the longest --mode ideal counts a pass whose length TensorFlow cannot tell
+
+
 def build_input(spec: JobSpec, mode: str, index: int, dispatcher: str | None, cache_dir: Path | str, base_dir: Path,
                 repeat: bool = False):
-    """The dataset the trainer iterates, for one of the three modes.
+    """The dataset the trainer iterates, for one of the three modes (build_input_and_length)."""
+    return build_input_and_length(spec, mode, index, dispatcher, cache_dir, base_dir, repeat)[0]
+
+
+def build_input_and_length(spec: JobSpec, mode: str, index: int, dispatcher: str | None, cache_dir: Path | str,
+                           base_dir: Path, repeat: bool = False):
+    """(the dataset the trainer iterates in `mode`, (batches, elements) one pass of the pipeline holds read alone,
+    each None when not known or endless).
 
     repeat=True makes a finite pipeline repeat, for measurements of steady-state
-    throughput (sweeps) that must not run out of data.
+    throughput (sweeps) that must not run out of data. An epoch is one pass over the dataset in every mode:
+    ideal replays its first batch as many times as a pass has batches (so a program's epochs stay epochs), and is
+    endless only for an endless pipeline.
     """
     import tensorflow as tf
 
@@ -74,11 +87,13 @@ def build_input(spec: JobSpec, mode: str, index: int, dispatcher: str | None, ca
 
     if repeat and not is_infinite(ds):
         ds = ds.repeat()
+    length = _pass_length(spec, ds)
     finish = _finisher(spec)
     if mode == "ideal":
-        return finish(ds).take(1).cache().repeat()
+        replays = _ideal_pass(spec, ds, length[0])
+        return finish(ds).take(1).cache().repeat(replays), (replays if replays >= 0 else None, length[1])
     if mode == "colocated":
-        return finish(ds).prefetch(tf.data.AUTOTUNE)
+        return finish(ds).prefetch(tf.data.AUTOTUNE), length
 
     service = tf.data.experimental.service
     kwargs = dict(
@@ -92,7 +107,46 @@ def build_input(spec: JobSpec, mode: str, index: int, dispatcher: str | None, ca
         kwargs.update(consumer_index=index, num_consumers=coord.num_consumers)
     if svc.cross_trainer_cache:
         kwargs["cross_trainer_cache"] = service.CrossTrainerCache(trainer_id=f"trainer-{index}")
-    return finish(ds.apply(service.distribute(**kwargs)))
+    return finish(ds.apply(service.distribute(**kwargs))), length
+
+
+def _pass_length(spec: JobSpec, ds) -> tuple[int | None, int | None]:
+    """(batches, elements) in one pass over the pipeline read alone: a builtin's from its params, an entrypoint's
+    batches from TensorFlow's cardinality when it can tell it; None for an endless pipeline."""
+    from dsctl.runtime.pipelines import is_infinite
+    from dsctl.specs.pipelines import batches_per_pass, examples_per_epoch
+
+    if is_infinite(ds):
+        return None, None
+    p = spec.pipeline
+    if p.builtin is not None:
+        epochs = p.params.get("epochs") or 0
+        return batches_per_pass(p.builtin, p.params), examples_per_epoch(p.builtin, p.params) * epochs
+    cardinality = int(ds.cardinality())
+    return (cardinality if cardinality >= 0 else None), None
+
+
+def _ideal_pass(spec: JobSpec, ds, batches: int | None) -> int:
+    """How many batches --mode ideal replays a pass: -1 (endless) for an endless pipeline, else the pass's own
+    length, counted here (within IDEAL_COUNT_S) when TensorFlow cannot tell it (after a filter or a flat_map)."""
+    from dsctl.runtime.pipelines import PipelineError, is_infinite
+
+    if is_infinite(ds):
+        return -1
+    if batches is not None:
+        return batches
+    deadline = time.monotonic() + IDEAL_COUNT_S
+    counted = 0
+    for _ in ds:
+        counted += 1
+        if time.monotonic() > deadline:
+            raise PipelineError(
+                f"pipeline: --mode ideal replays the pipeline's first batch as many times as one pass has batches, so "
+                f"that each epoch stays an epoch; TensorFlow cannot tell this pipeline's length, and counting it "
+                f"passed {IDEAL_COUNT_S:g} s ({counted} batches so far). Give the dataset its length "
+                "(ds.apply(tf.data.experimental.assert_cardinality(N)) in --mode ideal), make it endless and bound "
+                "the job with trainer.steps, or measure it in the other modes.")
+    return counted
 
 
 def _finisher(spec: JobSpec):
@@ -155,8 +209,9 @@ def main(argv: list[str] | None = None) -> int:
             profile(spec, args.mode, args.dispatcher, cache_dir, Path(args.base_dir), plan, writer)
             return 0
         with autocache.active(plan):
-            ds = build_input(spec, args.mode, args.index, args.dispatcher, cache_dir, Path(args.base_dir),
-                             repeat=args.repeat)
+            ds, length = build_input_and_length(spec, args.mode, args.index, args.dispatcher, cache_dir,
+                                                Path(args.base_dir), repeat=args.repeat)
+        harness.loop.epochs.pass_batches, harness.loop.epochs.pass_examples = length
         autocache.report(plan, writer.emit)
         if keras_model:
             from .keras_runner import train

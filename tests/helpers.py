@@ -37,10 +37,12 @@ def processes_under(home: Path) -> list[psutil.Process]:
     return out
 
 
-def dsctl(*args: str, timeout: float = 300, check: bool = False, **kw) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess (with the test's DSCTL_HOME), capturing output."""
+def dsctl(*args: str, timeout: float = 300, check: bool = False, env: dict | None = None,
+          **kw) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess (with the test's DSCTL_HOME), capturing output; 200 columns wide unless
+    `env` says otherwise."""
     proc = subprocess.run([sys.executable, "-m", "dsctl.cli.main", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "COLUMNS": "200"}, **kw)
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})}, **kw)
     if check and proc.returncode != 0:
         raise AssertionError(f"dsctl {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc

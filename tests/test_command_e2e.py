@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -56,6 +57,7 @@ def test_an_example_program_trains_through_the_service_and_its_loss_falls(home, 
 def test_a_killed_program_resumes_from_its_checkpoint_and_the_two_runs_add_up_to_the_steps(home, tmp_path):
     spec = copy_example("script-tf-loop", tmp_path)
     text = spec.read_text().replace("--lr 0.01", "--lr 0.01 --save-every 25").replace("steps: 300", "steps: 1200")
+    text = text.replace("--steps 300", "--steps 1200")
     spec.write_text(text)
     up = subprocess.Popen([sys.executable, "-m", "dsctl.cli.main", "up", str(spec), "--json"], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
@@ -82,18 +84,19 @@ def test_a_killed_program_resumes_from_its_checkpoint_and_the_two_runs_add_up_to
     assert f"trainer-0 | restored step {saved}" in out and "trained to step 1200" in out
 
 
-def test_the_same_program_runs_without_dsctl_and_stops_at_the_specs_steps(home, tmp_path):
-    """`python train.py` with no dsctl run: dataset(spec=...) builds that spec's pipeline here, batches() stops at its
-    trainer.steps, and checkpoints go to the spec's folder, under standalone/."""
+def test_the_same_program_runs_without_dsctl_to_its_own_length(home, tmp_path):
+    """`python train.py` with no dsctl run: dataset(spec=...) builds that spec's pipeline here, the program's own
+    --steps ends its loop (the spec's trainer.steps is dsctl's cap on a run, not the program's length: 40 < 300 <
+    60), and checkpoints go to the spec's folder, under standalone/."""
     spec = copy_example("script-tf-loop", tmp_path)
     spec.write_text(spec.read_text().replace("steps: 300", "steps: 40"))
     env = {k: v for k, v in os.environ.items() if k != "DSCTL_TRAINER"}
-    proc = subprocess.run([sys.executable, "scripts/tf_loop.py", "--spec", spec.name, "--save-every", "20"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "scripts/tf_loop.py", "--spec", spec.name, "--save-every", "20",
+                           "--steps", "60"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "trained to step 40," in proc.stdout
+    assert "trained to step 60," in proc.stdout
     saved = tmp_path / "checkpoints" / "script-tf-loop" / "standalone" / "trainer-0"
-    assert (saved / "ckpt-40.index").exists() and (saved / "ckpt-20.index").exists()
+    assert (saved / "ckpt-60.index").exists() and (saved / "ckpt-40.index").exists()
 
 
 FAILS_LATER = """
@@ -134,11 +137,13 @@ def tiny(tmp_path: Path, program: str, steps: int = 100, extra: str = "") -> Pat
 def test_a_program_that_fails_after_some_batches_fails_the_run_in_one_paragraph_with_its_output(home, tmp_path):
     proc = dsctl("up", tiny(tmp_path, FAILS_LATER), "--mode", "colocated")
     assert proc.returncode == 1
-    error = proc.stderr.strip().splitlines()[-1]  # after the live view's progress lines
-    assert error.startswith("error: trainer 0 failed: the command `python train.py` exited with code 3 after 12 batch(es) "
-                            "of 100.")
-    assert "about to fail: learning rate too high" in error
     run = json.loads(dsctl("runs", "--json", check=True).stdout)[0]
+    error, last = proc.stderr.strip().splitlines()[-2:]  # after the live view's progress lines
+    assert error.startswith("error: trainer 0 failed: the command `python train.py` exited with code 3 after 12 batch(es) "
+                            "of 100. The last lines it printed are below. (run ")
+    assert error.endswith(f"`dsctl logs {run['id']}` shows what it printed, `dsctl runs show {run['id']}` what it "
+                          "measured)")
+    assert last == "  | about to fail: learning rate too high"  # the program's lines, as lines
     assert run["status"] == "failed" and run["summary"]["batches"] >= 2
     assert "trainer-0 | about to fail: learning rate too high" in dsctl("logs", run["id"], check=True).stdout
 
@@ -268,3 +273,58 @@ def test_down_after_kill_9_of_up_stops_the_program_and_the_daemon_it_started(hom
     up.wait()
     assert dsctl("down", "--all", check=True).returncode == 0
     # the `home` fixture fails this test if anything of the run (the daemon inherits DSCTL_HOME) is still running
+
+
+def epochs_printed(stdout: str) -> list[int]:
+    """The batches of each epoch an example epoch program printed ("epoch 3: 64 batches, ...")."""
+    return [int(n) for n in re.findall(r"^(?:trainer-0 \| )?epoch \d+: (\d+) batches", stdout, re.MULTILINE)]
+
+
+def test_an_epoch_program_with_evaluation_trains_in_every_mode_with_the_epochs_it_has_alone(home, tmp_path):
+    """An epoch loop over a finite pipeline with evaluation between epochs (the JAX example, no trainer.steps),
+    2 workers with distributed_epoch: through the service, colocated and ideal it trains (its loss falls), records
+    its epochs, and each epoch has the batches it has run alone, where its own --num_epochs, past the spec's
+    trainer.steps cap, runs to its end."""
+    spec = copy_example("script-jax-epochs", tmp_path)
+    capped = tmp_path / "capped.yaml"  # a cap below the program's 6 x 64 batches: it must not end a program alone
+    capped.write_text(spec.read_text().replace("  warmup_batches: 5", "  steps: 200\n  warmup_batches: 5"))
+    env = {k: v for k, v in os.environ.items() if k != "DSCTL_TRAINER"}
+    alone = subprocess.run([sys.executable, "scripts/jax_epochs.py", "--spec", capped.name, "--num_epochs", "6"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    per_epoch = epochs_printed(alone.stdout)
+    assert per_epoch == [64] * 6, alone.stdout
+
+    spec.write_text(spec.read_text().replace("--num_epochs 4", "--num_epochs 3"))
+    runs = {}
+    for mode in ("service", "colocated", "ideal"):
+        record = json.loads(dsctl("up", spec, "--mode", mode, "--json", check=True).stdout)
+        s = runs[mode] = record["summary"]
+        assert record["status"] == "succeeded" and s["ended_by"] == "end_of_data", (mode, s)
+        assert s["epochs"] == 3 and s["epoch_batches"] == per_epoch[:3] and s["batches"] == 3 * 64, (mode, s)
+        assert "epoch_note" not in s, s["epoch_note"]  # the same batches as alone: nothing to explain
+        assert s["loss_last"] < 0.5 * s["loss_first"], (mode, s["loss_first"], s["loss_last"])
+        assert s["outside_s"] > 0 and s["step_batches_per_s"] >= s["batches_per_s"]  # its evaluation, kept apart
+        out = dsctl("logs", record["id"], check=True).stdout
+        assert epochs_printed(out) == per_epoch[:3] and "test accuracy" in out
+        assert out.count("epoch: trainer 0: epoch ") == 3  # the run's own events, one an epoch
+    listed = dsctl("runs", env={"COLUMNS": "80"}).stdout
+    assert all(len(line) <= 80 for line in listed.splitlines())
+    assert all(f" {record_id} " in listed for record_id in (r["id"] for r in json.loads(
+        dsctl("runs", "--json", check=True).stdout))), listed
+
+
+def test_a_keras_fit_with_validation_data_records_its_epochs_and_their_validation(home, tmp_path):
+    """model.fit(..., validation_data=...) through keras_callback: training trains, Keras's validation after each
+    epoch is recorded with the epoch and its time is the program's own, not a slow last step."""
+    spec = copy_example("script-keras-validation", tmp_path)
+    record = json.loads(dsctl("up", spec, "--json", check=True).stdout)
+    s = record["summary"]
+    assert record["status"] == "succeeded" and s["epochs"] == 3 and s["epoch_batches"] == [64, 64, 64]
+    assert s["loss_last"] < 0.5 * s["loss_first"], (s["loss_first"], s["loss_last"])
+    assert s["outside_s"] > 0
+    shown = json.loads(dsctl("runs", "show", record["id"], "--json", check=True).stdout)
+    epochs = [e["message"] for e in shown["events"] if e["kind"] == "epoch"]
+    assert len(epochs) == 3 and all("val_accuracy" in e and "val_loss" in e for e in epochs), epochs
+    windows = [w for w in shown["windows"] if not w["warmup"]]
+    assert all(w["loss"] is not None and w["loss"] < 5 for w in windows)  # training's loss, never the validation's

@@ -46,13 +46,16 @@ def test_a_clean_exit_after_reading_and_measuring_succeeds(tmp_path):
     assert _outcome(0, ["python", "t.py"], metrics(tmp_path, START, FIRST, window(10), end(10)), "", 10, []) is None
 
 
-def test_a_failing_program_is_one_paragraph_with_its_code_batches_and_last_lines(tmp_path):
+def test_a_failing_program_is_one_paragraph_with_its_code_batches_and_last_lines_as_lines(tmp_path):
     tail = "noise\nTraceback (most recent call last):\n  File \"t.py\", line 3\nValueError: bad lr"
     err = _outcome(3, ["python", "t.py", "--lr", "x y"], metrics(tmp_path, START, FIRST, window(12), end(12)), tail, 100, [])
-    text = str(err)
-    assert not err.user and "\n" not in text
-    assert "`python t.py --lr 'x y'` exited with code 3 after 12 batch(es) of 100" in text
-    assert text.endswith("ValueError: bad lr") and "Traceback" in text
+    paragraph, *lines = str(err).split("\n")
+    assert not err.user
+    assert "`python t.py --lr 'x y'` exited with code 3 after 12 batch(es) of 100" in paragraph
+    assert paragraph.endswith("The last lines it printed are below.")
+    # the traceback reads as one: line by line, indented as the program printed it, never joined by '|'
+    assert lines == ["  | noise", "  | Traceback (most recent call last):", '  |   File "t.py", line 3',
+                     "  | ValueError: bad lr"]
 
 
 def test_a_killed_program_says_the_signal_and_at_least_the_batches_its_windows_hold(tmp_path):
@@ -183,7 +186,8 @@ def test_a_program_that_reads_past_the_steps_is_stopped_with_what_to_change(tmp_
     proc.communicate(timeout=120)
     assert proc.returncode == 2, (tmp_path / "trainer.log").read_text()
     err = errors(tmp_path)[-1]  # the runner's, which the run reports (dsctl.train's own comes first)
-    assert err["message"].startswith("dsctl.train.batches() was called again after the run's batches were all read "
-                                     "(its 10 batch(es) (trainer.steps)): a program reads at most trainer.steps (10)")
+    assert err["message"].startswith("trainer.steps: the program asked for more batches after trainer.steps (10), "
+                                     "the cap on the job's training steps, were read, before its first epoch ended "
+                                     "(10 batches). Remove trainer.steps")
     ends = [e for e in map(json.loads, (tmp_path / "m.jsonl").read_text().splitlines()) if e["event"] == "end"]
     assert [e["batches"] for e in ends] == [10]  # what it read is measured once

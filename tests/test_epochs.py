@@ -8,11 +8,14 @@ loop reads any iterable of batches, and specs are checked without their pipeline
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dsctl.orchestrator.preflight import load_job
+from dsctl.runtime.loop import MeasuredLoop
 from dsctl.specs import SpecError, load_spec
 from dsctl.specs.epochs import epoch_findings, pipeline_ends
 from dsctl.specs.errors import SpecErrors
@@ -123,3 +126,128 @@ pricing: no-such-catalog
     fields = [p.field for p in info.value.problems]
     assert fields == ["service.worker_machine", "trainer.machine", "pricing", "service.processing_mode"], fields
     assert len(info.value.paragraphs()) == 4 and all("\n" not in p for p in info.value.paragraphs())
+
+
+# -- the measured loop: epochs, and the time a program spends between them ------------------------------------
+
+class Recorder:
+    trainer = 0
+
+    def __init__(self):
+        self.events: list[tuple[str, dict]] = []
+
+    def emit(self, event: str, **fields) -> None:
+        self.events.append((event, fields))
+
+    def of(self, kind: str) -> list[dict]:
+        return [f for e, f in self.events if e == kind]
+
+
+def epoch(n: int, size: int = 4) -> list[dict]:
+    return [{"x": np.zeros((size, 2)), "label": np.zeros(size)} for _ in range(n)]
+
+
+def test_each_pass_read_to_its_end_is_an_epoch_and_the_time_between_them_is_the_programs():
+    rec = Recorder()
+    loop = MeasuredLoop(rec, steps=None, duration_s=None, window_s=1000.0, warmup_batches=0, pass_length=(6, 24))
+    for _ in range(3):
+        for _ in loop.run(epoch(6)):
+            time.sleep(0.002)  # the step
+        time.sleep(0.1)  # evaluation, between epochs: outside the loop
+    loop.finish()
+    assert [e["batches"] for e in rec.of("epoch")] == [6, 6, 6] and [e["examples"] for e in rec.of("epoch")] == [24] * 3
+    [end] = rec.of("end")
+    assert end["reason"] == "end_of_data" and end["epochs"] == 3 and end["epoch_batches"] == [6, 6, 6]
+    assert (end["pass_batches"], end["pass_examples"]) == (6, 24)
+    # two evaluations fall between the passes; the one after the last pass is after the measurement's end
+    assert 0.19 <= end["outside_s"] < 0.35, end
+    assert end["measured_s"] >= end["outside_s"] + end["input_wait_s"] + end["step_s"] - 1e-6
+    # per wall clock the evaluations count; per training step time they do not
+    assert end["step_batches_per_s"] > 3 * end["batches_per_s"]
+
+
+# -- dsctl.train without dsctl: the program's own loop rules -------------------------------------------------
+
+@pytest.fixture
+def standalone(monkeypatch, tmp_path):
+    """A program run with plain `python train.py`: no DSCTL_TRAINER, the spec read by dataset(spec=...)."""
+    from dsctl.runtime import client
+    from dsctl.runtime.trainer_args import ENV_VAR
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    loaded = load_spec(spec(tmp_path, workers=1, length=", steps: 10"))
+    run = client._Run(spec=loaded.spec, args=None, base_dir=loaded.base_dir, spec_path=loaded.source.path)
+    monkeypatch.setattr(client, "_RUN", run)
+    return run
+
+
+def test_outside_a_run_the_specs_steps_do_not_end_the_program(standalone):
+    """The program's own --num_epochs decides: 3 epochs of 6 batches is 18, past the spec's trainer.steps (10).
+    (Steps bounding a standalone program again fails here.)"""
+    from dsctl import train
+
+    read = [sum(1 for _ in train.batches(epoch(6))) for _ in range(3)]
+    assert read == [6, 6, 6]
+    assert train.steps() is None  # nothing bounds it but the program
+
+
+@pytest.fixture
+def inside(monkeypatch, tmp_path):
+    """A program under `dsctl up` (DSCTL_TRAINER set), its metrics in m.jsonl."""
+    from dsctl.runtime import client
+    from dsctl.runtime.trainer_args import ENV_VAR, TrainerArgs
+
+    def told(mode: str = "service", **spec_args) -> None:
+        loaded = load_spec(spec(tmp_path, **spec_args))
+        (tmp_path / "spec.json").write_text(loaded.spec.model_dump_json())
+        args = TrainerArgs(spec=str(tmp_path / "spec.json"), metrics=str(tmp_path / "m.jsonl"), mode=mode,
+                           base_dir=str(tmp_path))
+        monkeypatch.setenv(ENV_VAR, args.to_env())
+        monkeypatch.setattr(client, "_RUN", None)
+        run = client._current(needed_by="test")
+        run.started, run.pass_length = True, (6, 24)
+    return told
+
+
+def test_a_program_reading_past_the_cap_is_told_the_field_and_its_epochs(inside):
+    from dsctl import train
+
+    inside(workers=1, length=", steps: 15")
+    assert [sum(1 for _ in train.batches(epoch(6))) for _ in range(3)] == [6, 6, 3]  # the cap, in the 3rd epoch
+    with pytest.raises(train.TrainError) as info:
+        list(train.batches(epoch(6)))
+    message = str(info.value)
+    assert message.startswith("trainer.steps: the program asked for more batches after trainer.steps (15)")
+    assert "in 2 full epoch(s) of 6 batches and 3 of the next" in message and "Remove trainer.steps" in message
+
+
+def test_epochs_that_hold_a_copy_per_worker_name_the_processing_mode(inside):
+    """parallel_epochs, 2 workers: each pass through the service holds 12 batches where the pipeline has 6."""
+    from dsctl import train
+
+    inside(workers=2, length=", steps: 30")
+    assert [sum(1 for _ in train.batches(epoch(12))) for _ in range(3)] == [12, 12, 6]
+    with pytest.raises(train.TrainError) as info:
+        list(train.batches(epoch(12)))
+    message = str(info.value)
+    assert message.startswith("service.processing_mode: the program asked for more batches after trainer.steps (30)")
+    assert "where its pipeline read alone has 6 a pass" in message and "distributed_epoch" in message
+
+
+# -- what a run's summary says of its epochs ----------------------------------------------------------------
+
+def test_the_summary_says_the_epochs_and_why_they_differ_from_a_pass_read_alone():
+    from dsctl.orchestrator.summary import epoch_note, epoch_summary
+
+    end = {"epochs": 3, "reason": "end_of_data", "epoch_batches": [31, 30, 30], "epoch_examples": [992, 960, 960],
+           "pass_batches": 32, "pass_examples": 1000}
+    s = epoch_summary({0: end})
+    assert s == {"epochs": 3, "ended_by": "end_of_data", "epoch_batches": [31, 30, 30],
+                 "epoch_examples": [992, 960, 960], "pass_batches": 32, "pass_examples": 1000}
+    note = epoch_note(s, "service", "distributed_epoch", 2)
+    assert note.startswith("epochs of 31, 30, 30 batches (992, 960, 960 elements) against 32 batches a pass read "
+                           "alone (1000 elements)")
+    assert "each of the 2 workers batches the shards" in note and "drop_remainder" in note
+    assert "each of the 2 workers produced the whole dataset" in epoch_note(
+        {**s, "epoch_batches": [64, 64, 64]}, "service", "parallel_epochs", 2)
+    assert epoch_note({**s, "epoch_batches": [32, 32, 32]}, "service", "distributed_epoch", 2) is None

@@ -29,6 +29,8 @@ EXAMPLES = (
     "script-tf-loop",
     "script-keras",
     "script-jax",
+    "script-jax-epochs",
+    "script-keras-validation",
 )
 
 

@@ -1,7 +1,7 @@
 """A JAX program that reads its input through dsctl: numpy batches, a jitted step, its own checkpoints.
 
     dsctl up specs/examples/script-jax.yaml
-    python specs/examples/scripts/jax_train.py          # the same program without dsctl (colocated)
+    python specs/examples/scripts/jax_train.py --steps 100   # the same program without dsctl (colocated)
 
 JAX programs read their input with tf.data; here that input is the run's, through the tf.data
 service, as NumPy arrays (`train.batches(ds, numpy=True)`). A two-layer network with Adam, written
@@ -72,6 +72,7 @@ def main() -> None:
     ap.add_argument("--spec", default=str(HERE.parent / "script-jax.yaml"), help="the job spec (without dsctl)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=300, help="steps to train (through dsctl, trainer.steps caps them)")
     ap.add_argument("--save-every", type=int, default=100)
     args = ap.parse_args()
 
@@ -98,6 +99,8 @@ def main() -> None:
         train.report(loss=loss)
         if step % args.save_every == 0:
             save(train.checkpoint_dir(), step, params, state)
+        if step >= args.steps:  # the pipeline repeats: the program's own --steps ends its loop
+            break
     save(train.checkpoint_dir(), step, params, state)
     print(f"trained to step {step}, last loss {float(loss):.4f}", flush=True)
 

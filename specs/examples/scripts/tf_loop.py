@@ -1,7 +1,7 @@
 """A TensorFlow custom training loop (tf.GradientTape) that reads its input through dsctl.
 
     dsctl up specs/examples/script-tf-loop.yaml            # through the tf.data service, measured
-    python specs/examples/scripts/tf_loop.py                # the same program without dsctl (colocated)
+    python specs/examples/scripts/tf_loop.py --steps 100    # the same program without dsctl (colocated)
 
 A small convolutional classifier learns the `images` builtin's labels. Everything dsctl-specific is
 the `train.` calls: the dataset, the measured batches, the loss reported, the strategy, and the
@@ -33,6 +33,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--spec", default=str(HERE.parent / "script-tf-loop.yaml"), help="the job spec (without dsctl)")
     ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--steps", type=int, default=300, help="steps to train (through dsctl, trainer.steps caps them)")
     ap.add_argument("--save-every", type=int, default=50, help="steps between checkpoints")
     args = ap.parse_args()
 
@@ -58,13 +59,15 @@ def main() -> None:
         optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         return loss
 
-    for batch in train.batches(ds):
+    for batch in train.batches(ds):  # the pipeline repeats: the program's own --steps ends its loop
         loss = train_step(batch["image"], batch["label"])
         step += 1
         train.report(loss=loss)
         if step % args.save_every == 0:
             manager.save(checkpoint_number=step)
             train.checkpoint_saved(step)
+        if step >= args.steps:
+            break
     manager.save(checkpoint_number=step)
     train.checkpoint_saved(step)
     print(f"trained to step {step}, last loss {float(loss):.4f}", flush=True)
