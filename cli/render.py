@@ -112,8 +112,7 @@ def time_rows(s: dict) -> list[tuple[str, str]]:
                                  "step time")]
 
 
-ENDED_BY = {"end_of_data": "the end of its data (the program's own loop over its epochs)",
-            "closed": "the program's own loop", "steps": "trainer.steps, the job's cap",
+ENDED_BY = {"end_of_data": "the end of its data", "closed": "the program's own loop", "steps": "trainer.steps, the job's cap",
             "duration": "trainer.duration_s", "signal": "the run's stop"}
 
 

@@ -485,7 +485,10 @@ class JobRunner:
                     self._results[index] = {"batches": batches[index], "batches_per_s": rates.get(index), "partial": True}
                     self.store.set_trainer_result(self.run_id, index, self._results[index])
             self.progress.batches = sum(batches.values())  # the final count, not the last sample's
-            self.listener(self.progress)
+            try:
+                self.listener(self.progress)
+            except Exception:  # noqa: BLE001 - a live view that cannot draw must not hide why the run ended
+                pass
         self._check_exits(state.exit_codes, errors, state.endings)
 
     def _follow(self, dep: Deployment, tails: dict, batches: dict, rates: dict, errors: dict):

@@ -33,6 +33,8 @@ BAD_SPECS = {
         + GOOD_TRAINER + "pipeline: {builtin: synthetic, params: {epochs: null}}\n", "job.yaml:5", "parallel_epochs"),
     "bad name": ("name: My Job\n" + GOOD_TRAINER + GOOD_PIPELINE, "job.yaml:1", "lower-case"),
     "unknown provider": ("name: a\nprovider: aws\n" + GOOD_TRAINER + GOOD_PIPELINE, "job.yaml:2", "local"),
+    "unknown machine type": ("name: a\ntrainer: {steps: 10, machine: tpu-v9-8}\n" + GOOD_PIPELINE, "job.yaml:2",
+                             "Did you mean 'tpu-v2-8'? Known machine types, closest first: tpu-v2-8"),
 }
 
 ENTRYPOINT_CASES = {
@@ -79,7 +81,9 @@ def test_model_entrypoint_that_does_not_import_is_exit_2(tmp_path, home):
 
 
 def test_too_many_local_workers_is_refused_before_anything_starts(tmp_path, home):
-    spec = write_spec(tmp_path, "name: a\nservice: {workers: 640}\n" + GOOD_TRAINER + GOOD_PIPELINE)
+    # an endless pipeline: a finite one would also be warned of (640 copies of it an epoch under parallel_epochs)
+    spec = write_spec(tmp_path, "name: a\nservice: {workers: 640}\n" + GOOD_TRAINER
+                      + "pipeline: {builtin: synthetic, params: {epochs: null}}\n")
     proc = dsctl("up", spec)
     assert_one_paragraph_error(proc, "640 workers", "--simulate", "provider: gcp")
 

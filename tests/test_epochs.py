@@ -251,3 +251,24 @@ def test_the_summary_says_the_epochs_and_why_they_differ_from_a_pass_read_alone(
     assert "each of the 2 workers produced the whole dataset" in epoch_note(
         {**s, "epoch_batches": [64, 64, 64]}, "service", "parallel_epochs", 2)
     assert epoch_note({**s, "epoch_batches": [32, 32, 32]}, "service", "distributed_epoch", 2) is None
+
+
+def test_the_summary_table_labels_time_and_epochs():
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from dsctl.cli.render import summary_table
+
+    summary = {"batches_per_s": 40.5, "step_batches_per_s": 55.7, "outside_s": 2.4, "outside_frac": 0.25,
+               "batches": 192, "epochs": 3, "ended_by": "end_of_data", "epoch_batches": [64, 64, 64],
+               "pass_batches": 64, "epoch_note": None}
+    record = SimpleNamespace(id="r-1", mode="service", status="succeeded", trainers=1, workers=2, summary=summary,
+                             error=None, resumed_from=None, checkpoint_dir=None)
+    console = Console(width=250, record=True, file=open("/dev/null", "w"))
+    console.print(summary_table(record))
+    text = console.export_text()
+    assert "40.50 batches/s per trainer over the wall clock" in text
+    assert "55.70 batches/s per trainer over its training step time" in text
+    assert "2.4 s per trainer (25.0% of the measured time) outside its loop over the batches" in text
+    assert "3: 64 batches each; a pass read alone: 64 batches; ended by the end of its data" in text

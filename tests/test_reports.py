@@ -145,3 +145,21 @@ def test_the_summary_and_the_sweep_table_use_the_same_money(value):
     from dsctl.cli.render import money
 
     assert money(value) == usd(value)
+
+
+def test_a_sweep_table_says_what_a_point_measures_and_why_it_recommends_nothing():
+    from types import SimpleNamespace
+
+    from dsctl.cli.render import sweep_table
+    from dsctl.orchestrator.recommend import recommend
+
+    points = [{"workers": 1, "batches_per_s": 1.5, "cost_per_1000_batches": 0.5, "predicted": False},
+              {"workers": 2, "batches_per_s": 1.55, "cost_per_1000_batches": 0.6, "predicted": False}]
+    summary = {"points": points, "counts": [1, 2], "window": "5 s", "warmup_s": 2.0,
+               "measures": "a steady window of 5 s per trainer at each point, after a 2 s warm-up, not whole epochs",
+               "baselines": {"colocated": {"batches_per_s": 0.9}, "ideal": {"batches_per_s": 1.0}},
+               "recommendation": recommend(points, ideal_bps=1.0, colocated_bps=0.9).to_dict()}
+    text = rendered(sweep_table(SimpleNamespace(id="s-1", status="succeeded", summary=summary)), 250)
+    assert "each point measures a steady window of 5 s per trainer at each point" in text
+    assert "recommended: none: 2 workers measured 1.55 batches/s, 155% of the ideal baseline's" in text
+    assert "cheapest:" not in text
