@@ -202,14 +202,18 @@ def _read_past(run: _Run, loop: MeasuredLoop) -> str:
     alone = epochs.pass_batches
     if (run.mode == "service" and svc.processing_mode in ("parallel_epochs", "off") and epochs.count and alone
             and epochs.batches[0] > alone):
-        return (f"service.processing_mode: the program asked for more batches after trainer.steps ({steps}){resumed} "
-                f"were read, {got}, where its pipeline read alone has {alone} a pass: with processing_mode "
+        return (f"service.processing_mode: the program asked for more batches once all {steps} that trainer.steps "
+                f"allows{resumed} were read, {got}, where its pipeline read alone has {alone} a pass: with processing_mode "
                 f"{svc.processing_mode} every worker produces the whole dataset, so each epoch held a copy per worker. "
                 "Use processing_mode: distributed_epoch (one copy per epoch), and remove trainer.steps to let the "
                 "program's epochs decide the job's length, or raise it.")
-    return (f"trainer.steps: the program asked for more batches after trainer.steps ({steps}){resumed}, the cap on "
-            f"the job's training steps, were read, {got}. Remove trainer.steps and the program's own loop (its "
-            "epochs) decides the job's length, or raise it to the batches the program reads.")
+    copies = (f" With processing_mode {svc.processing_mode} and several workers, each produces the whole dataset, so "
+              "each epoch through the service holds a copy per worker; processing_mode: distributed_epoch reads one."
+              if run.mode == "service" and svc.processing_mode in ("parallel_epochs", "off") and epochs.count
+              and alone is None else "")  # the pass's length read alone unknown: the copies cannot be told here
+    return (f"trainer.steps: the program asked for more batches once all {steps} that trainer.steps allows (the cap "
+            f"on the job's training steps){resumed} were read, {got}. Remove trainer.steps and the program's own loop (its "
+            f"epochs) decides the job's length, or raise it to the batches the program reads.{copies}")
 
 
 def _lengths(batches: list[int]) -> str:

@@ -38,11 +38,17 @@ def _finite(loaded: LoadedSpec) -> str:
 
 
 def epoch_findings(loaded: LoadedSpec, workers: int, mode: str = "service") -> tuple[list[SpecError], list[SpecError]]:
-    """(problems, warnings) of reading this spec's epochs with `workers` workers in `mode`, each pointing at
-    service.processing_mode: refused when the pipeline's end is what ends the job, warned when trainer.steps or
-    duration_s cut it."""
+    """(problems, warnings) of reading this spec's epochs with `workers` workers in `mode`: an entrypoint's endless
+    dataset with nothing else to end the job is refused (a builtin's is, by rules.py); and, pointing at
+    service.processing_mode, parallel_epochs with several workers is refused when the pipeline's end is what ends the
+    job, warned when trainer.steps or duration_s cut it."""
     spec = loaded.spec
     svc, trainer = spec.service, spec.trainer
+    if trainer.steps is None and trainer.duration_s is None and pipeline_ends(loaded) is False:
+        return [loaded.error(("trainer",), "give 'steps' (a number of training steps) or 'duration_s' (seconds to "
+                             f"train): the dataset {spec.pipeline.entrypoint} returns never ends (it repeats), so "
+                             "nothing else would end the job. Or let it end (no .repeat()), and the job (your "
+                             "program's epoch loop) ends with the data.")], []
     if mode != "service" or svc.processing_mode not in COPYING_MODES or workers < 2 or not pipeline_ends(loaded):
         return [], []
     what = (f"{svc.processing_mode} with {_finite(loaded)} and {workers} workers: every worker "

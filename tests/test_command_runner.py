@@ -186,8 +186,8 @@ def test_a_program_that_reads_past_the_steps_is_stopped_with_what_to_change(tmp_
     proc.communicate(timeout=120)
     assert proc.returncode == 2, (tmp_path / "trainer.log").read_text()
     err = errors(tmp_path)[-1]  # the runner's, which the run reports (dsctl.train's own comes first)
-    assert err["message"].startswith("trainer.steps: the program asked for more batches after trainer.steps (10), "
-                                     "the cap on the job's training steps, were read, before its first epoch ended "
-                                     "(10 batches). Remove trainer.steps")
+    assert err["message"].startswith("trainer.steps: the program asked for more batches once all 10 that "
+                                     "trainer.steps allows (the cap on the job's training steps) were read, before "
+                                     "its first epoch ended (10 batches). Remove trainer.steps")
     ends = [e for e in map(json.loads, (tmp_path / "m.jsonl").read_text().splitlines()) if e["event"] == "end"]
     assert [e["batches"] for e in ends] == [10]  # what it read is measured once

@@ -96,6 +96,10 @@ def test_an_entrypoints_length_comes_from_its_check():
         loaded.pipeline_cardinality = cardinality
         assert pipeline_ends(loaded) is ends
     assert "after 40 batches" in epoch_findings(loaded, 2)[1][0].message
+    endless = load_spec_text(text.replace("{steps: 5}", "{command: python train.py}"))
+    endless.pipeline_cardinality = -1  # nothing would end this job
+    [problem], _ = epoch_findings(endless, 1, "colocated")
+    assert problem.field == "trainer" and "the dataset data:make returns never ends" in problem.message
 
 
 # -- dsctl validate: every problem, and machine types --------------------------------------------------------
@@ -217,8 +221,10 @@ def test_a_program_reading_past_the_cap_is_told_the_field_and_its_epochs(inside)
     with pytest.raises(train.TrainError) as info:
         list(train.batches(epoch(6)))
     message = str(info.value)
-    assert message.startswith("trainer.steps: the program asked for more batches after trainer.steps (15)")
+    assert message.startswith("trainer.steps: the program asked for more batches once all 15 that trainer.steps "
+                              "allows (the cap on the job's training steps) were read")
     assert "in 2 full epoch(s) of 6 batches and 3 of the next" in message and "Remove trainer.steps" in message
+    assert "copy per worker" not in message  # its epochs have the batches of a pass read alone
 
 
 def test_epochs_that_hold_a_copy_per_worker_name_the_processing_mode(inside):
@@ -230,7 +236,8 @@ def test_epochs_that_hold_a_copy_per_worker_name_the_processing_mode(inside):
     with pytest.raises(train.TrainError) as info:
         list(train.batches(epoch(12)))
     message = str(info.value)
-    assert message.startswith("service.processing_mode: the program asked for more batches after trainer.steps (30)")
+    assert message.startswith("service.processing_mode: the program asked for more batches once all 30 that "
+                              "trainer.steps allows were read")
     assert "where its pipeline read alone has 6 a pass" in message and "distributed_epoch" in message
 
 
