@@ -142,7 +142,7 @@ def supervise(run_dir: Path = typer.Argument(..., help="the handed-over run's di
 @app.command()
 def status(json_out: bool = typer.Option(False, "--json")) -> None:
     """Deployments that are up (or were left behind by a killed `dsctl up`), and TensorBoards serving."""
-    from dsctl.orchestrator.deployments import status_rows
+    from dsctl.orchestrator.deployments import rebuilt_from, status_rows
 
     view = status_rows()
     rows = view.rows + view.tensorboards
@@ -153,8 +153,8 @@ def status(json_out: bool = typer.Option(False, "--json")) -> None:
         console.print("nothing is up.")
         return
     for d in view.unreadable:
-        err_console.print(f"{d.run_id}: its state file ({d.run_dir}/state.json) cannot be read; {len(d.nodes)} of "
-                          "its processes were found by their command line, and `dsctl down` stops them. If it ran "
+        err_console.print(f"{d.run_id}: its state file ({d.run_dir}/state.json) cannot be read; {rebuilt_from(d)}. "
+                          "`dsctl down` stops what was rebuilt, and nothing else. If it ran "
                           f"on Google Cloud, `dsctl down {d.run_id} --project P --zone Z` finds its VMs by label.")
     for m in view.unmonitored:
         err_console.print(f"{m['run']}: its monitor (the detached `dsctl up`, pid {m['pid']}) is gone, so nothing "
