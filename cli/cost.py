@@ -35,7 +35,7 @@ from dsctl.orchestrator.pricing import AS_GCP, RunAdditions, stands_in
 from dsctl.specs.errors import SpecError
 from dsctl.specs.schema import MAX_DURATION_S, MAX_STEPS, MAX_WORKERS
 
-from .render import cache_text
+from .render import cache_text, strict_json
 
 FORMATS = ("table", "json", "csv", "markdown")
 COST_FIELDS = ("workers", "dispatcher", "trainer_cpu", "trainer_memory", "accelerators", "service", "trainers", "total")
@@ -227,7 +227,7 @@ def _csv_value(key: str, value):
 def render(rows: list[dict], fmt: str, title: str = "") -> str | None:
     """json/csv/markdown as text (full precision for json and csv); table: None, print with print_table."""
     if fmt == "json":
-        return json.dumps(rows, indent=2)
+        return json.dumps(strict_json(rows), indent=2, allow_nan=False)
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.DictWriter(out, fieldnames=FIELDS, lineterminator="\n")

@@ -43,7 +43,7 @@ from dsctl.provisioners.processes import is_ours, run_processes, stop_groups
 from dsctl.provisioners.state import DeploymentState
 from dsctl.specs import LoadedSpec, SpecError
 
-from . import boards, closing, cloudrecord, cloudruns, reconcile
+from . import boards, closing, cloudrecord, cloudruns, endings, reconcile
 from . import store as records
 from .store import RunStore, StoreError, dsctl_home
 
@@ -134,6 +134,7 @@ def take_down(dep: Deployment, store: RunStore | None = None) -> list[tuple[str,
     to finish it (a notice, store.notices). Returns what the provider's teardown said (kind, message): they are the
     run's events too (a `strays-stopped`: daemons its cgroup still held, ended with it)."""
     said: list[tuple[str, str]] = []
+    endings.request_down(dep.run_dir)  # first: whatever fails from here on in a `dsctl up` still running is ours
     monitor_gone = dep.monitor is not None and not is_ours(dep.monitor)
     attached_sweep = _sweep_on(dep)  # read before the deployment goes: who was measuring on it
     if dep.monitor is not None:
@@ -167,7 +168,7 @@ def take_down(dep: Deployment, store: RunStore | None = None) -> list[tuple[str,
             if exc.errno not in UNWRITABLE:
                 raise
             records.notices.warning(f"run {dep.run_id} is down, but its state in {dep.run_dir} could not be written "
-                                    f"({exc.strerror}): {_remedy(exc, dep.run_dir)}, then `dsctl down {dep.run_id}` "
+                                    f"({exc.strerror}): {records.remedy(exc, dep.run_dir)}, then `dsctl down {dep.run_id}` "
                                     "again records how it ended.")
             return said
     try:
@@ -176,14 +177,6 @@ def take_down(dep: Deployment, store: RunStore | None = None) -> list[tuple[str,
     except StoreError as exc:
         records.notices.warning(f"run {dep.run_id} is down, but {exc}")
     return said
-
-
-def _remedy(exc: OSError, where: str) -> str:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"free some space in {where}"
-    if exc.errno == errno.EROFS:
-        return f"{where} is on a read-only file system: remount it read-write"
-    return f"make {where} writable by you"
 
 
 def _sweep_on(dep: Deployment) -> str | None:

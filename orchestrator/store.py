@@ -22,6 +22,7 @@ import builtins
 import errno
 import json
 import logging
+import math
 import os
 import shlex
 import shutil
@@ -92,6 +93,7 @@ FULL_BELOW = 1 << 20  # bytes free under which a failing database is said to be 
 REPLAYABLE = ("UPDATE runs SET ", "INSERT INTO windows ", "INSERT OR REPLACE INTO trainer_results ",
               "INSERT INTO utilization ", "INSERT INTO events ")
 
+NAN_TEXT = "nan"  # a window's loss that was NaN (SQLite stores a NaN REAL as NULL; infinities it keeps)
 WINDOW_FIELDS = ("trainer", "t_start", "t_end", "batches", "examples", "batches_per_s", "mean_batch_time_s",
                  "input_wait_s", "step_s", "tokens", "padded_tokens", "warmup", "queue_fill", "loss", "metrics")
 # Columns added after a release, with their types: a runs.db written by an older dsctl gains them on open.
@@ -214,6 +216,17 @@ def home_problem(home: Path, exc: OSError) -> str:
     if code in (errno.ENOSPC, errno.EDQUOT):
         return f"{named} cannot be written: the disk is full; free some space there and run the command again."
     return f"{named} cannot be used ({exc.strerror or exc}): {fix}, and run the command again."
+
+
+def remedy(exc: OSError, where: str | Path) -> str:
+    """What to do about a write to `where` that `exc` refused, by its real cause: a full disk, a read-only file
+    system, a folder that is not the user's to write in."""
+    code = exc.errno
+    if code in (errno.EROFS,) or (code in (errno.EACCES, errno.EPERM) and _read_only(_existing(Path(where)))):
+        return f"{where} is on a read-only file system: remount it read-write (or set DSCTL_HOME to a folder that is not)"
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return f"free some space in {where}"
+    return f"make {where} writable by you"
 
 
 def _existing(path: Path) -> Path:
@@ -375,6 +388,9 @@ class RunStore:
         if _busy(str(exc)):
             return ("another program holds a lock on it (an open sqlite3 shell, a backup?); close that and run the "
                     "command again.")
+        if _read_only(_existing(self.path.parent)):
+            return (f"{self.path.parent} is on a read-only file system: remount it read-write (or set DSCTL_HOME to a "
+                    "folder that is not), and run the command again.")
         try:
             full = shutil.disk_usage(self.path.parent).free < FULL_BELOW
         except OSError:
@@ -428,6 +444,9 @@ class RunStore:
 
     def add_window(self, run_id: str, window: dict, workers: int | None) -> None:
         values = [window.get(f) for f in WINDOW_FIELDS]
+        loss = values[WINDOW_FIELDS.index("loss")]
+        if isinstance(loss, float) and math.isnan(loss):  # SQLite keeps NaN as NULL: as text, it stays NaN
+            values[WINDOW_FIELDS.index("loss")] = NAN_TEXT
         metrics = window.get("metrics")
         values[WINDOW_FIELDS.index("metrics")] = json.dumps(metrics) if metrics else None
         self._write(
@@ -586,6 +605,8 @@ class RunStore:
         out = sorted(stored + pending, key=lambda w: w["t_end"]) if pending else stored
         for w in out:
             w["metrics"] = json.loads(w["metrics"]) if w.get("metrics") else None
+            if w.get("loss") == NAN_TEXT:
+                w["loss"] = math.nan
         return out
 
     def resumed_by(self, run_id: str) -> builtins.list[str]:
