@@ -259,6 +259,18 @@ def runs_show(
         console.print(f"  {time.strftime('%H:%M:%S', time.localtime(e['t']))} {e['kind']}: {e['message']}")
 
 
+@runs_app.command("import")
+def runs_import(run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="a run's folder (DSCTL_HOME/runs/<run id>)")
+                ) -> None:
+    """Add a run's record to runs.db from its folder: the copy `dsctl up` kept there when runs.db could not be made
+    again, else rebuilt from the run's own files."""
+    from dsctl.orchestrator.imports import import_run
+    from dsctl.orchestrator.store import RunStore
+
+    record, how = import_run(RunStore(), run_dir)
+    console.print(f"run {record.id} ({record.status}) imported: {how}", markup=False, highlight=False)
+
+
 @app.command()
 def logs(
     run: str = typer.Argument(..., help="run id or unique prefix"),

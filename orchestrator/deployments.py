@@ -43,7 +43,7 @@ from dsctl.provisioners.processes import is_ours, run_processes, stop_groups
 from dsctl.provisioners.state import DeploymentState
 from dsctl.specs import LoadedSpec, SpecError
 
-from . import boards, closing, cloudrecord, cloudruns, endings, reconcile
+from . import boards, closing, cloudrecord, cloudruns, endings, imports, reconcile
 from . import store as records
 from .store import RunStore, StoreError, dsctl_home
 
@@ -172,7 +172,9 @@ def take_down(dep: Deployment, store: RunStore | None = None) -> list[tuple[str,
                                     "again records how it ended.")
             return said
     try:
-        closing.close_records(store or RunStore(), dep, monitor_gone=monitor_gone, attached_sweep=attached_sweep,
+        store = store or RunStore()
+        imports.rebuild_missing(store, dep)  # a record gone with a removed runs.db: rebuilt from the run's files first
+        closing.close_records(store, dep, monitor_gone=monitor_gone, attached_sweep=attached_sweep,
                               teardown=[(k, m) for k, m in said if k != "down"])
     except StoreError as exc:
         records.notices.warning(f"run {dep.run_id} is down, but {exc}")

@@ -19,7 +19,7 @@ from pathlib import Path
 from dsctl.provisioners import Deployment, HandsOff, ProcessRef, Provider, TrainerLaunch, get_provider
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 
-from . import caching, endings, reconcile
+from . import caching, endings, imports, reconcile
 from .accelerators import trainer_accelerators
 from .autoscaling import TrainerWindows, leave_queue_room
 from .checkpoints import run_checkpoint_dir, saved_step
@@ -156,6 +156,7 @@ class JobRunner:
             created_at=time.time(),
         )
         self.store.create_run(**row)
+        imports.write_run_file(self.run_dir, row)  # what the record is rebuilt from, should runs.db go
         dep = Deployment(run_id=self.run_id, provider=self.spec.provider, run_dir=str(self.run_dir),
                          labels={"dsctl-run": self.run_id, "dsctl-job": self.spec.name})
         if self.detached:
@@ -389,9 +390,17 @@ class JobRunner:
             self.provisioner.down(dep, self._event)
             raise
 
+    def _keep_store(self) -> None:
+        """runs.db removed or replaced under the run: its record so far goes to the file now there (imports.py)."""
+        if self.store.replaced():
+            self.store, said = imports.rebuild(self.store, self.run_id, self.run_dir)
+            self._cost_record = None
+            self._event("records-rebuilt", said)
+
     def _record_end(self, status: str, error: str | None, started: float, ended: float) -> None:
         """The run's outcome and summary; what the database will not take now is kept in the run dir.
         Trainers that never sent their end record are summarized from their stored windows."""
+        self._keep_store()
         store = self.store
         store.flush()
         error = self._full_disk_said(status, error)
@@ -431,6 +440,10 @@ class JobRunner:
                             f"To record it: {remedy(exc, store.path.parent)}, then `dsctl down {self.run_id}` records "
                             "it from what was stored.") from None
         reconcile.release_reserve(self.run_dir)
+        if imports.kept_elsewhere(store):
+            raise RunFailed(f"{outcome}, and everything it started is stopped, but runs.db was removed or replaced "
+                            f"during the run and could not be made again, so its record is kept in {store.path}; "
+                            f"`dsctl runs import {self.run_dir}` adds it to runs.db.")
         if kept is not None:
             raise RunFailed(f"{outcome}, and everything it started is stopped, but {store.path} would not take its "
                             f"record ({reason}); it is kept in {kept} and the next dsctl command adds it.")
@@ -501,6 +514,7 @@ class JobRunner:
             now = time.monotonic()
             if now - last_sample >= SAMPLE_S:
                 last_sample = now
+                self._keep_store()
                 samples = self.provisioner.sample(dep)
                 self.store.add_utilization(self.run_id, time.time(), samples)
                 self._board_warning(self.board.samples(samples))

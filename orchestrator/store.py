@@ -356,6 +356,7 @@ class RunStore:
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(SCHEMA)
+        self._ino = _inode(self.path)  # the file as it is now made: what `replaced` compares with
         self._add_missing_columns()
         for suffix in ("", "-wal", "-shm"):
             _tighten(Path(f"{self.path}{suffix}"), 0o600)
@@ -422,6 +423,14 @@ class RunStore:
 
     def close(self) -> None:
         self._db.close()
+
+    def replaced(self) -> bool:
+        """Whether the file at this store's path is no longer the one it opened: removed, or another moved there
+        (SQLite goes on writing to the one it opened, where no dsctl command will look: orchestrator/imports.py)."""
+        try:
+            return _inode(self.path) != self._ino
+        except OSError:
+            return False  # cannot be looked at now (a permission changed): nothing to say it moved
 
     # -- writing ---------------------------------------------------------------
     def create_run(self, **cols) -> None:

@@ -1,8 +1,8 @@
 """Every ending is recorded as what happened, with real processes (the rules themselves: tests/test_endings.py).
 
 - A user's program SIGTERM'd mid-run is not `succeeded`; one that trained all its steps while the launcher that
-  forked its trainer was killed (its exit status lost) is, and its loss, which diverged, shows as NaN. (dsctl's own
-  harness SIGTERM'd: tests/test_local_job.py.)
+  forked its trainer was killed (its exit status lost) is, its loss, which diverged, shows as NaN, and its record
+  survives runs.db removed under it. (dsctl's own harness SIGTERM'd: tests/test_local_job.py.)
 - `dsctl down` racing an attached `dsctl up`, while it provisions and while it trains: `up` exits 130 and the run is
   `interrupted`, never `failed` ("the launcher exited ...") nor `succeeded`; nothing is left running.
 """
@@ -78,6 +78,7 @@ def test_a_sigterm_mid_run_is_never_succeeded_and_a_lost_status_after_the_last_s
     proc = up(spec, "--mode", "colocated", "--json")
     run_dir = wait_for(lambda: windows(home, besides=record.id), timeout=120, what="the second run's first window")
     os.kill(Deployment.load(run_dir).state.launcher.pid, signal.SIGKILL)
+    (home / "runs.db").unlink()  # and the records go, as `rm ~/.dsctl/runs.db` would take them
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err
     second = json.loads(out, parse_constant=refuse)  # strict JSON, NaN and all
@@ -86,6 +87,9 @@ def test_a_sigterm_mid_run_is_never_succeeded_and_a_lost_status_after_the_last_s
     assert second["summary"]["loss_last"] == "NaN" and second["summary"]["loss_nonfinite"]["value"] == "nan"
     shown = " ".join(dsctl("runs", "show", second["id"], check=True).stdout.split())
     assert "nan in the last" in shown and "the model diverged" in shown
+    # The record survived its database: rebuilt in a new runs.db, every window there, the removal an event.
+    assert "records-rebuilt" in shown and "was removed or replaced while the run ran" in shown
+    assert sum(w["batches"] for w in RunStore().windows(second["id"])) == STEPS
     assert processes_under(home) == []
 
 
