@@ -4,7 +4,8 @@
   forked its trainer was killed (its exit status lost) is, its loss, which diverged, shows as NaN, and its record
   survives runs.db removed under it. (dsctl's own harness SIGTERM'd: tests/test_local_job.py.)
 - `dsctl down` racing an attached `dsctl up`, while it provisions and while it trains: `up` exits 130 and the run is
-  `interrupted`, never `failed` ("the launcher exited ...") nor `succeeded`; nothing is left running.
+  `interrupted`, never `failed` ("the launcher exited ...") nor `succeeded`; nothing is left running. While it trains,
+  its one worker is first stopped (SIGSTOP: hung, not dead): it is named, ended and restarted, and the job goes on.
 """
 
 from __future__ import annotations
@@ -113,6 +114,16 @@ def test_down_racing_an_attached_up_is_interrupted_whatever_phase_it_meets(home,
                            what="the run's state file").parent
     else:
         run_dir = wait_for(lambda: windows(home), timeout=120, what="the trainer's first window")
+        # First its one worker hangs (stopped, not dead): found within the bound, named, ended, restarted.
+        worker = Deployment.load(run_dir).by_role("worker")[0]
+        os.kill(worker.pid, signal.SIGSTOP)
+        wait_for(lambda: "worker-restarted" in [e["kind"] for e in RunStore().events(run_dir.name)], timeout=60,
+                 what="the hung worker to be restarted")
+        [hung] = [e["message"] for e in RunStore().events(run_dir.name) if e["kind"] == "worker-hung"]
+        assert f"worker 0 ({worker.address}, pid {worker.pid}) stopped answering" in hung and "(state T" in hung
+        assert not psutil.pid_exists(worker.pid) or psutil.Process(worker.pid).status() == psutil.STATUS_ZOMBIE
+        done = (run_dir / "metrics" / "trainer-0.jsonl").read_text().count('"window"')
+        wait_for(lambda: windows(home, done + 2), timeout=60, what="the trainer to go on with the restarted worker")
     down = dsctl("down", run_dir.name)
     assert down.returncode == 0 and "Traceback" not in down.stderr, down.stderr
     _, err = proc.communicate(timeout=120)
