@@ -386,7 +386,7 @@ def status_rows() -> StatusView:
         if d.status == UNREADABLE:
             view.unreadable.append(d)
     for board in boards.active_boards():
-        view.tensorboards.append({"run": board.id, "kind": "tensorboard", "status": "serving", "url": board.url,
+        view.tensorboards.append({"run": board.id, "kind": "tensorboard", "status": "serving", "url": board.private_url,
                                   "runs": ", ".join(board.runs), "pid": board.pid, "live_processes": 1})
     return view
 
