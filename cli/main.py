@@ -17,7 +17,7 @@ from .cost import cost_app
 from .errors import err_console, fail, run_app
 from .experiments import experiments_app
 from .live import LiveView
-from .render import console, print_json, resume_line, runs_table, summary_table, sweep_table
+from .render import console, print_json, resume_line, runs_table, summary_table, sweep_table, write_line
 from .sweep import sweep
 from .tensorboard import tensorboard
 
@@ -230,7 +230,7 @@ def runs_show(
 
     store = RunStore()
     sync_record(store, run, Where(project=project, bucket=bucket))
-    record = store.get(run)
+    record = store.find(run)
     if record is None:
         from dsctl.specs import SpecError
 
@@ -295,7 +295,7 @@ def logs(
 
     def show() -> RunRecord:
         sync_record(store, run, where)
-        record = store.get(run)
+        record = store.find(run)
         if record is None:
             raise SpecError(f"no run '{run}' is recorded; `dsctl runs` lists the recorded ones (a run supervised on "
                             "Google Cloud from another machine: add --project P).")
@@ -306,10 +306,12 @@ def logs(
                 console.print(f"{time.strftime('%H:%M:%S', time.localtime(e['t']))} {e['kind']}: {e['message']}",
                               markup=False, highlight=False)
         if output and record.run_dir:
+            # Streamed as read, written as is; a last line with no newline waits only while the run may add to it.
+            complete = not follow or record.status != "running"
             for path in trainer_outputs(record.run_dir):
                 tail = outputs.setdefault(path, OutputTail(path))
-                for line in tail.read():
-                    console.print(f"{tail.label} | {line}", markup=False, highlight=False)
+                for line in tail.read(final=complete):
+                    write_line(f"{tail.label} | {line}")
         return record
 
     record = show()

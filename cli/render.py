@@ -67,6 +67,16 @@ def strict_json(data: Any) -> Any:
     return data
 
 
+def write_line(line: str) -> None:
+    """A line as it is (a program's output: no markup, no wrapping), straight to stdout. A reader that went away
+    (`dsctl logs RUN | head`) ends the command quietly."""
+    try:
+        sys.stdout.write(line + "\n")
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more reaches it, not even the flush
+        raise SystemExit(0) from None
+
+
 def print_json(data: Any) -> None:
     print(json.dumps(strict_json(data), indent=2, default=str, allow_nan=False))
 
