@@ -352,7 +352,7 @@ def _selected(store, runs: list[str], last: bool, all_: bool, since: str | None)
     if runs:
         records = []
         for run_id in runs:
-            record = store.get(run_id)
+            record = store.find(run_id)
             if record is None:
                 raise SpecError(f"no run '{run_id}' is recorded; `dsctl runs` lists the recorded ones.")
             records.append(record)

@@ -137,9 +137,9 @@ def logdirs(store: RunStore, refs: list[str]) -> dict[str, str]:
         refs = [latest[0].id]
     out: dict[str, str] = {}
     for ref in refs:
-        record = store.get(ref)
+        record = store.find(ref)
         if record is None:
-            raise SpecError(f"no run '{ref}' is recorded (or that prefix names several runs); `dsctl runs` lists them.")
+            raise SpecError(f"no run '{ref}' is recorded; `dsctl runs` lists them.")
         board = record.summary.get("tensorboard") or {}
         here = board.get("dir") or (str(board_dir(record.run_dir)) if record.run_dir else None)
         copy = board.get("copy")

@@ -210,9 +210,9 @@ def find(run_id: str) -> Deployment | None:
     except OSError:
         pass  # a name this file system cannot hold: no state of its own
     matches = [d for d in active_deployments() if d.run_id.startswith(run_id)]
-    if len(matches) == 1:
-        return matches[0]
-    return None if matches else _host_of(run_id)
+    if len(matches) > 1:
+        raise records.AmbiguousRun(run_id, [d.run_id for d in matches], "deployments that are up")
+    return matches[0] if matches else _host_of(run_id)
 
 
 def _host_of(run_id: str) -> Deployment | None:
@@ -221,7 +221,7 @@ def _host_of(run_id: str) -> Deployment | None:
         return None
     try:
         store = RunStore()
-        record = store.get(run_id)
+        record = store.find(run_id)
         store.close()
     except StoreError:
         return None
@@ -243,7 +243,7 @@ def close_unhosted(run_id: str) -> str | None:
     if _named_run_dir(run_id) is None:
         return None
     store = RunStore()
-    record = store.get(run_id)
+    record = store.find(run_id)
     if record is None or record.kind != "point" or not record.parent_id:
         return None
     if record.status != "running":

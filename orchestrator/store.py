@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsctl.errors import DsctlError
+from dsctl.specs import SpecError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -88,6 +89,7 @@ BUSY_TIMEOUT_S = 5.0  # one write waits this long for a lock before it joins the
 RETRY_EVERY_S = 2.0  # while writes are failing, try the backlog again at most this often
 UNRECORDED = "unrecorded"  # unrecorded-<ns>-<pid>.jsonl in a run dir (unrecorded.jsonl from older versions)
 DAMAGED = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB: the file is not (or no longer) a database
+AMBIGUOUS_SHOWN = 10  # ids an ambiguous prefix's error lists
 FULL_BELOW = 1 << 20  # bytes free under which a failing database is said to be on a full disk
 # The statements this module defers; nothing else in a kept file is replayed.
 REPLAYABLE = ("UPDATE runs SET ", "INSERT INTO windows ", "INSERT OR REPLACE INTO trainer_results ",
@@ -312,6 +314,17 @@ notices = logging.getLogger("dsctl.notice")
 
 class StoreError(DsctlError):
     """The records cannot be used now (exit 1); the message names the file and what to do."""
+
+
+class AmbiguousRun(SpecError):
+    """A run-id prefix that begins several runs' ids (bad input, exit 2): they are listed, newest first."""
+
+    def __init__(self, ref: str, ids: builtins.list[str], what: str = "runs"):
+        shown = ", ".join(ids[:AMBIGUOUS_SHOWN]) + (f" and {len(ids) - AMBIGUOUS_SHOWN} more"
+                                                    if len(ids) > AMBIGUOUS_SHOWN else "")
+        super().__init__(f"'{ref}' is ambiguous: it begins the ids of {len(ids)} {what}: {shown}. Give more of the id "
+                         "(`dsctl runs` lists them).")
+        self.ids = ids
 
 
 class HomeError(StoreError):
@@ -577,10 +590,24 @@ class RunStore:
         return RunRecord(summary=summary, **d)
 
     def get(self, run_id: str) -> RunRecord | None:
+        """The run of this id, or of the one id this prefix begins; None for none or several (`find` says which)."""
         rows = self._rows("SELECT * FROM runs WHERE id = ?", (run_id,))
         if not rows:
-            rows = self._rows("SELECT * FROM runs WHERE id LIKE ? ORDER BY created_at DESC", (run_id + "%",))
+            rows = self._rows("SELECT * FROM runs WHERE substr(id, 1, ?) = ? ORDER BY created_at DESC",
+                              (len(run_id), run_id))
         return self._record(rows[0]) if len(rows) == 1 else None
+
+    def find(self, ref: str) -> RunRecord | None:
+        """The run a user named: its id, or a prefix of exactly one run's; None for no such run; AmbiguousRun, listing
+        them, for a prefix of several."""
+        record = self.get(ref)
+        if record is not None or not ref:
+            return record
+        ids = [r[0] for r in self._rows("SELECT id FROM runs WHERE substr(id, 1, ?) = ? ORDER BY created_at DESC",
+                                        (len(ref), ref))]
+        if len(ids) > 1:
+            raise AmbiguousRun(ref, ids)
+        return None
 
     def recorded(self, run_id: str) -> RunRecord:
         """get() for a run this process has recorded; StoreError if its record is not there (deleted meanwhile)."""
