@@ -90,6 +90,7 @@ class JobRunner:
             self.spec = leave_queue_room(self.spec, self.policy)
         self._worker_util: float | None = None
         self.store = store or RunStore()
+        self._own_store = store is None  # a store lent by a sweep is the sweep's to move (imports.rebuild)
         self.listener = listener or (lambda p: None)
         self.provisioner: Provider = get_provider(self.spec.provider)
         self.run_id = run_id or new_run_id(self.spec.name)
@@ -207,6 +208,10 @@ class JobRunner:
                 raise
             outcome.status, outcome.error = "interrupted", down.says(self.progress.phase)
             raise TakenDown(outcome.error, self.run_id) from exc
+        except KeyboardInterrupt:  # a detached `dsctl up` that `dsctl down` stopped: said so in its record
+            if (down := endings.down_requested(self.run_dir)) is not None:
+                outcome.error = down.says(self.progress.phase)
+            raise
         finally:
             self._finish(dep, outcome.status, outcome.error, started, keep_up)
         return self.summary
@@ -392,7 +397,7 @@ class JobRunner:
 
     def _keep_store(self) -> None:
         """runs.db removed or replaced under the run: its record so far goes to the file now there (imports.py)."""
-        if self.store.replaced():
+        if self._own_store and self.store.replaced():
             self.store, said = imports.rebuild(self.store, self.run_id, self.run_dir)
             self._cost_record = None
             self._event("records-rebuilt", said)
