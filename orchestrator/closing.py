@@ -99,10 +99,9 @@ def close_run(store: RunStore, record: RunRecord, dep: Deployment, monitor_gone:
                                  for i in range(record.trainers)], record.trainers, _steps(record),
                                 endings.down_requested(run_dir))
         status, error = verdict.status, verdict.message
-        if status == "interrupted" and by == "dsctl down":
-            error = f"{owner} when dsctl down removed the run, which stopped what was left: {said}"
-        elif status == "interrupted":
-            error = f"{owner}; its trainers' own files say: {said}"
+        if status == "interrupted":
+            error = (f"{owner} when dsctl down removed the run, which stopped what was left: {said}" if by == "dsctl down"
+                     else f"{owner}; its trainers' own files say: {said}")
             full = reconcile.logs_say_full(run_dir)
             if full is not None:
                 error += f"; {full} says its disk was full ({reconcile.FULL_DISK_TEXT})"

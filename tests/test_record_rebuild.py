@@ -127,3 +127,14 @@ def test_a_store_that_is_still_its_file_is_not_replaced(home):
     with sqlite3.connect(store.path) as other:  # another connection writing is not a replacement
         other.execute("INSERT INTO events (run_id, t, kind, message) VALUES ('y', 0, 'k', 'm')")
     assert not store.replaced()
+
+
+def test_a_run_closed_by_down_whose_log_says_its_disk_was_full_says_so(home):
+    store = RunStore()
+    run_dir = new_run(store, home)
+    trainer_files(run_dir, finished=False)
+    (run_dir / "metrics" / "trainer-0.log").write_text("OSError: [Errno 28] No space left on device\n")
+    deployments.take_down(Deployment(run_id="job-1", provider="local", run_dir=str(run_dir), status="down"))
+    record = RunStore().get("job-1")
+    assert record.status == "interrupted" and "when dsctl down removed the run" in record.error
+    assert "says its disk was full (No space left on device)" in record.error
