@@ -36,7 +36,7 @@ from dsctl.orchestrator.pricing import AS_GCP, RunAdditions, stands_in
 from dsctl.specs.errors import SpecError
 from dsctl.specs.schema import MAX_DURATION_S, MAX_STEPS, MAX_WORKERS
 
-from .render import cache_text
+from .render import cache_text, strict_json
 
 FORMATS = ("table", "json", "csv", "markdown")
 COST_FIELDS = ("workers", "dispatcher", "trainer_cpu", "trainer_memory", "accelerators", "service", "trainers", "total")
@@ -239,7 +239,7 @@ def render(rows: list[dict], fmt: str, title: str = "", verbose: bool = True) ->
     """json/csv/markdown as text (full precision for json and csv, every note); table: None, print with print_table.
     Markdown lists its notes when `verbose`, else says how many there are."""
     if fmt == "json":
-        return json.dumps(rows, indent=2)
+        return json.dumps(strict_json(rows), indent=2, allow_nan=False)
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.DictWriter(out, fieldnames=FIELDS, lineterminator="\n")
@@ -417,7 +417,7 @@ def _selected(store, runs: list[str], last: bool, all_: bool, since: str | None)
     if runs:
         records = []
         for run_id in runs:
-            record = store.get(run_id)
+            record = store.find(run_id)
             if record is None:
                 raise SpecError(f"no run '{run_id}' is recorded; `dsctl runs` lists the recorded ones.")
             records.append(record)

@@ -27,6 +27,7 @@ from .render import (
     status_table,
     summary_table,
     sweep_table,
+    write_line,
 )
 from .sweep import sweep
 from .tensorboard import tensorboard
@@ -175,7 +176,7 @@ def supervise(run_dir: Path = typer.Argument(..., help="the handed-over run's di
 @app.command()
 def status(json_out: bool = typer.Option(False, "--json")) -> None:
     """Deployments that are up (or were left behind by a killed `dsctl up`), and TensorBoards serving."""
-    from dsctl.orchestrator.deployments import status_rows
+    from dsctl.orchestrator.deployments import rebuilt_from, status_rows
 
     view = status_rows()
     rows = view.rows + view.tensorboards
@@ -186,8 +187,8 @@ def status(json_out: bool = typer.Option(False, "--json")) -> None:
         console.print("nothing is up.")
         return
     for d in view.unreadable:
-        err_console.print(f"{d.run_id}: its state file ({d.run_dir}/state.json) cannot be read; {len(d.nodes)} of "
-                          "its processes were found by their command line, and `dsctl down` stops them. If it ran "
+        err_console.print(f"{d.run_id}: its state file ({d.run_dir}/state.json) cannot be read; {rebuilt_from(d)}. "
+                          "`dsctl down` stops what was rebuilt, and nothing else. If it ran "
                           f"on Google Cloud, `dsctl down {d.run_id} --project P --zone Z` finds its VMs by label.")
     for m in view.unmonitored:
         err_console.print(f"{m['run']}: its monitor (the detached `dsctl up`, pid {m['pid']}) is gone, so nothing "
@@ -254,7 +255,7 @@ def runs_show(
 
     store = RunStore()
     sync_record(store, run, Where(project=project, bucket=bucket))
-    record = store.get(run)
+    record = store.find(run)
     if record is None:
         from dsctl.specs import SpecError
 
@@ -283,6 +284,18 @@ def runs_show(
         console.print(f"  {time.strftime('%H:%M:%S', time.localtime(e['t']))} {e['kind']}: {e['message']}")
 
 
+@runs_app.command("import")
+def runs_import(run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="a run's folder (DSCTL_HOME/runs/<run id>)")
+                ) -> None:
+    """Add a run's record to runs.db from its folder: the copy `dsctl up` kept there when runs.db could not be made
+    again, else rebuilt from the run's own files."""
+    from dsctl.orchestrator.imports import import_run
+    from dsctl.orchestrator.store import RunStore
+
+    record, how = import_run(RunStore(), run_dir)
+    console.print(f"run {record.id} ({record.status}) imported: {how}", markup=False, highlight=False)
+
+
 @app.command()
 def logs(
     run: str = typer.Argument(..., help="run id or unique prefix"),
@@ -307,7 +320,7 @@ def logs(
 
     def show() -> RunRecord:
         sync_record(store, run, where)
-        record = store.get(run)
+        record = store.find(run)
         if record is None:
             raise SpecError(f"no run '{run}' is recorded; `dsctl runs` lists the recorded ones (a run supervised on "
                             "Google Cloud from another machine: add --project P).")
@@ -318,10 +331,12 @@ def logs(
                 console.print(f"{time.strftime('%H:%M:%S', time.localtime(e['t']))} {e['kind']}: {e['message']}",
                               markup=False, highlight=False)
         if output and record.run_dir:
+            # Streamed as read, written as is; a last line with no newline waits only while the run may add to it.
+            complete = not follow or record.status != "running"
             for path in trainer_outputs(record.run_dir):
                 tail = outputs.setdefault(path, OutputTail(path))
-                for line in tail.read():
-                    console.print(f"{tail.label} | {line}", markup=False, highlight=False)
+                for line in tail.read(final=complete):
+                    write_line(f"{tail.label} | {line}")
         return record
 
     record = show()

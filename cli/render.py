@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import sys
 import textwrap
@@ -52,8 +53,33 @@ def when(ts: float | None) -> str:
     return "-" if not ts else dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
+NONFINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def strict_json(data: Any) -> Any:
+    """`data` with every non-finite number (a diverged loss) as the string JSON readers know it by: strict JSON has no
+    NaN or Infinity, which Python's json would write as bare tokens that other parsers reject."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return NONFINITE[repr(data)]
+    if isinstance(data, dict):
+        return {k: strict_json(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [strict_json(v) for v in data]
+    return data
+
+
+def write_line(line: str) -> None:
+    """A line as it is (a program's output: no markup, no wrapping), straight to stdout. A reader that went away
+    (`dsctl logs RUN | head`) ends the command quietly."""
+    try:
+        sys.stdout.write(line + "\n")
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more reaches it, not even the flush
+        raise SystemExit(0) from None
+
+
 def print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2, default=str))
+    print(json.dumps(strict_json(data), indent=2, default=str, allow_nan=False))
 
 
 def summary_table(record, resumed_by: list[str] | None = None) -> Table:
@@ -135,8 +161,11 @@ def training_rows(record, resumed_by: list[str]) -> list[tuple[str, str]]:
     """The model's loss, the runs this one resumed or was resumed by, its checkpoints and event files."""
     s, rows = record.summary, []
     if s.get("loss_first") is not None:
+        bad = s.get("loss_nonfinite")
+        diverged = (f"; {bad['value']} (not a finite number: the model diverged) from trainer {bad['trainer']}'s window "
+                    f"ending at batch {bad['batches']}") if bad else ""
         rows.append(("loss", f"{s['loss_first']:.4g} in the first window, {s['loss_last']:.4g} in the last "
-                             "(measured here, as the model reports it)"))
+                             f"(measured here, as the model reports it){diverged}"))
     if record.resumed_from:
         at = f" at step {s['restored_step']}" if s.get("restored_step") is not None else " (step not known)"
         rows.append(("resumed from", f"{record.resumed_from}{at}"))

@@ -1,7 +1,9 @@
 """TensorBoard servers started by `dsctl tensorboard`, recorded where `dsctl status` and `dsctl down` find them.
 
 TensorBoard runs in a session of its own and is recorded in DSCTL_HOME/boards/<id>.json (pid, process group,
-start time, address, runs) the moment it starts. `dsctl tensorboard` stops it when it ends, on Ctrl-C, SIGTERM
+start time, address, runs, its token) the moment it starts. It serves only requests that carry its token
+(orchestrator/boardserver.py): its port is open to every local user, its runs are not. Its output goes to
+DSCTL_HOME/boards/<id>.log. `dsctl tensorboard` stops it when it ends, on Ctrl-C, SIGTERM
 or SIGHUP; when it cannot (kill -9, the OOM killer), TensorBoard goes on serving, but `dsctl status` lists it
 and `dsctl down` (by its id, or --all) stops it, by pid and start time, never by name: a pid reused by another
 process is left alone. A record whose TensorBoard has ended is removed when next seen.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -19,10 +22,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dsctl.errors import DsctlError
 from dsctl.provisioners import ProcessRef
 from dsctl.provisioners.processes import is_ours, reap, stop_groups
+from dsctl.runtime.logtail import tail
 from dsctl.specs import SpecError
 
+from .boardserver import BOARD_ENV
 from .store import RunStore, dsctl_home
 
 BOARDS = "boards"
@@ -43,10 +49,20 @@ class Board:
     runs: list[str] = field(default_factory=list)
     started_at: float = 0.0
     owner: int | None = None  # the `dsctl tensorboard` that started it
+    token: str | None = None  # what a request must carry (boardserver.py); None for a board an older dsctl started
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/"
+
+    @property
+    def private_url(self) -> str:
+        """The URL that opens it: with its token, for the user who started it alone."""
+        return f"{self.url}?token={self.token}" if self.token else self.url
+
+    @property
+    def log(self) -> Path:
+        return boards_dir() / f"{self.id}.log"
 
     @property
     def process(self) -> ProcessRef:
@@ -121,9 +137,9 @@ def logdirs(store: RunStore, refs: list[str]) -> dict[str, str]:
         refs = [latest[0].id]
     out: dict[str, str] = {}
     for ref in refs:
-        record = store.get(ref)
+        record = store.find(ref)
         if record is None:
-            raise SpecError(f"no run '{ref}' is recorded (or that prefix names several runs); `dsctl runs` lists them.")
+            raise SpecError(f"no run '{ref}' is recorded; `dsctl runs` lists them.")
         board = record.summary.get("tensorboard") or {}
         here = board.get("dir") or (str(board_dir(record.run_dir)) if record.run_dir else None)
         copy = board.get("copy")
@@ -154,11 +170,18 @@ def free_port(host: str) -> int:
 
 
 def start_board(logdirs: dict[str, str], host: str, port: int) -> Board:
-    """TensorBoard on `logdirs`, in a session of its own, recorded before this returns. If it cannot be recorded
-    (a full or read-only home), it is stopped again and the OSError raised: nothing serves unrecorded."""
+    """TensorBoard on `logdirs`, behind a new token, in a session of its own, recorded before this returns. If it
+    cannot be recorded (a full or read-only home), it is stopped again and the OSError raised: nothing serves
+    unrecorded. What to serve and the token go in its environment, never on its command line (boardserver.py)."""
     spec = ",".join(f"{rid}:{path}" for rid, path in logdirs.items())
-    args = [sys.executable, "-m", "tensorboard.main", "--logdir_spec", spec, "--port", str(port), "--host", host]
-    proc = subprocess.Popen(args, start_new_session=True)
+    token = secrets.token_urlsafe(24)
+    config = json.dumps({"token": token, "logdir_spec": spec, "host": host, "port": port})
+    boards_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
+    log = boards_dir() / f"tensorboard-{port}.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "dsctl.orchestrator.boardserver"], start_new_session=True,
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, BOARD_ENV: config})
     try:
         import psutil
 
@@ -166,7 +189,7 @@ def start_board(logdirs: dict[str, str], host: str, port: int) -> Board:
     except Exception:  # noqa: BLE001 - it died at once: recorded with no start time, and found ended
         created = 0.0
     board = Board(id=f"tensorboard-{port}", pid=proc.pid, pgid=proc.pid, create_time=created, host=host, port=port,
-                  runs=list(logdirs), started_at=time.time(), owner=os.getpid())
+                  runs=list(logdirs), started_at=time.time(), owner=os.getpid(), token=token)
     try:
         board.save()
     except BaseException:
@@ -175,16 +198,22 @@ def start_board(logdirs: dict[str, str], host: str, port: int) -> Board:
     return board
 
 
-def serve(logdirs: dict[str, str], host: str, port: int | None, on_start: Callable[[Board], None]) -> int:
-    """Start TensorBoard, tell `on_start`, and wait until it exits: its exit code. Ctrl-C (or a signal armed with
-    dsctl.errors.stop_on_signals) stops it, removes its record and is raised again."""
+class BoardFailed(DsctlError):
+    """TensorBoard exited by itself with an error; the message has its log's last lines."""
+
+
+def serve(logdirs: dict[str, str], host: str, port: int | None, on_start: Callable[[Board], None]) -> None:
+    """Start TensorBoard, tell `on_start`, and wait until it exits; BoardFailed (with its log's tail) if it failed.
+    Ctrl-C (or a signal armed with dsctl.errors.stop_on_signals) stops it, removes its record and is raised again."""
     board = start_board(logdirs, host, port or free_port(host))
     try:
         on_start(board)
         while True:
             code = reap(board.pid)
             if code is not None:
-                return code
+                break
             time.sleep(0.2)
     finally:
         stop_board(board)
+    if code:
+        raise BoardFailed(f"TensorBoard exited with code {code}; its log ({board.log}) ends with:\n{tail(str(board.log))}")

@@ -7,15 +7,16 @@ themselves (reconcile.py), and a sweep's with its points.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from dsctl.provisioners import Deployment
 
-from . import reconcile
+from . import endings, reconcile
 from .pricing import cost_summary
-from .store import RunRecord, RunStore, StoreError
+from .store import RunRecord, RunStore, StoreError, remedy
 from .summary import summarize_run
 
 
@@ -50,7 +51,7 @@ def keep_record(store: RunStore, run_dir: str, run_id: str) -> None:
         kept = store.keep_unwritten(run_dir, wait_s=10.0)
     except OSError as exc:
         raise StoreError(f"its record could not be written to {store.path} ({store.last_error}) nor kept in "
-                         f"{run_dir} ({exc.strerror}): free some space there, then `dsctl down {run_id}` "
+                         f"{run_dir} ({exc.strerror}): {remedy(exc, run_dir)}, then `dsctl down {run_id}` "
                          "again records how it ended.") from None
     if kept is not None:
         raise StoreError(f"{store.path} would not take its record ({store.last_error}); it is kept in {kept} and the "
@@ -63,9 +64,10 @@ def exact_record(store: RunStore, run_id: str) -> RunRecord | None:
     return record if record is not None and record.id == run_id else None
 
 
-def close_run(store: RunStore, record: RunRecord, dep: Deployment, monitor_gone: bool) -> None:
+def close_run(store: RunStore, record: RunRecord, dep: Deployment, monitor_gone: bool, by: str = "dsctl down") -> None:
     """A job whose `dsctl up` is gone, closed from its trainers' own metrics files: its status is what they say,
-    its summary made from their end records and every window they wrote (the ones runs.db never got are added)."""
+    its summary made from their end records and every window they wrote (the ones runs.db never got are added).
+    `by`: the command closing it (`dsctl down`, or `dsctl runs import` for a record rebuilt from its files)."""
     run_dir = record.run_dir or dep.run_dir
     files = reconcile.read_trainer_files(run_dir)
     left = reconcile.left_outcome(run_dir)  # what dsctl up saw and could not record (a full disk)
@@ -90,22 +92,22 @@ def close_run(store: RunStore, record: RunRecord, dep: Deployment, monitor_gone:
     if left is not None:
         status, error = left["status"], left.get("error")
         kind, message = "unrecorded", (f"dsctl up saw the run end ({status}) but could not record it "
-                                       f"({left.get('why', 'its disk was full')}); dsctl down recorded it from "
+                                       f"({left.get('why', 'its disk was full')}); {by} recorded it from "
                                        f"{Path(run_dir) / reconcile.ENDED}")
-    elif files.errors:
-        index, err = min(files.errors.items())
-        status, error = "failed", f"trainer {index} failed: {err.get('message') or 'no message'}"
-    elif files.finished(record.trainers):
-        status, error = "succeeded", None
     else:
-        status = "interrupted"
-        error = f"{owner} when dsctl down removed the run, which stopped what was left: {said}"
-        full = reconcile.logs_say_full(run_dir)
-        if full is not None:
-            error += f"; {full} says its disk was full ({reconcile.FULL_DISK_TEXT})"
+        verdict = endings.judge([endings.Trainer(i, None, files.ends.get(i), files.errors.get(i))
+                                 for i in range(record.trainers)], record.trainers, _steps(record),
+                                endings.down_requested(run_dir))
+        status, error = verdict.status, verdict.message
+        if status == "interrupted":
+            error = (f"{owner} when dsctl down removed the run, which stopped what was left: {said}" if by == "dsctl down"
+                     else f"{owner}; its trainers' own files say: {said}")
+            full = reconcile.logs_say_full(run_dir)
+            if full is not None:
+                error += f"; {full} says its disk was full ({reconcile.FULL_DISK_TEXT})"
     if left is None:
         kind = "monitor-gone" if monitor_gone else "unrecorded"
-        message = (f"{owner}; dsctl down recorded the run {status} from "
+        message = (f"{owner}; {by} recorded the run {status} from "
                    + (f"its trainers' own metrics files in {Path(run_dir) / 'metrics'}: {said}" if files.trainers
                       else "the windows stored before (its trainers wrote no metrics files)"))
     summary["recorded_by"] = message
@@ -113,6 +115,15 @@ def close_run(store: RunStore, record: RunRecord, dep: Deployment, monitor_gone:
     store.update_run(record.id, status=status, ended_at=ended, error=error, summary=summary)
     store.add_event(record.id, kind, message)
     reconcile.forget_outcome(run_dir)
+
+
+def _steps(record: RunRecord) -> int | None:
+    """The job's trainer.steps, from the spec it was recorded with."""
+    try:
+        steps = json.loads(record.spec_json)["trainer"].get("steps")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return steps if isinstance(steps, int) else None
 
 
 def close_points(store: RunStore, sweep_id: str, why: str | None = None, event: str = "down") -> None:

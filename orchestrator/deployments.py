@@ -3,8 +3,11 @@
 This works from a fresh process: it needs only the state files that `dsctl up`
 writes as it starts each process, so it cleans up after a killed `dsctl up`.
 A state file that cannot be read (cut short by a crash, garbled) does not hide a
-deployment: its processes are found by their command line, which names the run
-dir for every process dsctl starts (the launcher, what it forks, a detached monitor).
+deployment: it is rebuilt from what proves a process is the run's, its cgroup (found
+by the run's name) and the processes dsctl started for it (each leads a session of
+its own and runs one of dsctl's modules naming the run: the launcher, what it forks, a
+detached monitor). A process that only names the run's folder (a script's `tail -f` of
+its log) is said, and left alone; so is every process group dsctl did not make.
 
 A run whose `dsctl up` (or detached monitor) is gone is closed from what its trainers wrote for themselves
 (orchestrator/reconcile.py): teardown first, then its record says what the trainers say. Taking a deployment
@@ -35,10 +38,12 @@ from dsctl.provisioners import (
     get_provider,
     providers_with,
 )
-from dsctl.provisioners.processes import is_ours, stop_groups
+from dsctl.provisioners.containment import Containment
+from dsctl.provisioners.processes import is_ours, run_processes, stop_groups
+from dsctl.provisioners.state import DeploymentState
 from dsctl.specs import LoadedSpec, SpecError
 
-from . import boards, closing, cloudrecord, cloudruns, reconcile
+from . import boards, closing, cloudrecord, cloudruns, endings, imports, reconcile
 from . import store as records
 from .store import RunStore, StoreError, dsctl_home
 
@@ -48,21 +53,32 @@ NAME_MAX = 255  # bytes in one file name on the file systems dsctl runs on: a lo
 UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 
 
+@dataclass
+class Recovered(DeploymentState):
+    """What a deployment whose state file cannot be read was rebuilt from: its cgroup, found by the run's name (the
+    kernel's list of everything it started), and the processes that name its folder which dsctl cannot prove it
+    started (said by `dsctl down` and `dsctl status`, never touched)."""
+
+    container: Containment | None = None
+    unidentified: list[str] = field(default_factory=list)
+
+
 def active_deployments() -> list[Deployment]:
-    """Deployments whose state is not 'down', newest first; unreadable ones with live processes too."""
+    """Deployments whose state is not 'down', newest first; unreadable ones of which something is left (a process
+    dsctl started for it, its cgroup, even empty) too."""
     runs = dsctl_home() / "runs"
     out = []
     for state in sorted(runs.glob(f"*/{STATE_FILE}"), key=lambda p: p.stat().st_mtime, reverse=True):
         dep = load_or_recover(state.parent)
-        if dep.status == UNREADABLE and not dep.nodes:
-            continue  # nothing of it runs: nothing to take down
+        if dep.status == UNREADABLE and not dep.nodes and containment.container_of(dep.state) is None:
+            continue  # nothing of it is left: nothing to take down
         if dep.status != "down":
             out.append(dep)
     return out
 
 
 def load_or_recover(run_dir: Path) -> Deployment:
-    """The deployment in `run_dir`'s state file or, if that cannot be read, one rebuilt from its processes."""
+    """The deployment in `run_dir`'s state file or, if that cannot be read, one rebuilt from its cgroup and processes."""
     try:
         return Deployment.load(run_dir)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
@@ -70,22 +86,31 @@ def load_or_recover(run_dir: Path) -> Deployment:
 
 
 def recovered(run_dir: Path) -> Deployment:
-    """Every live process whose command line names `run_dir`, as nodes `down` can stop (pid and start time)."""
-    import psutil
-
+    """A deployment rebuilt without its state file: as nodes `down` can stop (pid and start time), the processes
+    dsctl provably started for the run (processes.started_for_run); its cgroup, found by the run's name; and, said
+    but never touched, the processes that only name its folder."""
     run_dir = Path(run_dir)
-    needles = {str(run_dir), str(run_dir.resolve())}
-    nodes: list[Node] = []
-    for proc in psutil.process_iter(["pid", "cmdline", "create_time", "status"]):
-        try:
-            cmd = " ".join(proc.info["cmdline"] or [])
-            if not any(n in cmd for n in needles) or proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
-                continue
-            nodes.append(Node(role="stray", index=len(nodes), pid=proc.pid, pgid=os.getpgid(proc.pid),
-                              create_time=proc.info["create_time"]))
-        except (psutil.Error, OSError):
-            continue
-    return Deployment(run_id=run_dir.name, provider="unknown", run_dir=str(run_dir), status=UNREADABLE, nodes=nodes)
+    found = run_processes({str(run_dir), str(run_dir.resolve())}, run_dir.name)
+    nodes = [Node(role="stray", index=i, pid=p.pid, pgid=p.pgid, create_time=p.create_time)
+             for i, p in enumerate(found.proved)]
+    group = containment.find_run_cgroup(run_dir.name)
+    state = Recovered(container=Containment(contained=True, cgroup=str(group.path)) if group is not None else None,
+                      unidentified=found.unidentified)
+    return Deployment(run_id=run_dir.name, provider="unknown", run_dir=str(run_dir), status=UNREADABLE, nodes=nodes,
+                      state=state)
+
+
+def rebuilt_from(dep: Deployment) -> str:
+    """How an unreadable deployment was found, and what of it `down` leaves alone, as a clause for `down`/`status`."""
+    assert isinstance(dep.state, Recovered), "for deployments rebuilt by recovered()"
+    group = containment.container_of(dep.state)
+    held = f"its cgroup {group.path} ({len(group.pids())} process(es) in it)" if group is not None else "no cgroup"
+    said = f"rebuilt from {held} and {len(dep.nodes)} process(es) dsctl started for it (each leads a session of its " \
+           "own and runs dsctl naming the run)"
+    if dep.state.unidentified:
+        said += (f"; left alone: {len(dep.state.unidentified)} process(es) that name its folder but that dsctl cannot "
+                 f"prove it started: {'; '.join(dep.state.unidentified[:5])}")
+    return said
 
 
 def live_nodes(dep: Deployment) -> int:
@@ -109,6 +134,7 @@ def take_down(dep: Deployment, store: RunStore | None = None) -> list[tuple[str,
     to finish it (a notice, store.notices). Returns what the provider's teardown said (kind, message): they are the
     run's events too (a `strays-stopped`: daemons its cgroup still held, ended with it)."""
     said: list[tuple[str, str]] = []
+    endings.request_down(dep.run_dir)  # first: whatever fails from here on in a `dsctl up` still running is ours
     monitor_gone = dep.monitor is not None and not is_ours(dep.monitor)
     attached_sweep = _sweep_on(dep)  # read before the deployment goes: who was measuring on it
     if dep.monitor is not None:
@@ -117,8 +143,9 @@ def take_down(dep: Deployment, store: RunStore | None = None) -> list[tuple[str,
     if dep.status == UNREADABLE:
         stop_groups(dep.nodes)
         # Its cgroup's path was in the state file: found by the run's name, and ended with what is left in it
-        # (daemons whose command line names no run dir). A process stuck in the kernel: the next `down` tries again.
-        group = containment.find_run_cgroup(dep.run_id)
+        # (daemons whose command line names no run dir), then removed, empty or not. A process stuck in the kernel:
+        # the next `down` tries again.
+        group = containment.container_of(dep.state)
         if group is not None:
             try:
                 group.end(grace_s=containment.STRAY_GRACE_S)
@@ -141,23 +168,17 @@ def take_down(dep: Deployment, store: RunStore | None = None) -> list[tuple[str,
             if exc.errno not in UNWRITABLE:
                 raise
             records.notices.warning(f"run {dep.run_id} is down, but its state in {dep.run_dir} could not be written "
-                                    f"({exc.strerror}): {_remedy(exc, dep.run_dir)}, then `dsctl down {dep.run_id}` "
+                                    f"({exc.strerror}): {records.remedy(exc, dep.run_dir)}, then `dsctl down {dep.run_id}` "
                                     "again records how it ended.")
             return said
     try:
-        closing.close_records(store or RunStore(), dep, monitor_gone=monitor_gone, attached_sweep=attached_sweep,
+        store = store or RunStore()
+        imports.rebuild_missing(store, dep)  # a record gone with a removed runs.db: rebuilt from the run's files first
+        closing.close_records(store, dep, monitor_gone=monitor_gone, attached_sweep=attached_sweep,
                               teardown=[(k, m) for k, m in said if k != "down"])
     except StoreError as exc:
         records.notices.warning(f"run {dep.run_id} is down, but {exc}")
     return said
-
-
-def _remedy(exc: OSError, where: str) -> str:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"free some space in {where}"
-    if exc.errno == errno.EROFS:
-        return f"{where} is on a read-only file system: remount it read-write"
-    return f"make {where} writable by you"
 
 
 def _sweep_on(dep: Deployment) -> str | None:
@@ -189,9 +210,9 @@ def find(run_id: str) -> Deployment | None:
     except OSError:
         pass  # a name this file system cannot hold: no state of its own
     matches = [d for d in active_deployments() if d.run_id.startswith(run_id)]
-    if len(matches) == 1:
-        return matches[0]
-    return None if matches else _host_of(run_id)
+    if len(matches) > 1:
+        raise records.AmbiguousRun(run_id, [d.run_id for d in matches], "deployments that are up")
+    return matches[0] if matches else _host_of(run_id)
 
 
 def _host_of(run_id: str) -> Deployment | None:
@@ -200,7 +221,7 @@ def _host_of(run_id: str) -> Deployment | None:
         return None
     try:
         store = RunStore()
-        record = store.get(run_id)
+        record = store.find(run_id)
         store.close()
     except StoreError:
         return None
@@ -222,7 +243,7 @@ def close_unhosted(run_id: str) -> str | None:
     if _named_run_dir(run_id) is None:
         return None
     store = RunStore()
-    record = store.get(run_id)
+    record = store.find(run_id)
     if record is None or record.kind != "point" or not record.parent_id:
         return None
     if record.status != "running":
@@ -277,9 +298,8 @@ def down(run: str | None, all_: bool, where: Where, say: Callable[[str], None]) 
         say("nothing is up.")
         return
     for dep in targets:
+        found = f" (its state file could not be read: {rebuilt_from(dep)})" if dep.status == UNREADABLE else ""
         strays = [m for k, m in take_down(dep) if k == "strays-stopped"]
-        found = f" ({len(dep.nodes)} process(es) found by command line: its state file could not be read)" \
-            if dep.status == UNREADABLE else ""
         host = f" (the deployment of {dep.run_id}, which run {run} was measured on)" \
             if run and not dep.run_id.startswith(run) else ""
         say(f"{dep.run_id}: down{found}{host}" + "".join(f"; {m}" for m in strays))
@@ -366,7 +386,7 @@ def status_rows() -> StatusView:
         if d.status == UNREADABLE:
             view.unreadable.append(d)
     for board in boards.active_boards():
-        view.tensorboards.append({"run": board.id, "kind": "tensorboard", "status": "serving", "url": board.url,
+        view.tensorboards.append({"run": board.id, "kind": "tensorboard", "status": "serving", "url": board.private_url,
                                   "runs": ", ".join(board.runs), "pid": board.pid, "live_processes": 1})
     return view
 
@@ -386,7 +406,7 @@ def contents(dep: Deployment) -> Contents | None:
     """What the deployment's container holds (its provider's, where it is Contains; an unreadable deployment's
     cgroup found by the run's name), daemons among it named; None where it has no container."""
     if dep.status == UNREADABLE:
-        group = containment.find_run_cgroup(dep.run_id)
+        group = containment.container_of(dep.state)
         return containment.contents(group, {n.pgid for n in dep.nodes if n.pgid}) if group is not None else None
     provider = get_provider(dep.provider)
     return provider.contents(dep) if isinstance(provider, Contains) else None

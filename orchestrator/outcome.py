@@ -7,8 +7,8 @@
     finally:
         record(outcome.status, outcome.error)   # always, even on Ctrl-C
 
-Bad input stays a SpecError (exit 2), Ctrl-C stays KeyboardInterrupt (exit 130),
-anything else becomes RunFailed (exit 1) carrying the run id.
+Bad input stays a SpecError (exit 2), Ctrl-C stays KeyboardInterrupt (exit 130), a teardown by
+`dsctl down` is TakenDown (exit 130), anything else becomes RunFailed (exit 1) carrying the run id.
 """
 
 from __future__ import annotations
@@ -38,6 +38,18 @@ class Interrupted(DsctlError):
         self.exit_code = 128 + signum
 
 
+class TakenDown(Interrupted):
+    """`dsctl down` took the run's deployment down while this `dsctl up` ran it: the run is interrupted, whatever
+    phase it met (endings.py), and `dsctl up` exits 130 saying so."""
+
+    def __init__(self, message: str, run_id: str | None = None):
+        super().__init__(message)
+        self.run_id = run_id
+
+    def for_user(self) -> str:
+        return str(self) + (f" (run {self.run_id}; `dsctl runs show {self.run_id}` has it)" if self.run_id else "")
+
+
 @dataclass
 class Outcome:
     status: str = "failed"  # succeeded | failed | interrupted
@@ -49,6 +61,9 @@ class Outcome:
             yield self
         except KeyboardInterrupt:
             self.status, self.error = "interrupted", interrupted
+            raise
+        except TakenDown as exc:
+            self.status, self.error = "interrupted", str(exc)
             raise
         except (SpecError, RunFailed) as exc:
             self.error = str(exc)

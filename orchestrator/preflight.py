@@ -18,7 +18,7 @@ from dsctl.costmodel.machines import MACHINES, closest_first, shape
 from dsctl.provisioners import containment
 from dsctl.provisioners.registry import provider_class
 from dsctl.specs import LoadedSpec, SpecError, entrypoints, load_spec
-from dsctl.specs.command import command_problem
+from dsctl.specs.command import DEFAULT_ARG_MAX, activated, command_problem, exec_problem
 from dsctl.specs.epochs import epoch_findings
 from dsctl.specs.errors import Problems
 
@@ -97,17 +97,22 @@ def check_entrypoints_contained(loaded: LoadedSpec) -> None:
 
 
 def check_command(loaded: LoadedSpec) -> None:
-    """trainer.command names a program that exists and may be executed (not run: specs/command.py). Where the
-    provider's machines are this one's, the program is looked for here; elsewhere only what the spec's folder
-    holds (which the machines get a copy of) can be checked."""
+    """trainer.command names a program that exists and may be executed (not run: specs/command.py), and execve would
+    take it with its environment. Where the provider's machines are this one's, the program is looked for here;
+    elsewhere only what the spec's folder holds (which the machines get a copy of) can be checked."""
     trainer = loaded.spec.trainer
     if trainer.command is None:
         return
     provider = provider_class(loaded.spec.provider)
-    why = command_problem(trainer.command, loaded.base_dir, {**os.environ, **trainer.env},
-                          on_this_machine=bool(provider is not None and provider.stands_in))
+    here = bool(provider is not None and provider.stands_in)
+    why = command_problem(trainer.command, loaded.base_dir, {**os.environ, **trainer.env}, on_this_machine=here)
     if why:
         raise loaded.error(("trainer", "command"), why)
+    # What execve takes: this machine's limit and environment where the command runs here, the usual ones elsewhere.
+    refused = exec_problem(trainer.command, trainer.env, activated(dict(os.environ)) if here else {},
+                           os.sysconf("SC_ARG_MAX") if here else DEFAULT_ARG_MAX)
+    if refused:
+        raise loaded.error(*refused)
 
 
 def check_pricing(loaded: LoadedSpec) -> None:

@@ -53,10 +53,9 @@ class Resume:
 
 def plan_resume(store: RunStore, ref: str, loaded: LoadedSpec) -> Resume:
     """The checkpoints `dsctl up --resume ref` restores; SpecError (one paragraph) if it cannot resume."""
-    record = store.get(ref)
+    record = store.find(ref)
     if record is None:
-        raise SpecError(f"--resume {ref}: no run '{ref}' is recorded (or that prefix names several runs); "
-                        "`dsctl runs` lists the recorded ones.")
+        raise SpecError(f"--resume {ref}: no run '{ref}' is recorded; `dsctl runs` lists the recorded ones.")
     rid = record.id
     if record.status == "running":
         raise SpecError(f"--resume {rid}: run {rid} is still running (its record says so), and a run resumed while "

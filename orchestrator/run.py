@@ -17,20 +17,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dsctl.provisioners import Deployment, HandsOff, ProcessRef, Provider, TrainerLaunch, get_provider
-from dsctl.specs import LoadedSpec, SpecError, exits, spec_hash
+from dsctl.specs import LoadedSpec, SpecError, spec_hash
 from dsctl.specs.epochs import epoch_findings
 
-from . import caching, reconcile
+from . import caching, endings, imports, reconcile
 from .accelerators import trainer_accelerators
 from .autoscaling import TrainerWindows, leave_queue_room
 from .checkpoints import run_checkpoint_dir, saved_step
 from .context import RunContext
-from .outcome import Outcome, RunFailed
+from .outcome import Outcome, RunFailed, TakenDown
 from .policies import Observation
 from .preflight import check_autoscale
 from .pricing import cost_summary
 from .resume import Resume
-from .store import FULL_BELOW, RunStore, dsctl_home
+from .store import FULL_BELOW, RunStore, dsctl_home, remedy
 from .summary import epoch_line, epoch_note, summarize_run
 from .supervision import Supervisor
 from .tail import JsonlTail, trainer_metrics
@@ -92,6 +92,7 @@ class JobRunner:
             self.spec = leave_queue_room(self.spec, self.policy)
         self._worker_util: float | None = None
         self.store = store or RunStore()
+        self._own_store = store is None  # a store lent by a sweep is the sweep's to move (imports.rebuild)
         self.listener = listener or (lambda p: None)
         self.provisioner: Provider = get_provider(self.spec.provider)
         self.run_id = run_id or new_run_id(self.spec.name)
@@ -153,13 +154,16 @@ class JobRunner:
         if src.is_file():
             spec_yaml = src.read_text()
             shutil.copyfile(src, self.run_dir / "spec.yaml")
-        self.store.create_run(
+        row = dict(
             id=self.run_id, name=self.spec.name, kind=self.kind, parent_id=self.parent_id, provider=self.spec.provider,
             mode=self.mode, status="running", spec_path=str(src.resolve()) if src.is_file() else None,
             spec_yaml=spec_yaml, spec_json=spec_json, spec_hash=spec_hash(self.spec), workers=self.workers,
             trainers=self.spec.trainer.count, run_dir=str(self.run_dir),
             resumed_from=self.resume.run_id if self.resume else None, checkpoint_dir=self.checkpoint_dir,
+            created_at=time.time(),
         )
+        self.store.create_run(**row)
+        imports.write_run_file(self.run_dir, row)  # what the record is rebuilt from, should runs.db go
         dep = Deployment(run_id=self.run_id, provider=self.spec.provider, run_dir=str(self.run_dir),
                          labels={"dsctl-run": self.run_id, "dsctl-job": self.spec.name})
         if self.detached:
@@ -206,6 +210,16 @@ class JobRunner:
                         raise
                     # Said as what it is, in the record too: not an errno, nor (later, by `down`) "interrupted".
                     raise RunFailed(reconcile.full_disk_message(exc, self.run_dir.parent.parent), self.run_id) from exc
+        except (RunFailed, SpecError) as exc:
+            down = endings.down_requested(self.run_dir)  # what failed after `dsctl down` asked is its doing
+            if down is None:
+                raise
+            outcome.status, outcome.error = "interrupted", down.says(self.progress.phase)
+            raise TakenDown(outcome.error, self.run_id) from exc
+        except KeyboardInterrupt:  # a detached `dsctl up` that `dsctl down` stopped: said so in its record
+            if (down := endings.down_requested(self.run_dir)) is not None:
+                outcome.error = down.says(self.progress.phase)
+            raise
         finally:
             self._finish(dep, outcome.status, outcome.error, started, keep_up)
         return self.summary
@@ -389,9 +403,17 @@ class JobRunner:
             self.provisioner.down(dep, self._event)
             raise
 
+    def _keep_store(self) -> None:
+        """runs.db removed or replaced under the run: its record so far goes to the file now there (imports.py)."""
+        if self._own_store and self.store.replaced():
+            self.store, said = imports.rebuild(self.store, self.run_id, self.run_dir)
+            self._cost_record = None
+            self._event("records-rebuilt", said)
+
     def _record_end(self, status: str, error: str | None, started: float, ended: float) -> None:
         """The run's outcome and summary; what the database will not take now is kept in the run dir.
         Trainers that never sent their end record are summarized from their stored windows."""
+        self._keep_store()
         store = self.store
         store.flush()
         error = self._full_disk_said(status, error)
@@ -430,10 +452,14 @@ class JobRunner:
                                                          "why": f"{reason}; {exc.strerror}"})
             where = f"its outcome is kept in {left}" if left else "its outcome could not be kept either"
             raise RunFailed(f"{outcome}, and everything it started is stopped, but its record could not be written to "
-                            f"{store.path} ({reason}) nor kept in {self.run_dir} ({exc.strerror}); {where}. Free some "
-                            f"space in {store.path.parent}, then `dsctl down {self.run_id}` records it from what was "
-                            "stored.") from None
+                            f"{store.path} ({reason}) nor kept in {self.run_dir} ({exc.strerror}); {where}. "
+                            f"To record it: {remedy(exc, store.path.parent)}, then `dsctl down {self.run_id}` records "
+                            "it from what was stored.") from None
         reconcile.release_reserve(self.run_dir)
+        if imports.kept_elsewhere(store):
+            raise RunFailed(f"{outcome}, and everything it started is stopped, but runs.db was removed or replaced "
+                            f"during the run and could not be made again, so its record is kept in {store.path}; "
+                            f"`dsctl runs import {self.run_dir}` adds it to runs.db.")
         if kept is not None:
             raise RunFailed(f"{outcome}, and everything it started is stopped, but {store.path} would not take its "
                             f"record ({reason}); it is kept in {kept} and the next dsctl command adds it.")
@@ -509,6 +535,7 @@ class JobRunner:
             now = time.monotonic()
             if now - last_sample >= SAMPLE_S:
                 last_sample = now
+                self._keep_store()
                 samples = self.provisioner.sample(dep)
                 self.store.add_utilization(self.run_id, time.time(), samples)
                 self._board_warning(self.board.samples(samples))
@@ -520,6 +547,8 @@ class JobRunner:
                 self.listener(self.progress)
             if not state.running:
                 break
+            if (down := endings.down_requested(self.run_dir)) is not None:
+                raise TakenDown(down.says(self.progress.phase), self.run_id)
             if now - last_progress > STALL_TIMEOUT_S:
                 raise RunFailed(f"no trainer made progress for {STALL_TIMEOUT_S:.0f} s; see the logs in {self.run_dir}.")
             if limit is not None and now - started > limit:
@@ -536,6 +565,8 @@ class JobRunner:
         if event == "window":
             self.store.add_window(self.run_id, rec, self.workers)
             batches[index] += rec.get("batches", 0)
+            if scale and self.spec.trainer.nonfinite_loss == "fail" and (why := endings.diverged(index, rec, batches[index])):
+                raise RunFailed(why)
             self._board_warning(self.board.window(index, rec, self.workers, self._record_for_cost()))
             if not rec.get("warmup"):
                 rates[index] = rec.get("batches_per_s") or 0.0
@@ -620,22 +651,23 @@ class JobRunner:
         assert self.policy is not None, "called for autoscaled runs only"
         return {"autoscale_policy": self.policy.name, "mean_workers": mean_workers, "final_workers": self.workers}
 
-    def _check_exits(self, codes: dict[int, int], errors: dict[int, dict], endings: dict[int, str]) -> None:
-        """A trainer that failed fails the run: with its own error record's message, else how its process ended (the
-        provider's words where it could tell: an out-of-memory kill named with its evidence)."""
-        for index, code in sorted(codes.items()):
-            if code == 0:
-                continue
-            err = errors.get(index, {})
-            # -1 is a process whose exit status was lost (the local provider's), not a SIGHUP
-            how = endings.get(index) or (exits.describe(code) if code < -1 else f"exited with code {code}")
-            message = err.get("message") or f"trainer {index} {how}; see {self.run_dir}/metrics/trainer-{index}.log"
-            if err.get("kind") == "user" or code == 2:
-                field, _, rest = message.partition(": ")
-                if field in LOCATABLE:  # the runtime names the spec's field: point at its line
-                    raise self.loaded.error(tuple(field.split(".")), rest)
-                raise SpecError(message, where=self.loaded.source.path)
-            raise RunFailed(f"trainer {index} failed: {message}")
+    def _check_exits(self, codes: dict[int, int], errors: dict[int, dict], endings_said: dict[int, str]) -> None:
+        """The trainers' ending, judged from their evidence (endings.py): a trainer's end record decides over a lost
+        exit status, a signal before its last step never passes. A failure is raised with the trainer's own error
+        message, else how its process ended (the provider's words where it could tell: an out-of-memory kill)."""
+        trainers = [endings.Trainer(i, code, self._results.get(i) if not self._results.get(i, {}).get("partial")
+                                    else None, errors.get(i), endings_said.get(i)) for i, code in sorted(codes.items())]
+        verdict = endings.judge(trainers, self.spec.trainer.count, self.spec.trainer.steps if self.duration_s is None
+                                else None, logs=self.run_dir / "metrics")
+        if verdict.status == "succeeded":
+            return
+        if verdict.user:
+            message = verdict.detail or ""
+            field, _, rest = message.partition(": ")
+            if field in LOCATABLE:  # the runtime names the spec's field: point at its line
+                raise self.loaded.error(tuple(field.split(".")), rest)
+            raise SpecError(message, where=self.loaded.source.path)
+        raise RunFailed(verdict.message or f"the run {verdict.status}")
 
     # -- elements lost ----------------------------------------------------------------
     def _countable(self) -> bool:

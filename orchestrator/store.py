@@ -22,6 +22,7 @@ import builtins
 import errno
 import json
 import logging
+import math
 import os
 import shlex
 import shutil
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsctl.errors import DsctlError
+from dsctl.specs import SpecError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -87,11 +89,13 @@ BUSY_TIMEOUT_S = 5.0  # one write waits this long for a lock before it joins the
 RETRY_EVERY_S = 2.0  # while writes are failing, try the backlog again at most this often
 UNRECORDED = "unrecorded"  # unrecorded-<ns>-<pid>.jsonl in a run dir (unrecorded.jsonl from older versions)
 DAMAGED = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB: the file is not (or no longer) a database
+AMBIGUOUS_SHOWN = 10  # ids an ambiguous prefix's error lists
 FULL_BELOW = 1 << 20  # bytes free under which a failing database is said to be on a full disk
 # The statements this module defers; nothing else in a kept file is replayed.
 REPLAYABLE = ("UPDATE runs SET ", "INSERT INTO windows ", "INSERT OR REPLACE INTO trainer_results ",
               "INSERT INTO utilization ", "INSERT INTO events ")
 
+NAN_TEXT = "nan"  # a window's loss that was NaN (SQLite stores a NaN REAL as NULL; infinities it keeps)
 WINDOW_FIELDS = ("trainer", "t_start", "t_end", "batches", "examples", "batches_per_s", "mean_batch_time_s",
                  "input_wait_s", "step_s", "tokens", "padded_tokens", "warmup", "queue_fill", "loss", "metrics")
 # Columns added after a release, with their types: a runs.db written by an older dsctl gains them on open.
@@ -216,6 +220,17 @@ def home_problem(home: Path, exc: OSError) -> str:
     return f"{named} cannot be used ({exc.strerror or exc}): {fix}, and run the command again."
 
 
+def remedy(exc: OSError, where: str | Path) -> str:
+    """What to do about a write to `where` that `exc` refused, by its real cause: a full disk, a read-only file
+    system, a folder that is not the user's to write in."""
+    code = exc.errno
+    if code in (errno.EROFS,) or (code in (errno.EACCES, errno.EPERM) and _read_only(_existing(Path(where)))):
+        return f"{where} is on a read-only file system: remount it read-write (or set DSCTL_HOME to a folder that is not)"
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return f"free some space in {where}"
+    return f"make {where} writable by you"
+
+
 def _existing(path: Path) -> Path:
     """`path`, or its nearest ancestor that exists."""
     return next((p for p in (path, *path.parents) if p.exists()), Path("/"))
@@ -301,6 +316,17 @@ class StoreError(DsctlError):
     """The records cannot be used now (exit 1); the message names the file and what to do."""
 
 
+class AmbiguousRun(SpecError):
+    """A run-id prefix that begins several runs' ids (bad input, exit 2): they are listed, newest first."""
+
+    def __init__(self, ref: str, ids: builtins.list[str], what: str = "runs"):
+        shown = ", ".join(ids[:AMBIGUOUS_SHOWN]) + (f" and {len(ids) - AMBIGUOUS_SHOWN} more"
+                                                    if len(ids) > AMBIGUOUS_SHOWN else "")
+        super().__init__(f"'{ref}' is ambiguous: it begins the ids of {len(ids)} {what}: {shown}. Give more of the id "
+                         "(`dsctl runs` lists them).")
+        self.ids = ids
+
+
 class HomeError(StoreError):
     """DSCTL_HOME cannot hold dsctl's records (exit 1); the message names it, why, and what to do."""
 
@@ -343,6 +369,7 @@ class RunStore:
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(SCHEMA)
+        self._ino = _inode(self.path)  # the file as it is now made: what `replaced` compares with
         self._add_missing_columns()
         for suffix in ("", "-wal", "-shm"):
             _tighten(Path(f"{self.path}{suffix}"), 0o600)
@@ -375,6 +402,9 @@ class RunStore:
         if _busy(str(exc)):
             return ("another program holds a lock on it (an open sqlite3 shell, a backup?); close that and run the "
                     "command again.")
+        if _read_only(_existing(self.path.parent)):
+            return (f"{self.path.parent} is on a read-only file system: remount it read-write (or set DSCTL_HOME to a "
+                    "folder that is not), and run the command again.")
         try:
             full = shutil.disk_usage(self.path.parent).free < FULL_BELOW
         except OSError:
@@ -407,6 +437,14 @@ class RunStore:
     def close(self) -> None:
         self._db.close()
 
+    def replaced(self) -> bool:
+        """Whether the file at this store's path is no longer the one it opened: removed, or another moved there
+        (SQLite goes on writing to the one it opened, where no dsctl command will look: orchestrator/imports.py)."""
+        try:
+            return _inode(self.path) != self._ino
+        except OSError:
+            return False  # cannot be looked at now (a permission changed): nothing to say it moved
+
     # -- writing ---------------------------------------------------------------
     def create_run(self, **cols) -> None:
         """The one write that is never deferred: a run that cannot be recorded does not start."""
@@ -428,6 +466,9 @@ class RunStore:
 
     def add_window(self, run_id: str, window: dict, workers: int | None) -> None:
         values = [window.get(f) for f in WINDOW_FIELDS]
+        loss = values[WINDOW_FIELDS.index("loss")]
+        if isinstance(loss, float) and math.isnan(loss):  # SQLite keeps NaN as NULL: as text, it stays NaN
+            values[WINDOW_FIELDS.index("loss")] = NAN_TEXT
         metrics = window.get("metrics")
         values[WINDOW_FIELDS.index("metrics")] = json.dumps(metrics) if metrics else None
         self._write(
@@ -549,10 +590,24 @@ class RunStore:
         return RunRecord(summary=summary, **d)
 
     def get(self, run_id: str) -> RunRecord | None:
+        """The run of this id, or of the one id this prefix begins; None for none or several (`find` says which)."""
         rows = self._rows("SELECT * FROM runs WHERE id = ?", (run_id,))
         if not rows:
-            rows = self._rows("SELECT * FROM runs WHERE id LIKE ? ORDER BY created_at DESC", (run_id + "%",))
+            rows = self._rows("SELECT * FROM runs WHERE substr(id, 1, ?) = ? ORDER BY created_at DESC",
+                              (len(run_id), run_id))
         return self._record(rows[0]) if len(rows) == 1 else None
+
+    def find(self, ref: str) -> RunRecord | None:
+        """The run a user named: its id, or a prefix of exactly one run's; None for no such run; AmbiguousRun, listing
+        them, for a prefix of several."""
+        record = self.get(ref)
+        if record is not None or not ref:
+            return record
+        ids = [r[0] for r in self._rows("SELECT id FROM runs WHERE substr(id, 1, ?) = ? ORDER BY created_at DESC",
+                                        (len(ref), ref))]
+        if len(ids) > 1:
+            raise AmbiguousRun(ref, ids)
+        return None
 
     def recorded(self, run_id: str) -> RunRecord:
         """get() for a run this process has recorded; StoreError if its record is not there (deleted meanwhile)."""
@@ -586,6 +641,8 @@ class RunStore:
         out = sorted(stored + pending, key=lambda w: w["t_end"]) if pending else stored
         for w in out:
             w["metrics"] = json.loads(w["metrics"]) if w.get("metrics") else None
+            if w.get("loss") == NAN_TEXT:
+                w["loss"] = math.nan
         return out
 
     def resumed_by(self, run_id: str) -> builtins.list[str]:

@@ -15,6 +15,7 @@ and the summary says so ("summary_source": "windows").
 
 from __future__ import annotations
 
+import math
 from statistics import mean
 
 
@@ -121,15 +122,29 @@ def epoch_line(trainer: int, rec: dict) -> str:
 
 def loss_summary(windows: list[dict]) -> dict:
     """The model's loss in its first and last window that reported one (mean over trainers), so a reader sees
-    whether it fell; {} for models that report no loss."""
+    whether it fell; {} for models that report no loss. A loss that stopped being a finite number (a diverged model)
+    stays what it is (NaN or infinite, never the last finite value), and `loss_nonfinite` says where it first was
+    so: which trainer, its value, and the batches that trainer had trained by the end of that window."""
     by_trainer: dict[int, list[float]] = {}
-    for w in windows:
-        if w.get("loss") is not None:
-            by_trainer.setdefault(w["trainer"], []).append(w["loss"])
+    trained: dict[int, int] = {}
+    nonfinite: dict | None = None
+    for w in sorted(windows, key=lambda w: (w.get("t_end") or 0.0, w["trainer"])):
+        trained[w["trainer"]] = trained.get(w["trainer"], 0) + (w.get("batches") or 0)
+        loss = w.get("loss")
+        if loss is None:
+            continue
+        by_trainer.setdefault(w["trainer"], []).append(loss)
+        if nonfinite is None and not math.isfinite(loss):
+            nonfinite = {"trainer": w["trainer"], "value": nonfinite_text(loss), "batches": trained[w["trainer"]]}
     if not by_trainer:
         return {}
-    return {"loss_first": mean(v[0] for v in by_trainer.values()),
-            "loss_last": mean(v[-1] for v in by_trainer.values())}
+    out = {"loss_first": mean(v[0] for v in by_trainer.values()), "loss_last": mean(v[-1] for v in by_trainer.values())}
+    return {**out, "loss_nonfinite": nonfinite} if nonfinite else out
+
+
+def nonfinite_text(value: float) -> str:
+    """nan, inf or -inf: how a non-finite number is written in records and messages."""
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
 
 
 def complete_results(trainer_results: dict[int, dict], windows: list[dict]) -> tuple[dict[int, dict], bool]:

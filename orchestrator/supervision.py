@@ -93,14 +93,15 @@ class Supervisor:
     def _restart(self, exited: ServerExit) -> None:
         node, code = exited.node, exited.code
         dispatcher = node.role == "dispatcher"
+        how = exited.why or f"exited (code {code})"
         if dispatcher and not self.fault_tolerant:
-            raise RunFailed(f"the dispatcher exited (code {code}) and the job is not fault-tolerant, so its trainers "
+            raise RunFailed(f"the dispatcher {how} and the job is not fault-tolerant, so its trainers "
                             "cannot go on; set service.fault_tolerant: true to have dsctl restart it from its journal. "
                             f"Its log ends with:\n{self.provider.log_tail(self.dep, node)}")
         self._budget(node)
         journal = " from its journal" if dispatcher else ""
         self.events("dispatcher-restarted" if dispatcher else "worker-restarted",
-                    f"{_who(node)} exited (code {code}); restarting it at {node.address}{journal}")
+                    f"{_who(node)} {how}; restarting it at {node.address}{journal}")
         self.provider.restart(self.dep, node, self.events)
 
     def _budget(self, node: Node) -> None:

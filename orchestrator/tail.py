@@ -21,25 +21,40 @@ def trainer_metrics(dep: Deployment) -> dict[int, str]:
 
 
 class LineTail:
-    """Returns only complete new lines on each read; a half-written last line waits for the next read."""
+    """New lines of a growing file, a chunk at a time: memory stays within CHUNK + MAX_LINE bytes however large the
+    file (a 286 MB log is streamed, never read whole). A half-written last line waits for the next read, unless the
+    reader says the file is complete (`final`): then a last line that no newline ends is handed out too. A line longer
+    than MAX_LINE is handed out in pieces of that size."""
+
+    CHUNK = 1 << 20
+    MAX_LINE = 1 << 20
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._offset = 0
         self._partial = b""
 
-    def lines(self) -> list[bytes]:
+    def iter_lines(self, final: bool = False) -> Iterator[bytes]:
         try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
+            f = open(self.path, "rb")
         except FileNotFoundError:
-            return []
-        self._offset += len(chunk)
-        data = self._partial + chunk
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        return lines
+            return
+        with f:
+            f.seek(self._offset)
+            while chunk := f.read(self.CHUNK):
+                self._offset += len(chunk)
+                lines = (self._partial + chunk).split(b"\n")
+                self._partial = lines.pop()
+                yield from lines
+                while len(self._partial) > self.MAX_LINE:
+                    piece, self._partial = self._partial[:self.MAX_LINE], self._partial[self.MAX_LINE:]
+                    yield piece
+        if final and self._partial:
+            piece, self._partial = self._partial, b""
+            yield piece
+
+    def lines(self) -> list[bytes]:
+        return list(self.iter_lines())
 
 
 class JsonlTail(LineTail):
@@ -69,9 +84,12 @@ class OutputTail(LineTail):
         super().__init__(path)
         self.label = f"{self.path.parent.name}/{self.path.stem}" if self.path.parent.name != "metrics" else self.path.stem
 
-    def read(self) -> list[str]:
-        decoded = (raw.decode(errors="replace") for raw in self.lines())
-        return [line for line in decoded if not is_noise(line)]
+    def read(self, final: bool = False) -> Iterator[str]:
+        """The new lines, as they are read; with `final` (the file is complete), a last line with no newline too."""
+        for raw in self.iter_lines(final):
+            line = raw.decode(errors="replace")
+            if not is_noise(line):
+                yield line
 
 
 def trainer_outputs(run_dir: str | Path) -> list[Path]:

@@ -241,6 +241,11 @@ class Cgroup:
             out.append(f"pid {pid} ({cmd[:120] or '?'})")
         return out
 
+    def holds_this_process(self) -> bool:
+        """Whether this process is in it or in a cgroup below it."""
+        own, _ = _own_cgroup_dir()
+        return own is not None and (own == self.path or self.path in own.parents)
+
     # Its end.
     def kill(self) -> None:
         """SIGKILL everything in it and below it: cgroup.kill (Linux 5.14+), else each process it lists, until none."""
@@ -265,9 +270,14 @@ class Cgroup:
         """Kill what is left in it (SIGTERM and `grace_s` first, when given), wait until it is empty, and remove
         it and the cgroups below it. Returns what was still running in it, described. `reap` collects the exit
         status of killed processes that are this process's children (a zombie keeps nothing, but a tidy end).
-        TimeoutError if it is not empty after `timeout_s` (a process stuck in the kernel); it is left in place."""
+        TimeoutError if it is not empty after `timeout_s` (a process stuck in the kernel); it is left in place. An
+        OSError (EBUSY), touching nothing, when this process is in it: ending it would end the command doing so."""
         if not self.exists():
             return []
+        if self.holds_this_process():
+            raise OSError(errno.EBUSY, f"this dsctl command runs inside {self.path} (it was started by one of the run's "
+                                       "own processes), and ending that cgroup would end it too; run it from outside "
+                                       "the run")
         left = self.pids()
         described = self.describe(left, limit=len(left))
         if left and grace_s > 0:

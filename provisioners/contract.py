@@ -118,10 +118,12 @@ class TrainerState:
 
 @dataclass
 class ServerExit:
-    """A dispatcher or worker whose process has ended; the supervisor decides whether it is restarted."""
+    """A dispatcher or worker whose process has ended; the supervisor decides whether it is restarted. `why`: how it
+    ended, where the provider ended it itself (a hung server, killed: it stopped answering)."""
 
     node: Node
     code: int
+    why: str | None = None
 
 
 @dataclass

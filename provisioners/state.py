@@ -16,6 +16,7 @@ codec converts them (StateCodec.from_legacy), so `dsctl down` finds what they de
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -91,7 +92,7 @@ class Deployment:
 
     def save(self) -> None:
         path = Path(self.run_dir) / STATE_FILE
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")  # its own: `dsctl down` may save beside `dsctl up`
         tmp.write_text(json.dumps(asdict(self), indent=1))
         tmp.replace(path)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from . import saved, trainer_args
 from .loop import MeasuredLoop, Scalars
-from .metrics import MetricsWriter
+from .metrics import MetricsWriter, Stop
 
 
 class TrainError(Exception):
@@ -39,7 +39,7 @@ class _Run:
     loop: MeasuredLoop | None = None
     keras: Any = None  # the keras callback, when the program trains with model.fit
     scalars: Scalars = field(default_factory=Scalars)
-    stop: threading.Event = field(default_factory=threading.Event)
+    stop: Stop = field(default_factory=Stop)
     checkpoint_step: int | None = None
     spec_path: Path | None = None  # outside a run: the spec read
     pass_length: tuple[int | None, int | None] = (None, None)  # (batches, elements) of one pass read alone, if known
@@ -238,7 +238,7 @@ def _on_stop(run: _Run):
         return None
 
     def stop(signum, frame):
-        run.stop.set()
+        run.stop.set_by(signum)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the program
 
     signal.signal(signal.SIGTERM, stop)

@@ -25,6 +25,7 @@ must fix (no such program, it read no data, it read past trainer.steps, it left 
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import signal
@@ -230,6 +231,11 @@ def run(args: trainer_args.TrainerArgs, spec: JobSpec, writer: MetricsWriter) ->
     try:
         proc = subprocess.Popen([program, *argv[1:]], cwd=base_dir, env=env, stdin=subprocess.DEVNULL)
     except OSError as exc:
+        if exc.errno == errno.E2BIG:  # `dsctl validate` refuses what it can see; the machine's environment added more
+            raise CommandError(f"trainer.command: `{show(argv)}` could not be started: its words and environment are "
+                               "more than execve takes (E2BIG: one string over 131,072 bytes, or all of them over "
+                               "ARG_MAX), counting trainer.env and this machine's environment. Shorten trainer.env "
+                               "or trainer.command, or leave large variables out of the environment.") from None
         raise CommandError(f"trainer.command: `{show(argv)}` could not be started: {exc.strerror}.") from None
     watched = exits.watch(proc.pid)  # its memory cgroups' out-of-memory kill counts, before it can be killed
     while proc.poll() is None and not stopping.is_set():

@@ -241,7 +241,7 @@ class Meter(keras.callbacks.Callback):
             self.reason = "end_of_data"
         measured_s = (end - self.measured_from) if self.measured_from is not None else 0.0
         self.writer.emit("end", **end_fields(self.reason, self.done, self.measured, measured_s, step=step,
-                                             checkpoint_step=checkpoint_step, epochs=self.epochs))
+                                             checkpoint_step=checkpoint_step, epochs=self.epochs, stop=self.stop))
 
 
 def _metric_state(model) -> dict:

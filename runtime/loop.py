@@ -211,7 +211,7 @@ class MeasuredLoop:
         measured_s = (end - self._measured_from) if self._measured_from is not None else 0.0
         self._emit("end", **end_fields(self.reason or "steps", self.batches, self._measured, measured_s,
                                        step=self.first_step + self.batches, checkpoint_step=self.checkpoint_step,
-                                       epochs=self.epochs))
+                                       epochs=self.epochs, stop=self.stop))
         if self.record_ids:
             Path(self.record_ids).write_text(json.dumps(self.ids))
         if self.record_steps:

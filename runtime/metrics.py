@@ -7,6 +7,8 @@ Each line is flushed as soon as it is complete, so a launcher tailing the file
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import IO
@@ -92,14 +94,26 @@ class Epochs:
                 "epoch_seconds": self.seconds, "pass_batches": self.pass_batches, "pass_examples": self.pass_examples}
 
 
+class Stop(threading.Event):
+    """A trainer told to stop before its budget is spent, and by which signal: its end record says so (reason
+    "signal", `signal`: SIGTERM), so the run that reads it never takes the stop for a finished job."""
+
+    signal: str | None = None
+
+    def set_by(self, signum: int) -> None:
+        self.signal = self.signal or signal.Signals(signum).name
+        self.set()
+
+
 def end_fields(reason: str, batches: int, measured: list[Window], measured_s: float, *, step: int,
-               checkpoint_step: int | None, epochs: Epochs | None = None) -> dict:
+               checkpoint_step: int | None, epochs: Epochs | None = None, stop: threading.Event | None = None) -> dict:
     """A trainer's end record (event "end"), the same for every kind of trainer: why it stopped, its batches,
     the throughput of its measured (post-warm-up) windows over the wall clock and over its training step time
     (inside its loop: input wait and steps), the time it spent outside its loop (evaluation, checkpoints), its
-    epochs, its global step and the last step it saved."""
+    epochs, its global step and the last step it saved; stopped by a signal (reason "signal"), which one."""
     measured_batches = sum(w.batches for w in measured)
     inside_s = sum(w.input_wait_s + w.step_s for w in measured)
+    said = getattr(stop, "signal", None) if reason == "signal" else None
     return dict(
         reason=reason, batches=batches, measured_batches=measured_batches, measured_s=measured_s,
         batches_per_s=(measured_batches / measured_s) if measured_s > 0 and measured_batches else None,
@@ -108,6 +122,7 @@ def end_fields(reason: str, batches: int, measured: list[Window], measured_s: fl
         outside_s=sum(w.outside_s for w in measured),
         tokens=sum(w.tokens for w in measured), padded_tokens=sum(w.padded_tokens for w in measured),
         step=step, checkpoint_step=checkpoint_step, **(epochs or Epochs()).as_fields(),
+        **({"signal": said} if said else {}),
     )
 
 

@@ -1,7 +1,13 @@
-"""What the dispatcher and worker entry points share: port check, signals, readiness, clean stop."""
+"""What the dispatcher and worker entry points share: port check, signals, readiness, a heartbeat, clean stop.
+
+The ready file is also the server's heartbeat: every half second the server is asked something that takes its own
+lock (the heartbeat probe: the dispatcher's worker count, the worker's task count), and once it has answered, the
+ready file's modification time is set to now. A server that stops answering (stopped by SIGSTOP, deadlocked) stops
+touching it, and the local provider ends and restarts it (provisioners/local/hangs.py)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -10,6 +16,16 @@ from collections.abc import Callable
 from .readiness import port_is_free, write_json_atomic
 
 EXIT_PORT_IN_USE = 3
+BEAT_S = 0.5  # how often a serving server answers its heartbeat probe and touches its ready file
+
+
+def beat(ready_file: str | None) -> None:
+    """The server answered its heartbeat probe: its ready file's modification time says when."""
+    if ready_file:
+        try:
+            os.utime(ready_file)
+        except OSError:
+            pass  # removed for a restart, or a full disk: the provider judges by what it sees
 
 
 def port_holder(port: int) -> str | None:
@@ -58,14 +74,13 @@ def serve_until_signalled(server, ready_file: str | None, payload: dict, heartbe
     if ready_file:
         write_json_atomic(ready_file, payload)
     print(f"dsctl {payload['role']}: ready on port {payload['port']}", flush=True)
-    while not stop.wait(0.5):
+    while not stop.wait(BEAT_S):
         if heartbeat:
             heartbeat()
+        beat(ready_file)
     stopper = threading.Thread(target=server._stop, daemon=True)
     stopper.start()
     stopper.join(timeout=5)
     print(f"dsctl {payload['role']}: stopped", flush=True)
     sys.stdout.flush()
-    import os
-
     os._exit(0)

@@ -23,7 +23,6 @@ import atexit
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -33,7 +32,7 @@ from dsctl.specs.schema import JobSpec
 
 from . import autocache, trainer_args
 from .loop import MeasuredLoop
-from .metrics import MetricsWriter
+from .metrics import MetricsWriter, Stop
 from .models import ModelError, make_step
 
 if TYPE_CHECKING:
@@ -167,7 +166,7 @@ class Harness:
     def __init__(self, spec: JobSpec, writer: MetricsWriter, steps: int | None, duration_s: float | None,
                  record_ids: str | None, window_s: float | None = None, record_steps: str | None = None,
                  queue_fill: bool = False):
-        self.stop = threading.Event()
+        self.stop = Stop()
         self.loop = MeasuredLoop(writer, steps=steps, duration_s=duration_s, window_s=window_s or spec.trainer.window_s,
                                  warmup_batches=spec.trainer.warmup_batches, queue_fill=queue_fill,
                                  record_ids=record_ids, record_steps=record_steps, stop=self.stop)
@@ -197,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     harness = Harness(spec, writer, steps, duration, args.record_ids, args.window_s, args.record_steps,
                       queue_fill=args.mode == "service")
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: harness.stop.set())
+        signal.signal(sig, lambda signum, _frame: harness.stop.set_by(signum))
     from dsctl.runtime.pipelines.errors import PipelineError
 
     try:

@@ -44,7 +44,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     server = tf.data.experimental.service.WorkerServer(config)
     port = int(server._address.rsplit(":", 1)[1])
-    serve_until_signalled(server, args.ready_file, ready_payload("worker", port, address=server._address))
+    # The heartbeat probe: _num_tasks() takes the worker's own lock, so a worker that answers it is not wedged.
+    serve_until_signalled(server, args.ready_file, ready_payload("worker", port, address=server._address),
+                          heartbeat=getattr(server, "_num_tasks", lambda: None))
 
 
 if __name__ == "__main__":

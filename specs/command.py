@@ -16,6 +16,13 @@ import sys
 from pathlib import Path
 
 PYTHON_RE = re.compile(r"^python(\d+(\.\d+)?)?$")
+# What execve takes (man 2 execve, "Limits on size of arguments and environment"; include/uapi/linux/binfmts.h): one
+# argument or environment string at most MAX_ARG_STRLEN bytes with its terminating NUL, and all of them together
+# (each with its NUL and its pointer) at most ARG_MAX, a quarter of the stack limit (sysconf(_SC_ARG_MAX)).
+MAX_ARG_STRLEN = 32 * 4096
+DEFAULT_ARG_MAX = 2 * 1024 * 1024  # with the usual 8 MiB stack limit: what a machine other than this one takes
+DSCTL_ADDS = 16 * 1024  # what dsctl adds to the command's environment (DSCTL_TRAINER, PATH, VIRTUAL_ENV), at most
+POINTER = 8
 
 
 def activated(env: dict[str, str]) -> dict[str, str]:
@@ -44,6 +51,37 @@ def find_program(argv0: str, base_dir: Path, path_env: str | None) -> tuple[str 
         return None, (f"the program {argv0!r} is not on PATH ({path_env or 'PATH is empty'}); give its path, set PATH "
                       "in trainer.env, or activate the environment that has it before running dsctl.")
     return found, None
+
+
+def _size(text: str) -> int:
+    """Bytes a string takes in execve's arguments or environment: encoded as the kernel gets it, and its NUL."""
+    return len(os.fsencode(text)) + 1
+
+
+def exec_problem(argv: list[str], spec_env: dict[str, str], inherited: dict[str, str],
+                 arg_max: int) -> tuple[tuple[str, ...], str] | None:
+    """Why execve would refuse the command (E2BIG) with trainer.env on top of the `inherited` environment, as (the
+    spec field to point at, why), or None. Checked before anything starts: otherwise the command fails only once
+    the service is up, and its error could not say which value is at fault."""
+    for name, value in spec_env.items():
+        size = _size(f"{name}={value}")
+        if size > MAX_ARG_STRLEN:
+            return (("trainer", "env", name),
+                    f"{name} is {size:,} bytes as the program would get it ({name}=value and its terminating NUL), and "
+                    f"Linux starts no program with one environment string over {MAX_ARG_STRLEN:,} bytes "
+                    "(MAX_ARG_STRLEN), so the command could never start. Put a value this large in a file, and pass "
+                    "the file's path.")
+    env = {**inherited, **spec_env}
+    own = sum(_size(w) + POINTER for w in argv) + sum(_size(f"{k}={v}") + POINTER for k, v in spec_env.items())
+    total = own + sum(_size(f"{k}={v}") + POINTER for k, v in env.items() if k not in spec_env) + DSCTL_ADDS
+    if total > arg_max:
+        field = ("trainer", "env") if spec_env else ("trainer", "command")
+        return (field, f"the command's words and environment come to {total:,} bytes ({own:,} from trainer.command "
+                       f"and trainer.env, the rest from the environment dsctl runs in and what dsctl adds), over the "
+                       f"{arg_max:,} bytes execve takes here (ARG_MAX), so the command could never start. Shorten "
+                       "trainer.env or trainer.command, or leave large variables out of the environment dsctl runs "
+                       "in.")
+    return None
 
 
 def script_argument(argv: list[str]) -> str | None:

@@ -185,6 +185,9 @@ class TrainerSpec(Strict):
     timeout_s: float | None = Field(
         None, gt=0, le=MAX_DURATION_S, description="the trainers' time limit: a run whose trainers still run after this "
                                                    "long (a hung script) fails and is torn down")
+    nonfinite_loss: Literal["record", "fail"] = Field(
+        "record", description="a loss that is no longer a finite number (NaN, infinite: the model diverged): record "
+                              "it as such and train on, or fail the run at once")
     steps: int | None = Field(None, ge=1, le=MAX_STEPS)
     duration_s: float | None = Field(None, gt=0, le=MAX_DURATION_S)
     warmup_batches: int = Field(5, ge=0, le=MAX_STEPS, description="batches excluded from throughput")

@@ -142,3 +142,17 @@ def test_a_home_no_one_else_can_reach_is_not_warned_about(tmp_path, monkeypatch,
     monkeypatch.setenv("DSCTL_HOME", str(home))
     RunStore().close()
     assert notices == [] and stat.S_IMODE(home.stat().st_mode) == 0o755
+
+
+def test_a_write_refused_mid_run_names_its_real_cause_not_a_full_disk(tmp_path):
+    """What `dsctl up`, `dsctl down` and the records say when a write to the home is refused (store.remedy): a
+    read-only file system is told to remount, not to "free some space"."""
+    import errno
+
+    from dsctl.orchestrator.store import remedy
+
+    assert remedy(OSError(errno.EROFS, "Read-only file system"), tmp_path).startswith(
+        f"{tmp_path} is on a read-only file system: remount it read-write")
+    assert remedy(OSError(errno.ENOSPC, "No space left on device"), tmp_path) == f"free some space in {tmp_path}"
+    assert remedy(OSError(errno.EDQUOT, "Disk quota exceeded"), tmp_path) == f"free some space in {tmp_path}"
+    assert remedy(OSError(errno.EACCES, "Permission denied"), tmp_path) == f"make {tmp_path} writable by you"

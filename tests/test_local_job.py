@@ -198,22 +198,46 @@ def test_down_after_kill_9_of_up_removes_everything(home, tmp_path):
     assert json.loads(dsctl("status", "--json", check=True).stdout) == []
 
 
-@pytest.mark.parametrize("garble", ["cut short", "not json", "empty"])
-def test_down_finds_a_killed_run_whose_state_file_is_garbled(home, tmp_path, garble):
+# A CI script that follows the run's log in the background and calls `dsctl down`: a non-interactive shell puts the
+# script, its `tail -f` and `dsctl down` in one process group, which names the run's folder on its tail's command line.
+CALLER = """
+tail -f "$RUN_DIR/logs/launcher.log" > /dev/null &
+tail_pid=$!
+"$PYTHON" -m dsctl.cli.main down "$RUN_ID"
+echo "down exited $?"
+kill -0 "$tail_pid" && echo "its tail survived"
+kill "$tail_pid"
+echo "the calling script survived"
+"""
+
+
+def test_down_of_a_killed_run_whose_state_file_is_garbled_stops_the_run_and_never_its_caller(home, tmp_path):
+    """Garbled state (how each garbling is read: tests/test_down_safety.py): the deployment is rebuilt from its
+    cgroup and the processes dsctl started for it; the calling script, its `tail -f` of the run's log and `dsctl down`
+    itself are none of them, and survive; the run's cgroup is gone after."""
+    from dsctl.provisioners import containment
+
     up = _start_long_run(tmp_path)
     run_dir = _wait_training(home)
     up.kill()
     up.communicate(timeout=30)
     state = run_dir / "state.json"
     text = state.read_text()
-    state.write_text({"cut short": text[: len(text) // 2], "not json": "\x00garbage{", "empty": ""}[garble])
+    state.write_text(text[: len(text) // 2])
     live = processes_under(home)
     assert live, "the deployment outlives a killed dsctl up"
     proc = dsctl("status", check=True)
     assert run_dir.name in proc.stdout and "cannot be read" in proc.stderr and "Traceback" not in proc.stderr
-    proc = dsctl("down", "--all", check=True) if garble == "empty" else dsctl("down", run_dir.name, check=True)
-    assert "found by command line" in proc.stdout and "Traceback" not in proc.stderr
+    # Its own session, as a CI job's shell: a stop of its group would not reach this test.
+    script = subprocess.run(["sh", "-c", CALLER], capture_output=True, text=True, timeout=300, start_new_session=True,
+                            env={**os.environ, "RUN_DIR": str(run_dir), "RUN_ID": run_dir.name,
+                                 "PYTHON": sys.executable, "COLUMNS": "400"})
+    assert "down exited 0" in script.stdout, script.stdout + script.stderr
+    assert "its tail survived" in script.stdout and "the calling script survived" in script.stdout, script.stdout
+    assert "rebuilt from its cgroup" in script.stdout and "Traceback" not in script.stderr, script.stdout
+    assert "left alone: 1 process(es)" in script.stdout and "tail -f" in script.stdout, script.stdout
     assert processes_under(home) == []
+    assert not [g for g in containment.leftover_cgroups() if run_dir.name in g.name], "the run's cgroup is removed"
     assert RunStore().get(run_dir.name).status == "interrupted"
     assert dsctl("status", check=True).stdout.strip() == "nothing is up."
 
@@ -316,7 +340,7 @@ def test_a_worker_whose_port_is_taken_waits_for_it_then_moves_and_the_job_goes_o
         metrics = run_dir / "metrics" / "trainer-0.jsonl"
         lines = len(metrics.read_text().splitlines())
         wait_for(lambda: len(metrics.read_text().splitlines()) > lines + 1, timeout=60, what="more windows from the trainer")
-        # End the job the way its duration would: the trainer stops on SIGTERM and reports.
+        # End the job early: the trainer stops on SIGTERM and reports, and the run does not take that for its end.
         os.kill(Deployment.load(run_dir).by_role("trainer")[0].pid, signal.SIGTERM)
         thread.join(timeout=90)
     finally:
@@ -329,9 +353,9 @@ def test_a_worker_whose_port_is_taken_waits_for_it_then_moves_and_the_job_goes_o
             thread.join(timeout=60)
             if thread.is_alive():
                 runners[0].provisioner.down(runners[0].deployment, lambda kind, message: None)
-    assert outcome.get("status") == "returned", outcome
+    assert "stopped by SIGTERM" in str(outcome.get("error")), outcome
     record = RunStore().get(run_dir.name)
-    assert record.status == "succeeded", record.error
+    assert record.status == "failed" and "trainer 0 failed: it was stopped by SIGTERM" in record.error, record.error
     assert processes_under(home) == []
 
 

@@ -4,12 +4,13 @@ No TensorFlow: the loop reads any iterable of batches."""
 
 from __future__ import annotations
 
-import threading
+import signal
 import time
 
 import numpy as np
 
 from dsctl.runtime.loop import MeasuredLoop, Scalars
+from dsctl.runtime.metrics import Stop
 
 
 class Recorder:
@@ -95,12 +96,15 @@ def test_reported_figures_are_window_means_and_loss_is_its_own_field():
 
 def test_stop_and_duration_end_a_loop_that_has_no_step_budget():
     rec = Recorder()
-    stop = threading.Event()
+    stop = Stop()
     lp = loop(rec, stop=stop)
     for i, _ in enumerate(lp.run(iter(batches(1000)))):
         if i == 3:
-            stop.set()
+            stop.set_by(signal.SIGTERM)
     assert lp.reason == "signal" and lp.batches == 4 and lp.exhausted
+    lp.finish()
+    [end] = rec.of("end")
+    assert end["reason"] == "signal" and end["signal"] == "SIGTERM", "the end record names the signal that stopped it"
 
     rec = Recorder()
     lp = loop(rec, duration_s=0.05)

@@ -3,7 +3,10 @@ cannot write never stops a run, and `dsctl tensorboard` on recorded runs (the re
 
 from __future__ import annotations
 
+import http.cookiejar
 import json
+import os
+import re
 import signal
 import socket
 import subprocess
@@ -12,6 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 from dsctl.costmodel import load_catalog
@@ -200,16 +204,51 @@ def start_tensorboard(*runs: str) -> tuple[subprocess.Popen, int]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), port
 
 
-def served_tags(port: int) -> dict | None:
+def served_tags(port: int, token: str) -> dict | None:
+    request = urllib.request.Request(f"http://localhost:{port}/data/plugin/scalars/tags",
+                                     headers={"Authorization": f"token {token}"})
     try:
-        with urllib.request.urlopen(f"http://localhost:{port}/data/plugin/scalars/tags", timeout=2) as r:
+        with urllib.request.urlopen(request, timeout=2) as r:
             return json.loads(r.read())
     except OSError:
         return None
 
 
+def token_in(line: str) -> str:
+    found = re.search(r"\?token=([A-Za-z0-9_-]+)", line)
+    assert found, f"no token in the URL printed: {line}"
+    return found.group(1)
+
+
+# Another local user's client: whatever it asks, it gets its answer's status and body.
+CLIENT = """
+import sys, urllib.error, urllib.request
+try:
+    with urllib.request.urlopen(sys.argv[1], timeout=5) as r:
+        print(r.status); print(r.read().decode(errors="replace"))
+except urllib.error.HTTPError as e:
+    print(e.code); print(e.read().decode(errors="replace"))
+"""
+
+
+def as_another_user(url: str) -> tuple[int, str]:
+    """GET `url` as user nobody where this test runs as root (else as this user, without the token all the same)."""
+    proc = subprocess.run(["/usr/bin/python3", "-c", CLIENT, url], capture_output=True, text=True, timeout=30,
+                          cwd="/", env={"PATH": "/usr/bin:/bin"}, **({"user": 65534, "group": 65534, "extra_groups": []}
+                                                                     if os.geteuid() == 0 else {}))
+    status, _, body = proc.stdout.partition("\n")
+    assert status.strip().isdigit(), proc.stdout + proc.stderr
+    return int(status), body
+
+
 def tensorboards(home: Path) -> list:
-    return [p for p in processes_under(home) if "tensorboard" in " ".join(p.cmdline())]
+    return [p for p in processes_under(home) if "tensorboard" in " ".join(p.cmdline()) or "boardserver" in
+            " ".join(p.cmdline())]
+
+
+def board_pid(home: Path) -> int:
+    [record] = (home / "boards").glob("*.json")
+    return json.loads(record.read_text())["pid"]
 
 
 @pytest.mark.slow
@@ -218,9 +257,22 @@ def test_tensorboard_serves_the_runs_by_their_ids_and_stops_on_ctrl_c(home):
     proc, port = start_tensorboard("fit-a", "fit-b")
     try:
         line = proc.stdout.readline()
-        assert f"TensorBoard on run(s) fit-a, fit-b at http://localhost:{port}/" in line
-        tags = wait_for(lambda: served_tags(port), timeout=60, what="TensorBoard to serve")
+        assert f"TensorBoard on run(s) fit-a, fit-b at http://localhost:{port}/?token=" in line
+        token = token_in(line)
+        tags = wait_for(lambda: served_tags(port, token), timeout=60, what="TensorBoard to serve")
         assert set(tags) == {"fit-a/.", "fit-b/."} and "loss" in tags["fit-a/."]  # files at the top of each folder
+        # Another user of this machine reads nothing of the runs through it: not their curves, ids, nor the home.
+        for path in ("/", "/data/runs", "/data/plugin/scalars/tags", "/data/environment", f"/?token={token[:-1]}x"):
+            status, body = as_another_user(f"http://localhost:{port}{path}")
+            assert status == 403 and "fit-a" not in body and str(home) not in body, (path, status, body[:200])
+        # The URL as printed opens it: the token becomes a cookie for this port, and leaves the address bar.
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+        with browser.open(f"http://localhost:{port}/?token={token}", timeout=10) as page:
+            assert page.status == 200 and "token" not in page.url
+        with browser.open(f"http://localhost:{port}/data/plugin/scalars/tags", timeout=10) as r:
+            assert set(json.loads(r.read())) == {"fit-a/.", "fit-b/."}
+        served_by = " ".join(psutil.Process(board_pid(home)).cmdline())
+        assert "boardserver" in served_by and str(home) not in served_by and "fit-a" not in served_by, served_by
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 130
     finally:
@@ -235,20 +287,23 @@ def test_after_kill_9_of_dsctl_tensorboard_status_lists_the_tensorboard_and_down
     runs_with_boards(home, "fit-a")
     proc, port = start_tensorboard("fit-a")
     try:
-        assert f"`dsctl down tensorboard-{port}`" in proc.stdout.readline()
-        wait_for(lambda: served_tags(port), timeout=60, what="TensorBoard to serve")
+        line = proc.stdout.readline()
+        assert f"`dsctl down tensorboard-{port}`" in line
+        token = token_in(line)
+        wait_for(lambda: served_tags(port, token), timeout=60, what="TensorBoard to serve")
     finally:
         proc.kill()
         proc.wait(30)  # not its pipes: TensorBoard, which outlives it, holds them open
         proc.stdout.close()
         proc.stderr.close()
-    assert served_tags(port) is not None, "TensorBoard outlives a killed dsctl tensorboard"
-    [row] = json.loads(dsctl("status", "--json", check=True).stdout)
-    assert (row["run"], row["url"], row["runs"]) == (f"tensorboard-{port}", f"http://localhost:{port}/", "fit-a")
+    assert served_tags(port, token) is not None, "TensorBoard outlives a killed dsctl tensorboard"
+    [row] = json.loads(dsctl("status", "--json", check=True).stdout)  # its URL, token and all, for its user
+    assert (row["run"], row["url"], row["runs"]) == (f"tensorboard-{port}", f"http://localhost:{port}/?token={token}",
+                                                     "fit-a")
     assert f"tensorboard-{port}" in dsctl("status", check=True).stdout
     proc = dsctl("down", "--all", check=True)
     assert f"tensorboard-{port}: stopped" in proc.stdout
-    assert served_tags(port) is None and not tensorboards(home)
+    assert served_tags(port, token) is None and not tensorboards(home)
     assert json.loads(dsctl("status", "--json", check=True).stdout) == []
 
 

@@ -12,7 +12,8 @@ whose worker count is never written, a cache that is never sealed).
     tensorflow.python.data.experimental.ops.testing.sleep      runtime/pipelines/synthetic.py, runtime/autocache_bench.py
     service_config_pb2.DispatcherConfig (and its fields)       runtime/dispatcher.py
     service_config_pb2.WorkerConfig (and its fields)           runtime/worker.py
-    DispatchServer._num_workers()                              runtime/dispatcher.py
+    DispatchServer._num_workers()                              runtime/dispatcher.py (its status, its heartbeat)
+    WorkerServer._num_tasks()                                  runtime/worker.py (its heartbeat)
     WorkerServer._address                                      runtime/worker.py
     DispatchServer._stop / WorkerServer._stop                  runtime/serve.py
     Dataset._as_serialized_graph() + graph_pb2.GraphDef        runtime/autocache.py (fingerprint)
@@ -125,6 +126,13 @@ def test_the_dispatcher_counts_its_workers_with_num_workers(service):
         time.sleep(0.05)
     assert dispatcher._num_workers() == 1, changed("DispatchServer._num_workers()", "runtime/dispatcher.py",
                                                    "it no longer counts the registered worker")
+
+
+def test_the_worker_answers_its_heartbeat_probe_with_num_tasks(service):
+    _, worker = service
+    assert isinstance(getattr(worker, "_num_tasks", lambda: None)(), int), changed(
+        "WorkerServer._num_tasks()", "runtime/worker.py", "the worker's heartbeat probe; without it a wedged worker is "
+        "found only when its process is stopped")
 
 
 def test_the_worker_says_its_port_in_its_address(service):

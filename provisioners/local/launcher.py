@@ -2,13 +2,12 @@
 
 Requests and answers are files in the run dir, so `dsctl down` in a new
 process can still find every child the launcher forked (its pid files), and
-tell them from unrelated processes by their command line, which names this
-run's launcher directory.
+tell them from unrelated processes: a fork has the launcher's command line,
+which names this run's launcher directory, and leads a session of its own.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import psutil
 from dsctl.runtime.readiness import read_json, write_json_atomic
 
 from ..containment import Cgroup
+from ..processes import run_processes
 from ..state import Node, ProcessRef, from_dict
 from .processes import spawn
 from .state import Isolation, LocalNode
@@ -85,15 +85,8 @@ class Launcher:
         return ended if isinstance(ended, str) else None
 
     def forked(self) -> list[ProcessRef]:
-        """Every process this launcher forked that still runs (and the launcher itself), found by command line: a
-        fork has the launcher's, which names this run's launcher directory, so one forked just before the launcher
-        was stopped, whose pid file was never written, is found too."""
-        found = []
-        for proc in psutil.process_iter(["pid", "cmdline", "create_time", "status"]):
-            try:
-                if proc.info["status"] == psutil.STATUS_ZOMBIE or str(self.dir) not in " ".join(proc.info["cmdline"] or []):
-                    continue
-                found.append(ProcessRef(pid=proc.pid, pgid=os.getpgid(proc.pid), create_time=proc.info["create_time"]))
-            except (psutil.Error, OSError):
-                continue
-        return found
+        """Every process this launcher forked that still runs (and the launcher itself): a fork has the launcher's
+        command line (`-m dsctl.runtime.launcher --requests <this folder>`) and leads a session of its own, so one
+        forked just before the launcher was stopped, whose pid file was never written, is found too. A process that
+        merely names the folder (a `tail -f` of a file in it) is not one of them (processes.started_for_run)."""
+        return run_processes({str(self.dir), str(self.dir.resolve())}).proved

@@ -43,6 +43,7 @@ from ..contract import Contents, EventSink, Poll, ServerExit, TrainerLaunch, Tra
 from ..processes import is_ours, reap, stop_groups
 from ..registry import register
 from ..state import Deployment, Node, StateCodec
+from .hangs import HangWatch
 from .launcher import Launcher
 from .processes import enter_namespaces_of, spawn
 from .state import Isolation, LocalCodec, LocalDeployment, LocalNode
@@ -122,6 +123,7 @@ class LocalProvisioner:
         self._port_waits: dict[int, dict] = {}  # worker index -> its wait for a port another process holds
         self._watches: dict[int, exits.Watch] = {}  # pid -> a process spawned here (no launcher): its memory cgroups
         self._endings: dict[int, str] = {}  # pid -> how a process spawned here ended (judged once)
+        self._hangs = HangWatch()  # servers that stopped answering (provisioners/local/hangs.py)
 
     # -- checks -----------------------------------------------------------------
     def capacity(self, trainers: int) -> int:
@@ -482,6 +484,8 @@ class LocalProvisioner:
             code = self._exit_code(dep, node)
             if code is not None:
                 exited.append(ServerExit(node, code))
+            elif (why := self._hangs.check(node)) is not None:
+                exited.append(self._end_hung(node, why, events))
         running, codes, endings = [], {}, {}
         for node in dep.by_role("trainer"):
             code = self._exit_code(dep, node)
@@ -493,6 +497,14 @@ class LocalProvisioner:
             if ended:
                 endings[node.index] = ended
         return Poll(TrainerState(running=running, exit_codes=codes, endings=endings), exited)
+
+    def _end_hung(self, node: Node, why: str, events: EventSink) -> ServerExit:
+        """A server that stopped answering, ended (SIGTERM, continued, then SIGKILL) and reported as one that exited,
+        for the supervisor to restart it or fail the run; its event names it and why."""
+        who = "the dispatcher" if node.role == "dispatcher" else f"{node.role} {node.index}"
+        events(f"{node.role}-hung", f"{who} ({node.address}, pid {node.pid}) stopped answering: {why}; dsctl ends it")
+        stop_groups([node], grace_s=1.0)
+        return ServerExit(node, -9, why=f"stopped answering ({why}) and was ended by dsctl")
 
     def restart(self, dep: Deployment, node: Node, events: EventSink) -> None:
         """An exited server, at its own port: the dispatcher from its journal, a worker possibly after waiting for
