@@ -14,6 +14,7 @@ from dsctl.errors import EXIT_BAD_INPUT, stop_on_signals
 from dsctl.orchestrator.preflight import load_job
 from dsctl.specs.schema import MAX_WORKERS
 
+from .check import check
 from .cost import cost_app
 from .errors import err_console, fail, run_app
 from .experiments import experiments_app
@@ -45,6 +46,7 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(cost_app, name="cost")
 app.add_typer(experiments_app, name="experiments")
 app.command("sweep")(sweep)
+app.command("check")(check)
 
 
 def _version(value: bool) -> None:

@@ -1,8 +1,8 @@
 """Cloud Storage for the few gs:// paths a spec names itself (checkpoints, TensorBoard event files).
 
 The provider's own buckets go through provisioners/gcp; these are user paths, reached with the
-default credentials (on a dispatcher VM: its service account), or anonymously against a
-Cloud Storage emulator when STORAGE_EMULATOR_HOST is set, as the gcp provider does.
+default credentials (on a dispatcher VM: its service account), at STORAGE_EMULATOR_HOST where it
+is set, as the gcp provider does.
 """
 
 from __future__ import annotations
@@ -18,14 +18,22 @@ def split(url: str) -> tuple[str, str]:
 
 
 def _client():
+    """A client with Application Default Credentials (also at STORAGE_EMULATOR_HOST, a private endpoint or a test's
+    stand-in); anonymous there only where there are no credentials at all."""
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
     from google.cloud import storage
 
     project = os.environ.get("GOOGLE_CLOUD_PROJECT")
-    if os.environ.get("STORAGE_EMULATOR_HOST"):
+    try:
+        credentials, found = google.auth.default()
+    except DefaultCredentialsError:
+        if not os.environ.get("STORAGE_EMULATOR_HOST"):
+            raise
         from google.auth.credentials import AnonymousCredentials
 
-        return storage.Client(project=project or "dsctl-local", credentials=AnonymousCredentials())
-    return storage.Client(project=project)
+        credentials, found = AnonymousCredentials(), None
+    return storage.Client(project=project or found or "dsctl-local", credentials=credentials)
 
 
 def read(url: str) -> bytes | None:
@@ -41,4 +49,7 @@ def read(url: str) -> bytes | None:
 
 def upload(path: Path, url: str) -> None:
     bucket, name = split(url)
-    _client().bucket(bucket).blob(name).upload_from_filename(str(path), timeout=60)
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    # The same bytes to the same name: a repeated upload changes nothing, so it is retried as reads are.
+    _client().bucket(bucket).blob(name).upload_from_filename(str(path), timeout=60, retry=DEFAULT_RETRY)

@@ -120,7 +120,7 @@ def supervise(run_dir: Path) -> int:
     assert isinstance(cloud, HandsOff), f"provider {cloud.name} supervises no run on the cloud"
     objects = cloud.run_objects(dep)
     try:
-        cloud.check_supervisor(dep, runner.spec)
+        cloud.check_supervisor(dep, runner.spec, lambda kind, message: store.add_event(runner.run_id, kind, message))
     except Exception as exc:  # noqa: BLE001 - said in the record; the user's machine, still waiting, deletes the run
         store.update_run(runner.run_id, status="failed", ended_at=time.time(), error=str(exc))
         store.flush()

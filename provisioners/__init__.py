@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from .contract import (
     Capacity,
+    CheckResult,
+    ChecksPlace,
     Contains,
     Contents,
     EventSink,
@@ -30,7 +32,8 @@ from .contract import (
 from .registry import get_provider, providers_with, register
 from .state import STATE_FILE, Deployment, Node, ProcessRef
 
-__all__ = ["Capacity", "Contains", "Contents", "Deployment", "EventSink", "FindsByLabel", "HandOffLimits", "HandsOff",
+__all__ = ["Capacity", "CheckResult", "ChecksPlace", "Contains", "Contents", "Deployment", "EventSink", "FindsByLabel",
+           "HandOffLimits", "HandsOff",
            "MachineBack", "MachineLost", "Node", "Outage", "Plans", "Poll", "ProcessRef", "Provider", "RunObjects",
            "STATE_FILE", "ServerExit", "TrainerLaunch", "TrainerState", "Where", "get_provider", "providers_with",
            "register"]

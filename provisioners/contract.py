@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import ClassVar, Literal, Protocol, runtime_checkable
 
 from dsctl.runtime.sampler import Sample
 from dsctl.specs import SpecError
@@ -279,8 +279,9 @@ class HandsOff(Protocol):
         """On the supervising machine, after adopt: start the servers `up` created the machines for (the
         orchestrator then waits for them with wait_ready)."""
 
-    def check_supervisor(self, dep: Deployment, spec: JobSpec) -> None:
-        """On the supervising machine, before anything: may it do what a supervisor does? (raises if not)"""
+    def check_supervisor(self, dep: Deployment, spec: JobSpec, events: EventSink | None = None) -> None:
+        """On the supervising machine, before anything: may it do what a supervisor does? (raises if not; what it
+        waits for meanwhile goes to `events`)"""
 
     def delete_self(self, dep: Deployment) -> None:
         """The supervisor's last act, once the record is published: remove the machine it runs on."""
@@ -309,6 +310,28 @@ class Where:
     @property
     def given(self) -> bool:
         return bool(self.project or self.zone or self.bucket)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check of a place before a run is created there (`dsctl check PROVIDER` shows them; `dsctl up` refuses at
+    the first that failed): what was checked, how it came out, what was found, and how to fix a failure or warning.
+    `field` is the spec field a failure points at; `plan_note` marks what the plan repeats."""
+
+    name: str
+    status: Literal["ok", "warn", "fail", "skip"]
+    detail: str
+    fix: str = ""
+    field: str | None = None
+    plan_note: bool = False
+
+
+@runtime_checkable
+class ChecksPlace(Protocol):
+    """A place whose account, project and network can be checked before anything is created there."""
+
+    def check_place(self, spec: JobSpec, where: Where) -> list[CheckResult]:
+        """Every check a run of `spec` would meet, whatever the others found; creates nothing."""
 
 
 @runtime_checkable

@@ -16,7 +16,7 @@ import re
 import shlex
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .autocache import AutocacheSpec
 
@@ -274,6 +274,27 @@ GCP_LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 GCP_LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
 
 
+SERVICE_ACCOUNT_RE = re.compile(r"^[a-z0-9._%+-]+@[a-z0-9.-]+\.gserviceaccount\.com$")
+
+
+class ServiceAccountsSpec(Strict):
+    """Which service account each kind of VM runs as (an email); a kind left out is dsctl's own."""
+
+    supervisor: str | None = Field(None, min_length=1, description="the dispatcher and trainer VMs: supervise the run "
+                                                                   "and end its VMs")
+    workers: str | None = Field(None, min_length=1, description="the tf.data service workers: read the run's objects")
+
+    @field_validator("supervisor", "workers")
+    @classmethod
+    def _email(cls, v: str | None) -> str | None:
+        if v is not None and not SERVICE_ACCOUNT_RE.match(v):
+            raise ValueError(f"a service account is its email, e.g. runner@my-project.iam.gserviceaccount.com, got {v!r}")
+        return v
+
+    def items(self) -> list[tuple[str, str]]:
+        return [(k, v) for k, v in (("supervisor", self.supervisor), ("workers", self.workers)) if v]
+
+
 class GcpSpec(Strict):
     """Where and how `provider: gcp` creates machines. Every field has a default; project and
     zone may come from the environment instead (Application Default Credentials, CLOUDSDK_*)."""
@@ -283,10 +304,19 @@ class GcpSpec(Strict):
     network: str = Field("default", min_length=1, description="VPC network name or URL")
     subnetwork: str | None = Field(None, min_length=1, description="subnetwork name or URL (custom-mode VPCs)")
     service_account: str | None = Field(None, min_length=1,
-                                        description="VM service account email; default: dsctl's own (dsctl-vms@PROJECT."
-                                                    "iam.gserviceaccount.com) where you may create it, else the "
-                                                    "Compute Engine default's; none is refused (the VMs' watchdogs "
-                                                    "need an account to end them)")
+                                        description="one service account for every VM (checked for what the dispatcher, "
+                                                    "trainers and workers each need; dsctl never changes its roles); "
+                                                    "default: dsctl's own per kind of VM (gcp.service_accounts); none "
+                                                    "is refused (the VMs' watchdogs need an account to end them)")
+    service_accounts: ServiceAccountsSpec | None = Field(
+        None, description="the accounts the VMs run as, by kind; each one left out is dsctl's own (dsctl-supervisor@, "
+                          "dsctl-workers@PROJECT.iam.gserviceaccount.com), made with exactly the roles its VMs need "
+                          "where you may, else checked for them")
+    data_buckets: list[str] = Field(default_factory=list,
+                                    description="buckets the run's pipeline and programs read (datasets): the VMs' "
+                                                "accounts get Storage Object Viewer on each")
+    shielded_vm: bool = Field(True, description="Shielded VM with Secure Boot, vTPM and integrity monitoring on every "
+                                                "VM whose image supports it; false: Compute Engine's defaults")
     public_ips: bool = Field(True, description="ephemeral external addresses, SSH reaches them there; "
                                                "false: run dsctl inside the VPC")
     ssh_port: int = Field(22, ge=1, le=65535, description="overridden by DSCTL_SSH_PORT")
@@ -356,6 +386,22 @@ class GcpSpec(Strict):
             raise ValueError(f"a bucket name is 3-222 lower-case letters, digits, dots, dashes or underscores, "
                              f"starting and ending with a letter or digit, got {v!r}")
         return v
+
+    @field_validator("data_buckets")
+    @classmethod
+    def _data_buckets(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not GCP_BUCKET_RE.match(name.removeprefix("gs://").rstrip("/")):
+                raise ValueError(f"a bucket name is 3-222 lower-case letters, digits, dots, dashes or underscores, "
+                                 f"got {name!r}")
+        return [name.removeprefix("gs://").rstrip("/") for name in v]
+
+    @model_validator(mode="after")
+    def _one_way_to_name_accounts(self) -> GcpSpec:
+        if self.service_account and self.service_accounts and self.service_accounts.items():
+            raise ValueError("name either one account for every VM (service_account) or one per kind "
+                             "(service_accounts), not both")
+        return self
 
     @field_validator("zone")
     @classmethod

@@ -390,11 +390,13 @@ def _session_roots(base: Path) -> list[str]:
 
 
 def _processes_below(roots: list[str]) -> list[tuple[int, str]]:
-    """Live processes (pid, command line) whose command line or DSCTL_HOME names a path below one of `roots`."""
+    """Live processes (pid, command line) whose command line or DSCTL_HOME names a path below one of `roots`; not
+    this session's process and what started it (`timeout 900 pytest --basetemp=...` names the root too)."""
     found = []
+    own = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
     for p in psutil.process_iter(["cmdline", "environ"]):
         try:
-            if p.pid == os.getpid() or p.status() == psutil.STATUS_ZOMBIE:
+            if p.pid in own or p.status() == psutil.STATUS_ZOMBIE:
                 continue
             text = " ".join(p.info["cmdline"] or []) + " " + (p.info["environ"] or {}).get("DSCTL_HOME", "")
         except (psutil.NoSuchProcess, psutil.AccessDenied):

@@ -3,8 +3,9 @@
 Compute Engine and Cloud TPU clients are REST clients, one set per thread: each
 holds its own HTTP connection, so hundreds of calls can be in flight at once
 (one shared client would funnel them through a pool of ten connections).
-An API whose endpoint is overridden (tests, private endpoints) gets anonymous
-credentials; the others use Application Default Credentials. Cloud Resource
+Every API is called with Application Default Credentials, at its own endpoint or one
+that overrides it (a private endpoint, a test's stand-in); only where there are no
+credentials at all is an overridden endpoint called anonymously. Cloud Resource
 Manager (the project's number, the caller's permissions, the project's IAM policy),
 IAM (the VMs' service account, iam.py), Organization Policy (the policies that
 would refuse a run) and OS Login (SSH keys for the caller) are REST clients too.
@@ -39,10 +40,8 @@ class Clients:
 
     # -- credentials -------------------------------------------------------------
     def _credentials(self, overridden: bool):
-        if overridden:
-            from google.auth.credentials import AnonymousCredentials
-
-            return AnonymousCredentials()
+        """Application Default Credentials (one set for every API: they refresh themselves); an endpoint that is
+        overridden is called without credentials only where there are none (SpecError elsewhere)."""
         with self._lock:
             if self._adc is None:
                 import google.auth
@@ -51,7 +50,11 @@ class Clients:
                 try:
                     self._adc, _ = google.auth.default(scopes=SCOPES)
                 except DefaultCredentialsError:
-                    raise no_credentials_error() from None
+                    if not overridden:
+                        raise no_credentials_error() from None
+                    from google.auth.credentials import AnonymousCredentials
+
+                    return AnonymousCredentials()
             return self._adc
 
     def _options(self, endpoint: str | None):
@@ -162,6 +165,24 @@ class Clients:
 
         return self._rest("oslogin", oslogin_v1.OsLoginServiceClient)
 
+    # -- Service Usage: which APIs are on (services.py); Cloud Quotas: TPU quota (quota.py) -------------------------
+    @property
+    def serviceusage(self):
+        from google.cloud import service_usage_v1
+
+        return self._rest("serviceusage", service_usage_v1.ServiceUsageClient)
+
+    @property
+    def quotas(self):
+        from google.cloud import cloudquotas_v1
+
+        return self._rest("quotas", cloudquotas_v1.CloudQuotasClient)
+
+    # -- Compute Engine's projects: global quotas, the Shared VPC host ---------------------------------------------
+    @property
+    def compute_projects(self):
+        return self._compute("ProjectsClient")
+
     # -- who is calling ---------------------------------------------------------------------------------------
     def caller(self) -> str:
         """The email of the account this process calls Google Cloud as (OS Login keys are registered for it; IAM
@@ -200,12 +221,9 @@ class Clients:
     def storage(self):
         from google.cloud import storage
 
-        if self.settings.storage_host:
-            # The client reads STORAGE_EMULATOR_HOST itself; anonymous credentials, explicit project.
-            from google.auth.credentials import AnonymousCredentials
-
-            return storage.Client(project=self.settings.project, credentials=AnonymousCredentials())
-        return storage.Client(project=self.settings.project, credentials=self._credentials(False))
+        # At STORAGE_EMULATOR_HOST where it is set (the client reads it itself), with the same credentials.
+        return storage.Client(project=self.settings.project,
+                              credentials=self._credentials(bool(self.settings.storage_host)))
 
 
 def _from_credentials(creds) -> str | None:

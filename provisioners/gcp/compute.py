@@ -4,7 +4,8 @@ Workers are created with ONE bulkInsert call whatever their number; the
 dispatcher and each GPU/CPU trainer with an insert. VMs get an ephemeral external
 address (unless gcp.public_ips is false), the run's network tag (for the firewall
 rules), its labels, the run's SSH public key and a startup script in their
-metadata. Every VM of a run carries a maximum run time (maxRunDuration, with
+metadata, its service account (accounts.py) and, where its image supports it, Shielded VM
+with Secure Boot (gcp.shielded_vm). Every VM of a run carries a maximum run time (maxRunDuration, with
 instanceTerminationAction DELETE): Compute Engine deletes it then, disks and all,
 whatever became of dsctl. Spot VMs are created as Spot (provisioningModel SPOT); the
 termination action is also what a preemption does, so a preempted Spot VM of a run is
@@ -36,6 +37,8 @@ class VmConfig:
     image: str = ""  # boot image (a family or image URL)
     provisioning: str = "standard"  # standard (on-demand) | spot
     max_run_s: float | None = None  # Compute Engine deletes the VM after this long (every run's VMs have one)
+    service_account: str | None = None  # what the VM runs as (accounts.py); None: the project's default account
+    shielded: bool = False  # Shielded VM with Secure Boot (its image supports it, gcp.shielded_vm)
 
 
 def _network_url(s: GcpSettings) -> str:
@@ -62,20 +65,32 @@ def _common(s: GcpSettings, vm: VmConfig, *, zonal_urls: bool) -> dict:
         nic.access_configs = [c.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
     fields = dict(
         labels=dict(vm.labels),
-        tags=c.Tags(items=[vm.tag]),
+        tags=c.Tags(items=tags(s, vm.tag)),
         disks=[c.AttachedDisk(boot=True, auto_delete=True, initialize_params=c.AttachedDiskInitializeParams(
             source_image=vm.image, disk_size_gb=s.boot_disk_gb, disk_type=disk_type, labels=dict(vm.labels)))],
         network_interfaces=[nic],
         metadata=c.Metadata(items=[c.Items(key=k, value=v) for k, v in vm.metadata.items()]),
     )
-    if s.service_account != "none":
-        fields["service_accounts"] = [c.ServiceAccount(email=s.service_account or "default",
-                                                       scopes=["https://www.googleapis.com/auth/cloud-platform"])]
+    fields["service_accounts"] = [c.ServiceAccount(email=vm.service_account or "default",
+                                                   scopes=["https://www.googleapis.com/auth/cloud-platform"])]
+    if vm.shielded:
+        # What compute.requireShieldedVm requires of a new VM: Secure Boot, vTPM and integrity monitoring
+        # (https://cloud.google.com/compute/shielded-vm/docs/shielded-vm).
+        fields["shielded_instance_config"] = c.ShieldedInstanceConfig(
+            enable_secure_boot=True, enable_vtpm=True, enable_integrity_monitoring=True)
     if kind.kind == "gpu":
         acc_type = f"zones/{s.zone}/acceleratorTypes/{kind.accelerator}" if zonal_urls else kind.accelerator
         fields["guest_accelerators"] = [c.AcceleratorConfig(accelerator_type=acc_type, accelerator_count=kind.count)]
     fields["scheduling"] = scheduling(vm.provisioning, gpu=kind.kind == "gpu", max_run_s=vm.max_run_s)
     return fields
+
+
+def tags(s: GcpSettings, run_tag: str) -> list[str]:
+    """A VM's network tags: the run's (its own firewall rules name it), and where the network's standing dsctl rules
+    are used instead, the tag those name (firewall.SHARED_TAG)."""
+    from .firewall import SHARED_TAG
+
+    return [run_tag, SHARED_TAG] if s.standing_rules else [run_tag]
 
 
 def scheduling(provisioning: str, *, gpu: bool, max_run_s: float | None = None):

@@ -88,8 +88,10 @@ class Context:
 
     def fleet(self, events: EventSink, *, cancellable: bool = True) -> Fleet:
         """The run's resources through the APIs; a deletion is not cancellable (it must finish)."""
+        tpus = any(vm.kind == "tpu" for vm in self.state.trainer_vms.values()) or any(
+            getattr(n.state, "vm", None) is not None and n.state.vm.kind == "tpu" for n in self.dep.nodes)
         return Fleet(self.clients, self.dep.run_id, self.cancel if cancellable else None,
-                     log=lambda msg: events("cloud", msg))
+                     log=lambda msg: events("cloud", msg), tpus=tpus)
 
     def watching(self) -> Watcher:
         """The watcher, running."""

@@ -21,6 +21,7 @@ from dsctl.specs import SpecError
 from dsctl.specs.schema import JobSpec
 
 from .errors import GcpError
+from .storage import retry
 
 PREFIX = "dsctl/data"
 
@@ -67,10 +68,10 @@ def stage(spec: JobSpec, storage_client, gs_root: str, local_cache: Path,
     files = json.loads((local / "manifest.json").read_text())["files"]
 
     def put(file: str) -> int:
-        bucket.blob(f"{path}/{file}").upload_from_filename(str(local / file))
+        bucket.blob(f"{path}/{file}").upload_from_filename(str(local / file), retry=retry())
         return (local / file).stat().st_size
 
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="dsctl-data") as pool:
         sent = sum(pool.map(put, files))
-    bucket.blob(f"{path}/manifest.json").upload_from_filename(str(local / "manifest.json"))
+    bucket.blob(f"{path}/manifest.json").upload_from_filename(str(local / "manifest.json"), retry=retry())
     return sent

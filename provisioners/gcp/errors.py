@@ -11,8 +11,11 @@ One is not a runtime failure: an organization policy that forbids what the spec 
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from dsctl.errors import DsctlError
 from dsctl.specs import SpecError
@@ -61,6 +64,20 @@ class ApiUnavailable(GcpError):
     """Google Cloud kept answering 429 or 503 after every retry."""
 
 
+class ApiDisabled(GcpError, SpecError):
+    """An API the run calls is off in the project (403, ErrorInfo reason SERVICE_DISABLED): the project's setup, not
+    a passing failure; exit 2, naming the command that turns it on."""
+
+
+def disabled_service(exc: Exception) -> tuple[str, str] | None:
+    """(service, consumer project) of a SERVICE_DISABLED refusal (https://cloud.google.com/apis/design/errors#
+    error_info: reason SERVICE_DISABLED, metadata service and consumer), else None."""
+    if getattr(exc, "reason", None) != "SERVICE_DISABLED":
+        return None
+    md = dict(getattr(exc, "metadata", None) or {})
+    return md.get("service", "the API"), md.get("consumer", "").removeprefix("projects/")
+
+
 class PolicyRefused(GcpError, SpecError):
     """An organization policy constraint forbids what the run asked for (HTTP 412 conditionNotMet, "Constraint
     constraints/NAME violated for project NUMBER. ..."): retrying cannot help; the spec or the policy must change."""
@@ -93,7 +110,8 @@ CONSTRAINTS: dict[str, Constraint] = {
         f"and deeplearning-platform-release), or {_ADMIN} or trust the image's project"),
     "compute.requireShieldedVm": Constraint(
         "VMs that are not Shielded VMs with Secure Boot on",
-        f"use Shielded VM images with Secure Boot (gcp.image, gcp.gpu_image), or {_ADMIN}"),
+        "keep gcp.shielded_vm true (dsctl then turns Secure Boot on for every VM) and use images that support "
+        f"Shielded VM (gcp.image, gcp.gpu_image; Google's public images do), or {_ADMIN}"),
     "iam.automaticIamGrantsForDefaultServiceAccounts": Constraint(
         "roles granted automatically to default service accounts (the Compute Engine default service account "
         "has none, so VMs running as it cannot read the run's staging bucket)",
@@ -242,6 +260,13 @@ def from_api_error(exc: Exception, *, doing: str, resource: str | None = None, z
     refused = policy_refusal(detail, doing=doing)
     if refused is not None:
         return refused
+    off = disabled_service(exc)
+    if off is not None:
+        service, project = off
+        return ApiDisabled(f"Google Cloud refused {doing}: {service} is off in project {project or 'the run`s'} "
+                           f"({detail}). Turn it on with `gcloud services enable {service}"
+                           f"{' --project=' + project if project else ''}` (it takes a minute or two), then run dsctl "
+                           "again; `dsctl check gcp` lists every API a run needs.")
     quota = quota_info(detail, metadata=dict(getattr(exc, "metadata", None) or {})) if is_quota(exc) else None
     if resource and zone:
         reasons = {e.get("reason", "") for e in (getattr(exc, "errors", None) or []) if isinstance(e, dict)}
@@ -255,10 +280,8 @@ def from_api_error(exc: Exception, *, doing: str, resource: str | None = None, z
                              "This is a quota, not a passing rate limit: ask for more (console: IAM & Admin > Quotas).")
     if isinstance(exc, gx.PermissionDenied) or isinstance(exc, gx.Forbidden):
         return GcpError(
-            f"Google Cloud refused {doing}: permission denied ({detail}). The credentials dsctl uses (Application "
-            "Default Credentials) need the Compute Admin, TPU Admin and Storage Admin roles on the project, and "
-            "Service Account User on the VMs' service account."
-        )
+            f"Google Cloud refused {doing}: permission denied ({detail}). `dsctl check gcp JOB.yaml` names every "
+            "permission a run needs, on the resource it is granted on, and the command that grants it.")
     if isinstance(exc, gx.Unauthorized):
         return GcpError(f"Google Cloud did not accept the credentials while {doing} ({detail}); run "
                         "`gcloud auth application-default login` again.")
@@ -267,3 +290,28 @@ def from_api_error(exc: Exception, *, doing: str, resource: str | None = None, z
     if isinstance(exc, gx.ResourceExhausted):
         return ZoneExhausted(f"out of capacity or quota while {doing}: {detail}.")
     return GcpError(f"Google Cloud failed while {doing}: {type(exc).__name__}: {detail}")
+
+
+F = TypeVar("F", bound=Callable)
+DOING = "dsctl_doing"  # the attribute a failed call's exception carries (retry.call): what dsctl was doing
+
+
+def explained(fn: F) -> F:
+    """`fn`, with any Google Cloud API answer or credentials failure it did not handle turned into one paragraph that
+    names the call (retry.DOING, set by retry.call) instead of a traceback."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from google.api_core import exceptions as gx
+        from google.auth import exceptions as ga
+
+        try:
+            return fn(*args, **kwargs)
+        except DsctlError:
+            raise
+        except gx.GoogleAPICallError as exc:
+            raise from_api_error(exc, doing=getattr(exc, DOING, f"a Google Cloud call ({fn.__name__})")) from exc
+        except ga.GoogleAuthError as exc:
+            raise GcpError(f"Google Cloud did not accept dsctl's credentials ({type(exc).__name__}: {exc}); run "
+                           "`gcloud auth application-default login` again, or check GOOGLE_APPLICATION_CREDENTIALS."
+                           ) from exc
+    return wrapper  # type: ignore[return-value]

@@ -58,9 +58,56 @@ def run_rules(run_id: str, tag: str, dispatcher_port: int, worker_port: int) -> 
     ]
 
 
+# Standing rules: where the caller may not create firewall rules in the network's project (a Shared VPC host), a
+# network administrator adds these once for every dsctl run on that network, and every dsctl VM carries SHARED_TAG.
+SHARED_TAG = "dsctl-vm"
+
+
+def standing_rules(network: str, dispatcher_port: int, worker_port: int) -> list[Rule]:
+    """The two rules a network's administrator adds for dsctl: the service ports and SSH between dsctl's VMs, the
+    service ports closed to everything else. Named per network, so a Shared VPC host can hold several."""
+    p = tuple(ports(dispatcher_port, worker_port))
+    net = network.rsplit("/", 1)[-1]
+    return [Rule(f"dsctl-{net}-svc"[:63], True, ALLOW_PRIORITY, (*p, "22"), SHARED_TAG, source_tag=SHARED_TAG,
+                 description="dsctl: tf.data service ports and SSH between dsctl's VMs"),
+            Rule(f"dsctl-{net}-deny"[:63], False, DENY_PRIORITY, p, SHARED_TAG, source_range="0.0.0.0/0",
+                 description="dsctl: tf.data service ports closed to all but dsctl's VMs")]
+
+
+def missing_standing(clients: Clients, rules: list[Rule]) -> list[Rule]:
+    """The standing rules that are not there as they must be (their ports, targets and sources)."""
+    have = {fw.name: fw for fw in network_rules(clients)}
+    out = []
+    for rule in rules:
+        fw = have.get(rule.name)
+        if fw is None or list(fw.target_tags) != [rule.target_tag] or fw.priority > rule.priority:
+            out.append(rule)
+        elif rule.allow and not (list(fw.source_tags) == [rule.source_tag]
+                                 and all(_allows(fw, int(p.split("-")[0])) for p in rule.ports)):
+            out.append(rule)
+        elif not rule.allow and not (rule.source_range in list(fw.source_ranges) and all(
+                any(d.I_p_protocol in ("tcp", "all") and _port_covered(list(d.ports), int(p.split("-")[0]))
+                    for d in fw.denied) for p in rule.ports)):
+            out.append(rule)
+    return out
+
+
+def commands(rules: list[Rule], project: str, network: str) -> list[str]:
+    """The gcloud commands that add `rules` to `network` in `project`."""
+    net = network.rsplit("/", 1)[-1]
+    out = []
+    for r in rules:
+        what = ",".join(f"tcp:{p}" for p in r.ports)
+        source = f"--source-tags={r.source_tag}" if r.allow else f"--source-ranges={r.source_range}"
+        out.append(f"gcloud compute firewall-rules create {r.name} --project={project} --network={net} "
+                   f"--direction=INGRESS --action={'allow' if r.allow else 'deny'} --rules={what} {source} "
+                   f"--target-tags={r.target_tag} --priority={r.priority}")
+    return out
+
+
 def network_url(clients: Clients) -> str:
     s = clients.settings
-    return s.network if "/" in s.network else f"projects/{s.project}/global/networks/{s.network}"
+    return s.network if "/" in s.network else f"projects/{s.network_project}/global/networks/{s.network}"
 
 
 def body(clients: Clients, rule: Rule):
@@ -83,7 +130,7 @@ def body(clients: Clients, rule: Rule):
 def insert(clients: Clients, rule: Rule, cancel: threading.Event | None = None):
     from google.cloud import compute_v1 as c
 
-    request = c.InsertFirewallRequest(project=clients.settings.project, firewall_resource=body(clients, rule),
+    request = c.InsertFirewallRequest(project=clients.settings.network_project, firewall_resource=body(clients, rule),
                                       request_id=str(uuid.uuid4()))
     return call(clients.firewalls.insert_unary, request=request, doing=f"creating firewall rule {rule.name}",
                 cancel=cancel)
@@ -92,7 +139,7 @@ def insert(clients: Clients, rule: Rule, cancel: threading.Event | None = None):
 def exists(clients: Clients, name: str, cancel: threading.Event | None = None) -> bool:
     from google.cloud import compute_v1 as c
 
-    request = c.ListFirewallsRequest(project=clients.settings.project, filter=f'name = "{name}"')
+    request = c.ListFirewallsRequest(project=clients.settings.network_project, filter=f'name = "{name}"')
     page = call(lambda **kw: next(iter(clients.firewalls.list(**kw).pages)), request=request,
                 doing=f"looking for firewall rule {name}", cancel=cancel)
     return any(f.name == name for f in page.items)
@@ -103,7 +150,7 @@ def delete(clients: Clients, name: str, cancel: threading.Event | None = None):
     from google.api_core import exceptions as gx
     from google.cloud import compute_v1 as c
 
-    request = c.DeleteFirewallRequest(project=clients.settings.project, firewall=name, request_id=str(uuid.uuid4()))
+    request = c.DeleteFirewallRequest(project=clients.settings.network_project, firewall=name, request_id=str(uuid.uuid4()))
     try:
         return call(clients.firewalls.delete_unary, request=request, doing=f"deleting firewall rule {name}", cancel=cancel)
     except gx.NotFound:
@@ -118,7 +165,7 @@ def network_rules(clients: Clients) -> list:
     want = network_url(clients).rsplit("/", 1)[-1]
     out = []
     for fw in call(lambda **kw: list(clients.firewalls.list(**kw)),
-                   request=c.ListFirewallsRequest(project=clients.settings.project),
+                   request=c.ListFirewallsRequest(project=clients.settings.network_project),
                    doing="listing the network's firewall rules"):
         if fw.network.rsplit("/", 1)[-1] == want and fw.direction == "INGRESS" and not fw.disabled:
             out.append(fw)

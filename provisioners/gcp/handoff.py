@@ -21,12 +21,12 @@ from dsctl.specs import SpecError
 from dsctl.specs.schema import GcpSpec, JobSpec
 
 from ..contract import EventSink, HandOffLimits
-from . import compute, operations, preflight, remote, serviceaccount, stage, starter, startup
+from . import access, accounts, compute, operations, preflight, remote, stage, starter, startup
 from .context import Context
 from .errors import GcpError
 from .lifetime import beat_every_s
 from .state import RemoteProcess, gcp
-from .storage import HeartbeatObject, RunObjects
+from .storage import HeartbeatObject, RunObjects, retry
 from .watch import Watched
 
 SILENT_BEATS = 3  # a supervisor whose heartbeat has not changed for this many beats is gone
@@ -104,9 +104,9 @@ class HandOver:
 
     def put(self, files: dict[str, bytes]) -> None:
         for name, data in files.items():
-            self.bucket.blob(self.prefix + name).upload_from_string(data)
+            self.bucket.blob(self.prefix + name).upload_from_string(data, retry=retry())
         manifest = json.dumps({"files": sorted(files)}).encode()
-        self.bucket.blob(self.prefix + starter.MANIFEST).upload_from_string(manifest)
+        self.bucket.blob(self.prefix + starter.MANIFEST).upload_from_string(manifest, retry=retry())
 
 
 class SupervisorWatch:
@@ -164,22 +164,47 @@ def adopt(ctx: Context) -> str:
     return inside
 
 
-def check_supervisor(ctx: Context, spec: JobSpec) -> None:
-    """On the dispatcher VM, before touching anything: may this VM's service account do what a supervisor does?
-    Raises GcpError naming what it lacks and how to grant it (the user's machine then deletes the run)."""
+def check_supervisor(ctx: Context, spec: JobSpec, events: EventSink | None = None) -> None:
+    """On the dispatcher VM, before touching anything: may this VM's service account do what a supervisor does, each
+    permission asked of the resource it is granted on (access.py)? Grants dsctl made for this run take minutes to be
+    in effect everywhere, so while they may still be on their way (within access.PROPAGATION_S of when they were
+    made) it probes again. Raises GcpError naming what it lacks, on which resource, and the commands that grant it
+    (the user's machine then deletes the run)."""
     s = ctx.settings
-    missing = preflight.missing_permissions(ctx.clients, preflight.supervisor_permissions(spec, s.public_ips),
-                                            "checking the dispatcher VM's permissions")
-    if missing:
-        sa = s.service_account or "the project's default compute service account"
-        roles = serviceaccount.roles_for(spec)
-        grant = (f" ({serviceaccount.grant_commands(s.project, s.service_account, roles)})"
-                 if s.service_account and s.service_account != "none" else "")
-        raise GcpError(
-            f"the run's supervisor on the dispatcher VM runs as the VMs' service account ({sa}), which lacks "
-            f"{len(missing)} permission(s) it needs on project {s.project}: {', '.join(missing[:8])}"
-            f"{' ...' if len(missing) > 8 else ''}. Grant that account {', '.join(r.name for r in roles)}{grant}, "
-            "or set gcp.supervisor: here to supervise the run from this machine (dsctl up only, no --detach).")
+    needs = preflight.supervisor_needs(spec, s)
+    me = s.vm_accounts.get(accounts.SUPERVISOR) or "the dispatcher VM's service account"
+    granted_at = ctx.state.granted_at
+    deadline = (granted_at + access.PROPAGATION_S) if granted_at else 0.0
+    said = False
+    while True:
+        missing = {where: access.missing(ctx.clients, where, wanted, f"checking the supervisor's permissions on "
+                                         f"{where.describe(s.project)}") for where, wanted in needs.items()}
+        missing = {w: m for w, m in missing.items() if m}
+        if not missing:
+            return
+        if time.time() >= deadline or ctx.cancel.is_set():
+            break
+        if not said and events is not None:
+            events("cloud", f"waiting for the grants dsctl made to {me} to take effect (Google says about 2 minutes, "
+                            "sometimes 7)")
+            said = True
+        ctx.cancel.wait(5.0)
+    supervisor_grants = accounts.grants_for(accounts.SUPERVISOR, spec, s.project, s.bucket,
+                                            {accounts.SUPERVISOR: me, **s.vm_accounts}, s.firewall_project)
+    fixes = [g for g in supervisor_grants if any(_grant_on(g, w) for w in missing)]
+    lacking = "; ".join(f"{', '.join(perms[:6])}{' ...' if len(perms) > 6 else ''} on {w.describe(s.project)}"
+                        for w, perms in missing.items())
+    raise GcpError(
+        f"the run's supervisor on the dispatcher VM runs as {me}, which lacks what a supervisor does: {lacking}. "
+        f"Grant it: {accounts.commands(fixes, me) if fixes else 'the roles accounts.py lists'}; or set gcp.supervisor: "
+        "here to supervise the run from this machine (dsctl up only, no --detach).")
+
+
+def _grant_on(grant: accounts.Grant, where: access.Where) -> bool:
+    """Whether `grant` is made on the resource `where` names (the run's project is Where('project', ''))."""
+    if where.kind == "project":
+        return grant.scope == "project"
+    return grant.scope == where.kind and grant.target == where.name
 
 
 def run_objects(ctx: Context) -> RunObjects:

@@ -66,5 +66,14 @@ class IamRest:
                              {"policy": policy}, timeout=timeout)
 
 
+    def test_account_permissions(self, email: str, permissions: list[str], *, retry=None,
+                                 timeout: float | None = 60.0) -> list[str]:
+        """projects.serviceAccounts.testIamPermissions: which of `permissions` the caller holds on the account itself
+        (iam.serviceAccounts.actAs is granted there, or inherited from the project); NotFound if there is none."""
+        data = self._request("POST", f"projects/-/serviceAccounts/{quote(email, safe='@')}:testIamPermissions",
+                             {"permissions": list(permissions)}, timeout=timeout)
+        return list(data.get("permissions", []))
+
+
 def _account(data: dict) -> ServiceAccount:
     return ServiceAccount(email=data.get("email", ""), unique_id=data.get("uniqueId", ""), name=data.get("name", ""))

@@ -4,9 +4,11 @@ Two ends, so nothing of a run bills on after its supervisor (`dsctl up` here, or
 on the dispatcher VM) is gone, with nobody running dsctl:
 - every Compute Engine VM carries gcp.max_duration_s plus MAX_RUN_MARGIN_S as its maxRunDuration,
   with the termination action DELETE (compute.py): Compute Engine deletes it then;
-- every VM and TPU VM runs a dead man's switch (watchdog.py) that deletes its own machine once the
-  supervisor's heartbeat object (heartbeat.py) has not changed for gcp.heartbeat_limit_s. The TPU
-  API has no run-time limit, so for a TPU VM this is the only end.
+- every VM and TPU VM that runs as the run's supervisor account (its dispatcher and trainers) runs a dead man's
+  switch (watchdog.py) that deletes the run's VMs, then its own machine, once the supervisor's heartbeat object
+  (heartbeat.py) has not changed for gcp.heartbeat_limit_s. The TPU API has no run-time limit, so for a TPU VM
+  this is the only end; worker VMs, whose account may delete nothing, are ended by these watchdogs, or at worst by
+  their maxRunDuration.
 The watchdog's configuration reaches the VM as one metadata attribute (WATCHDOG_KEY, JSON), read from
 the metadata server: no value of it passes through a shell.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from .naming import label_value, prefix
 from .remote import REAL_STORAGE
 from .settings import GcpSettings
 from .storage import heartbeat_object
@@ -55,6 +58,10 @@ class WatchdogConfig:
     storage: str
     compute: str
     tpu: str
+    project: str
+    zone: str
+    run_label: str  # the value of the run's label, dsctl-run=<value>, which every Compute Engine VM of it carries
+    tpu_prefix: str | None = None  # the run's TPU queued resources' names start with it (a run with TPU VMs)
     tpu_node: str | None = None
 
     def to_json(self) -> str:
@@ -65,11 +72,13 @@ class WatchdogConfig:
         return cls(**json.loads(text))
 
 
-def watchdog_config(settings: GcpSettings, run_id: str, tpu_node: str | None = None) -> WatchdogConfig:
-    """The watchdog configuration of a run's VMs (of one TPU VM with `tpu_node`, its node id)."""
+def watchdog_config(settings: GcpSettings, run_id: str, *, tpus: bool, tpu_node: str | None = None) -> WatchdogConfig:
+    """The watchdog configuration of a run's supervisor-account VMs (of one TPU VM with `tpu_node`, its node id);
+    `tpus`: the run has TPU VMs for the watchdog to reap."""
     s = settings
     limit = s.heartbeat_limit_s
     node = f"projects/{s.project}/locations/{s.zone}/nodes/{tpu_node}" if tpu_node else None
     return WatchdogConfig(bucket=s.bucket, object=heartbeat_object(run_id), limit_s=limit, check_s=check_every_s(limit),
                           storage=s.storage_host or REAL_STORAGE, compute=s.compute_endpoint or REAL_COMPUTE,
-                          tpu=s.tpu_endpoint or REAL_TPU, tpu_node=node)
+                          tpu=s.tpu_endpoint or REAL_TPU, project=s.project, zone=s.zone,
+                          run_label=label_value(run_id), tpu_prefix=prefix(run_id) if tpus else None, tpu_node=node)

@@ -43,8 +43,10 @@ def wait(clients: Clients, op, *, doing: str, timeout_s: float, cancel: threadin
                 op = call(clients.zone_operations.wait, project=s.project, zone=s.zone, operation=op.name,
                           doing=f"waiting for {doing}", cancel=cancel, retry_timeouts=False,
                           timeout=min(left, WAIT_CALL_S))
-            else:
-                op = call(clients.global_operations.wait, project=s.project, operation=op.name,
+            else:  # a firewall rule's: in the network's project (a Shared VPC host's), which its link names
+                project = op.self_link.split("/projects/", 1)[1].split("/", 1)[0] if "/projects/" in op.self_link \
+                    else s.project
+                op = call(clients.global_operations.wait, project=project, operation=op.name,
                           doing=f"waiting for {doing}", cancel=cancel, retry_timeouts=False,
                           timeout=min(left, WAIT_CALL_S))
         except Exception as exc:

@@ -3,18 +3,25 @@
 Company projects inherit policies from their organization, and Compute Engine refuses a VM that breaks
 one only when it is created (HTTP 412, "Constraint constraints/NAME violated"), after the rest of the
 fleet was made. So the effective policy of each constraint the run could break is read with the
-Organization Policy API v2 (projects.policies.getEffectivePolicy) and a run it refuses is refused here,
-in one paragraph naming the constraint and the fix:
+Organization Policy API v2 (projects.policies.getEffectivePolicy), under its legacy name and its
+managed one where Google has made one (compute.managed.*, iam.managed.*:
+https://cloud.google.com/compute/docs/access/managed-constraints), and a run it refuses is refused
+here, in one paragraph naming the constraint and the fix:
 
-- compute.vmExternalIpAccess, with gcp.public_ips: the run's VMs are new, so only a policy that allows
-  every instance lets them have an external address;
+- compute.vmExternalIpAccess (and compute.managed.vmExternalIpAccess), with gcp.public_ips: the run's
+  VMs are new, so only a policy that allows every instance lets them have an external address;
 - compute.trustedImageProjects: the projects of the run's boot images (gcp.image, gcp.gpu_image);
-- iam.disableServiceAccountCreation: not a refusal; dsctl then does not make its own service account
-  (serviceaccount.py).
+- compute.requireShieldedVm: every VM must be a Shielded VM with Secure Boot: refused with
+  gcp.shielded_vm false, or a boot image that is not Shielded VM compatible;
+- gcp.resourceLocations: the zone, and the staging bucket's location;
+- iam.disableServiceAccountCreation (and iam.managed.disableServiceAccountCreation): not a refusal;
+  dsctl then does not make its own accounts (accounts.py).
 
-OS Login (compute.requireOsLogin) refuses nothing: every VM of a run has OS Login on (oslogin.py).
-Reading policies needs orgpolicy.policy.get, which many users lack: then the plan says the policies
-were not read, and the run goes on. A rule with a condition (on tags) is not taken as deciding.
+OS Login (compute.requireOsLogin) refuses nothing: every VM of a run has OS Login on (oslogin.py), and
+compute.skipDefaultNetworkCreation is the network's check (network.py). Reading policies needs
+orgpolicy.policy.get: without it (or with the Organization Policy API off) the checks say the
+policies were not read, as a warning, and the run goes on. A rule with a condition (on tags) is not
+taken as deciding.
 """
 
 from __future__ import annotations
@@ -28,8 +35,12 @@ from .retry import call
 from .software import Software
 
 EXTERNAL_IPS = "compute.vmExternalIpAccess"
+EXTERNAL_IPS_MANAGED = "compute.managed.vmExternalIpAccess"
 TRUSTED_IMAGES = "compute.trustedImageProjects"
-NO_SERVICE_ACCOUNTS = "iam.disableServiceAccountCreation"
+SHIELDED_VM = "compute.requireShieldedVm"
+LOCATIONS = "gcp.resourceLocations"
+NO_SERVICE_ACCOUNTS = ("iam.disableServiceAccountCreation", "iam.managed.disableServiceAccountCreation")
+GROUP_PREFIXES = ("us", "europe", "asia", "northamerica", "southamerica", "australia", "me", "africa")
 
 
 @dataclass
@@ -47,6 +58,25 @@ class Rules:
         """A list constraint that does not allow everything: denies all, or allows only values it lists."""
         return not self.allow_all and (self.deny_all or bool(self.allowed))
 
+    def admits_location(self, location: str) -> bool:
+        """gcp.resourceLocations' rules on a zone (us-central1-b), a region (us-central1) or a multi-region (us):
+        values are locations, optionally "is:"-prefixed, or value groups: "in:us-central1-locations" (the region
+        and its zones), "in:us-locations" (every US location)
+        (https://cloud.google.com/resource-manager/docs/organization-policy/defining-locations)."""
+        location = location.lower()
+        region = location if location.count("-") <= 1 else location.rsplit("-", 1)[0]
+
+        def matches(value: str) -> bool:
+            value = value.lower().removeprefix("is:")
+            if value.startswith("in:"):
+                group = value[3:].removesuffix("-locations")
+                return group in (region, location) or (group in GROUP_PREFIXES and region.startswith(group))
+            return value == location
+
+        if self.deny_all and not self.allow_all or any(matches(v) for v in self.denied):
+            return False
+        return self.allow_all or not self.allowed or any(matches(v) for v in self.allowed)
+
     def admits(self, value: str) -> bool:
         """Whether a list constraint admits `value` (e.g. projects/debian-cloud); "is:" prefixes as Google writes
         them."""
@@ -61,6 +91,7 @@ class OrgPolicies:
     """What the policies say about this run; `readable` is False where the caller may not read them."""
 
     readable: bool = True
+    api_off: bool = False  # the Organization Policy API is off in the project (403 SERVICE_DISABLED)
     service_account_creation_disabled: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -93,14 +124,17 @@ def _image_project(image: str) -> str | None:
     return f"projects/{parts[parts.index('projects') + 1]}" if "projects" in parts else None
 
 
-def check(clients: Clients, software: Software) -> OrgPolicies:
-    """Refuse (SpecError) a run the organization's policies would refuse; what they say otherwise."""
+def check(clients: Clients, software: Software, shielded_kinds: list[str], bucket_location: str | None
+          ) -> OrgPolicies:
+    """Refuse (SpecError) a run the organization's policies would refuse; what they say otherwise.
+    `shielded_kinds`: the VM kinds whose boot image supports Shielded VM; `bucket_location`: the staging bucket's,
+    where it exists."""
     from google.api_core import exceptions as gx
 
     s = clients.settings
     found = OrgPolicies()
     try:
-        if s.public_ips and effective(clients, EXTERNAL_IPS).restricts:
+        if s.public_ips and (effective(clients, EXTERNAL_IPS).restricts or effective(clients, EXTERNAL_IPS_MANAGED).enforce):
             raise SpecError(
                 f"an organization policy (constraints/{EXTERNAL_IPS}) forbids external IP addresses on new VMs in "
                 f"project {s.project}, and gcp.public_ips is true, so Compute Engine would refuse the run's VMs. "
@@ -117,10 +151,40 @@ def check(clients: Clients, software: Software) -> OrgPolicies:
                     f"{project}, and the run's {kind.kind.upper()} VMs boot {kind.image}. Nothing was created. Name "
                     f"an image from an allowed project ({where}), or ask the organization's administrator to add "
                     f"{project} to the trusted image projects.", field=where)
-        found.service_account_creation_disabled = effective(clients, NO_SERVICE_ACCOUNTS).enforce
+        if effective(clients, SHIELDED_VM).enforce:
+            _shielded(s, software, shielded_kinds)
+        locations = effective(clients, LOCATIONS)
+        for what, location, where in (("zone", s.zone, "gcp.zone"), ("staging bucket", bucket_location, "gcp.bucket")):
+            if location and not locations.admits_location(location):
+                raise SpecError(
+                    f"an organization policy (constraints/{LOCATIONS}) does not allow resources in {location}, the "
+                    f"run's {what}, so it would be refused when created. Nothing was created. Choose a {what} in an "
+                    f"allowed location ({where}; `gcloud org-policies describe {LOCATIONS} --effective "
+                    f"--project={s.project}` lists them).", field=where)
+        found.service_account_creation_disabled = any(effective(clients, c).enforce for c in NO_SERVICE_ACCOUNTS)
     except gx.Forbidden as exc:
         found.readable = False
+        found.api_off = getattr(exc, "reason", None) == "SERVICE_DISABLED"
         found.notes.append(f"the organization's policies could not be read ({getattr(exc, 'message', exc)}; "
-                           "orgpolicy.policy.get, e.g. roles/orgpolicy.policyViewer): one that forbids external "
-                           "addresses or the boot images would refuse the VMs only when they are created")
+                           "orgpolicy.policy.get, e.g. roles/orgpolicy.policyViewer, and the Organization Policy API "
+                           "on): one that forbids what the run does (external addresses, its boot images, VMs "
+                           "without Shielded VM, its location) would refuse the VMs only when they are created")
     return found
+
+
+def _shielded(s, software: Software, shielded_kinds: list[str]) -> None:
+    """compute.requireShieldedVm: every Compute Engine VM a Shielded VM with Secure Boot."""
+    if not s.shielded_vm:
+        raise SpecError(
+            f"an organization policy (constraints/{SHIELDED_VM}) requires every new VM in project {s.project} to be a "
+            "Shielded VM with Secure Boot, and gcp.shielded_vm is false. Nothing was created. Leave gcp.shielded_vm "
+            "out (dsctl turns Secure Boot, vTPM and integrity monitoring on wherever the image supports them).",
+            field="gcp.shielded_vm")
+    for kind in software.kinds.values():
+        if kind.kind != "tpu" and kind.kind not in shielded_kinds:
+            where = "gcp.gpu_image" if kind.kind == "gpu" else "gcp.image"
+            raise SpecError(
+                f"an organization policy (constraints/{SHIELDED_VM}) requires every new VM in project {s.project} to be "
+                f"a Shielded VM, and the run's {kind.kind.upper()} VMs' image {kind.image} does not support Shielded "
+                f"VM (it is not UEFI_COMPATIBLE). Nothing was created. Name a Shielded VM image ({where}; Google's "
+                "public images support it).", field=where)

@@ -21,6 +21,7 @@ import time
 from .clients import Clients
 from .errors import GcpError, from_api_error
 from .keys import KeyPair
+from .retry import call
 from .state import Login
 
 KEY_MARGIN_S = 3600.0  # a registered key outlives the run's longest life by this much
@@ -34,9 +35,11 @@ def register(clients: Clients, key: KeyPair, lifetime_s: float) -> Login:
     account = clients.caller()
     expires_at = time.time() + lifetime_s + KEY_MARGIN_S
     try:
-        response = clients.oslogin.import_ssh_public_key(
-            parent=f"users/{account}", project_id=clients.settings.project,
-            ssh_public_key=common.SshPublicKey(key=key.public, expiration_time_usec=int(expires_at * 1e6)))
+        # A key is identified by its fingerprint: importing it again is the same import, so it is retried as reads.
+        response = call(clients.oslogin.import_ssh_public_key, parent=f"users/{account}",
+                        project_id=clients.settings.project,
+                        ssh_public_key=common.SshPublicKey(key=key.public, expiration_time_usec=int(expires_at * 1e6)),
+                        doing=f"registering the run's SSH key with OS Login for {account}")
     except gx.GoogleAPICallError as exc:
         raise from_api_error(exc, doing=f"registering the run's SSH key with OS Login for {account}") from exc
     profile = response.login_profile
@@ -58,7 +61,8 @@ def unregister(clients: Clients, login: Login) -> None:
     if not login.fingerprint:
         return
     try:
-        clients.oslogin.delete_ssh_public_key(name=f"users/{login.account}/sshPublicKeys/{login.fingerprint}")
+        call(clients.oslogin.delete_ssh_public_key, name=f"users/{login.account}/sshPublicKeys/{login.fingerprint}",
+             doing=f"deleting the run's SSH key from OS Login for {login.account}")
     except gx.NotFound:
         pass
     except gx.GoogleAPICallError as exc:

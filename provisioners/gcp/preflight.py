@@ -1,45 +1,51 @@
 """Checks against the live project before anything is created: a refusal here costs nothing.
 
-- permissions: the caller's, by Cloud Resource Manager's testIamPermissions on the project,
-  for exactly what this run will do (instances, firewall rules, TPU queued resources, the
-  staging bucket, acting as the VMs' service account);
-- the organization's policies that would refuse the run's VMs (orgpolicy.py: external
-  addresses, boot images), where the caller may read them (else a note in the plan);
-- the VMs' service account (serviceaccount.py): dsctl's own where the caller may make it
-  (made in `up`, after the plan is confirmed), else the chosen one, checked for the roles
-  the VMs need;
-- what the spec names exists in the zone: machine types, GPU types, boot images, TPU types
-  and the TPU runtime;
-- the region's Compute Engine quota for the VMs' vCPUs and GPUs, at the run's largest
-  (quota.py; TPU quota is Cloud TPU's and is not read);
-- the network: some rule admits SSH to the VMs; with gcp.public_ips false, the subnet can
-  reach Cloud Storage (Private Google Access, or a Cloud NAT on the region's router), else
-  no VM could fetch its wheelhouse; and which of the network's own rules would have opened
-  the service ports (the run's deny rule closes them), for the plan.
+The checks, in the order `dsctl check gcp` shows them and `dsctl up` runs them (it refuses at the first that
+fails, in one paragraph naming the cause and the command or field that fixes it: SpecError, exit 2):
 
-Each refusal is one paragraph naming the cause and the command or field that fixes it
-(SpecError: exit 2, nothing created). Only reads are made here.
+- credentials: who dsctl calls as (Application Default Credentials);
+- APIs: the ones the run calls are on (services.py, through Service Usage, which a new project has on);
+- project: it exists and you may see it; its number and whether an organization holds it;
+- your permissions, each asked of the resource it is granted on (access.py): the project's for VMs, firewall
+  rules and TPU VMs; the staging bucket's; acting as the VMs' accounts on those accounts;
+- machine types and images: what the spec names exists in the zone (catalog.py);
+- organization policies that would refuse the VMs (orgpolicy.py), where you may read them (else a warning);
+- network: there, usable, reachable for what the run needs, its firewall policies (network.py);
+- service accounts: which the VMs run as, and that each holds (or will be granted) what its VMs do (accounts.py);
+- quota: the region's, the project's global and the TPU quota, at the run's largest (quota.py).
+
+Only reads are made here. `run` is what `dsctl up` calls; `report` runs every check whatever the others found (a
+check that needs what an earlier one failed to learn is skipped, saying why) for `dsctl check gcp`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from dsctl.errors import DsctlError
 from dsctl.specs import SpecError
 from dsctl.specs.schema import JobSpec
 
-from . import firewall, orgpolicy, quota, serviceaccount
+from ..contract import CheckResult
+from . import access, accounts, catalog, network, orgpolicy, quota, services
 from .clients import Clients
+from .errors import GcpError, from_api_error
 from .machinetypes import machine_kind
 from .retry import call
-from .software import Software, tpu_generation
+from .settings import GcpSettings
+from .software import Software
 
+# What each permission the caller lacks comes with, for the refusal's advice.
 ROLES = {
-    "compute.instances.osLogin": "Compute OS Login (SSH to the run's VMs through OS Login)",
-    "compute.": "Compute Instance Admin (v1) and Compute Security Admin (firewall rules)",
-    "tpu.": "TPU Admin",
-    "storage.": "Storage Admin",
-    "iam.serviceAccounts.actAs": "Service Account User (on the VMs' service account)",
+    "compute.instances.osLogin": "roles/compute.osLogin (SSH to the run's VMs through OS Login)",
+    "compute.firewalls.": "roles/compute.securityAdmin (the run's firewall rules)",
+    "compute.networks.updatePolicy": "roles/compute.securityAdmin (the run's firewall rules)",
+    "compute.": "roles/compute.instanceAdmin.v1 (the VMs)",
+    "tpu.": "roles/tpu.admin (the TPU VMs)",
+    "storage.buckets.create": "roles/storage.admin (the staging bucket)",
+    "storage.": "roles/storage.admin on the bucket (the run's objects, and who may read them)",
+    "iam.serviceAccounts.actAs": "roles/iam.serviceAccountUser on the VMs' service account",
 }
 
 
@@ -48,22 +54,35 @@ class Findings:
     """What the checks learned, for the plan and the run."""
 
     project_number: str | None = None
-    service_account: str | None = None  # the VMs' service account
-    account: serviceaccount.AccountPlan | None = None  # ... and what `up` does to it (serviceaccount.ensure)
+    organization: str | None = None
+    accounts: accounts.Accounts | None = None  # which accounts the VMs run as, and what `up` does to them
+    shielded_kinds: list[str] = field(default_factory=list)
+    standing_rules: bool = False  # the network's standing dsctl rules, not the run's own
     notes: list[str] = field(default_factory=list)
 
 
-def required_permissions(spec: JobSpec, public_ips: bool) -> list[str]:
+@dataclass
+class _Walk:
+    """One pass of the checks: their inputs, and what each learned for the next."""
+
+    clients: Clients
+    spec: JobSpec
+    software: Software
+    reaches_vms: bool
+    workers: int
+    findings: Findings = field(default_factory=Findings)
+    bucket_exists: bool = False
+    bucket_location: str | None = None
+    creation_forbidden: bool = False
+
+
+def required_permissions(spec: JobSpec) -> list[str]:
+    """What you do on the run's project: create and delete its VMs (running as service accounts), its firewall
+    rules, its TPU VMs; the bucket's own permissions are asked of the bucket."""
     perms = ["compute.instances.create", "compute.instances.delete", "compute.instances.get", "compute.instances.list",
              "compute.instances.setMetadata", "compute.instances.setTags", "compute.instances.setLabels",
-             "compute.instances.setServiceAccount", "compute.disks.create", "compute.subnetworks.use",
-             "compute.firewalls.create", "compute.firewalls.delete", "compute.firewalls.list",
-             "compute.networks.updatePolicy", "compute.zoneOperations.get", "compute.globalOperations.get",
-             "iam.serviceAccounts.actAs", "compute.instances.osLogin",
-             "storage.buckets.get", "storage.buckets.getIamPolicy", "storage.buckets.setIamPolicy",
-             "storage.objects.create", "storage.objects.delete", "storage.objects.get", "storage.objects.list"]
-    if public_ips:
-        perms.append("compute.subnetworks.useExternalIp")
+             "compute.instances.setServiceAccount", "compute.disks.create", "compute.zoneOperations.get",
+             "compute.globalOperations.get", "compute.instances.osLogin"]
     if machine_kind(spec.trainer.machine).kind == "tpu":
         perms += ["tpu.nodes.get", "tpu.nodes.list", "tpu.nodes.delete", "tpu.queuedResources.create",
                   "tpu.queuedResources.get", "tpu.queuedResources.list", "tpu.queuedResources.delete",
@@ -71,203 +90,257 @@ def required_permissions(spec: JobSpec, public_ips: bool) -> list[str]:
     return perms
 
 
-def supervisor_permissions(spec: JobSpec, public_ips: bool) -> list[str]:
-    """What a run's supervisor on the dispatcher VM does with the VMs' service account (orchestrator/supervise.py):
-    watch and restart VMs, publish the record, delete everything; with autoscaling, create workers too."""
-    perms = ["compute.instances.delete", "compute.instances.get", "compute.instances.list", "compute.instances.start",
-             "compute.instances.osLogin", "iam.serviceAccounts.actAs", "compute.firewalls.delete",
-             "compute.firewalls.list", "compute.zoneOperations.get",
-             "compute.globalOperations.get", "storage.objects.create", "storage.objects.delete",
-             "storage.objects.get", "storage.objects.list"]
+BUCKET_PERMISSIONS = ["storage.buckets.get", "storage.buckets.getIamPolicy", "storage.buckets.setIamPolicy",
+                      "storage.objects.create", "storage.objects.delete", "storage.objects.get", "storage.objects.list"]
+
+
+def supervisor_needs(spec: JobSpec, s: GcpSettings) -> dict[access.Where, list[str]]:
+    """What the run's supervisor on the dispatcher VM does with its account, on each resource (orchestrator/
+    supervise.py): watch, restart and delete VMs (create workers when it autoscales) and TPU VMs on the project;
+    delete the run's firewall rules where they are (a Shared VPC host's project; none with standing rules); publish
+    the record and delete the run's objects in the bucket; act as the VMs' accounts (SSH to them through OS Login,
+    workers it creates) on those accounts."""
+    project = ["compute.instances.delete", "compute.instances.get", "compute.instances.list", "compute.instances.start",
+               "compute.instances.osLogin", "compute.zoneOperations.get"]
     if spec.autoscale is not None:
-        perms += [p for p in required_permissions(spec, public_ips) if p.startswith("compute.") and p not in perms]
+        project += ["compute.instances.create", "compute.instances.setMetadata", "compute.instances.setTags",
+                    "compute.instances.setLabels", "compute.instances.setServiceAccount", "compute.disks.create"]
     if machine_kind(spec.trainer.machine).kind == "tpu":
-        perms += ["tpu.nodes.get", "tpu.nodes.list", "tpu.nodes.delete", "tpu.queuedResources.get",
-                  "tpu.queuedResources.list", "tpu.queuedResources.delete", "tpu.operations.get"]
-    return perms
+        project += ["tpu.nodes.get", "tpu.nodes.list", "tpu.nodes.delete", "tpu.queuedResources.get",
+                    "tpu.queuedResources.list", "tpu.queuedResources.delete", "tpu.operations.get"]
+    out = {access.PROJECT: project,
+           access.bucket(s.bucket): ["storage.objects.create", "storage.objects.delete", "storage.objects.get",
+                                   "storage.objects.list"]}
+    if s.firewall_project is not None:
+        rules = access.PROJECT if s.firewall_project == s.project else access.Where("project", s.firewall_project)
+        out[rules] = [*out.get(rules, []), "compute.firewalls.delete", "compute.firewalls.list",
+                      "compute.globalOperations.get"]
+    for email in dict.fromkeys(s.vm_accounts.values()):
+        out[access.account(email)] = ["iam.serviceAccounts.actAs"]
+    return out
 
 
-def missing_permissions(clients: Clients, wanted: list[str], doing: str) -> list[str]:
-    """The permissions of `wanted` the caller's credentials do not have on the run's project."""
-    s = clients.settings
-    granted: set[str] = set()
-    for i in range(0, len(wanted), 100):  # the API takes at most 100 at a time
-        reply = call(clients.projects.test_iam_permissions,
-                     request={"resource": f"projects/{s.project}", "permissions": wanted[i:i + 100]}, doing=doing)
-        granted |= set(reply.permissions)
-    return [p for p in wanted if p not in granted]
+def _roles_for(missing: list[str]) -> str:
+    return "; ".join(sorted({next(role for prefix, role in ROLES.items() if p.startswith(prefix)) for p in missing
+                             if any(p.startswith(prefix) for prefix in ROLES)}))
 
 
-def check_permissions(clients: Clients, spec: JobSpec) -> None:
-    s = clients.settings
-    missing = missing_permissions(clients, required_permissions(spec, s.public_ips),
-                                  f"checking your permissions on project {s.project}")
-    if missing:
-        roles = sorted({next(role for prefix, role in ROLES.items() if p.startswith(prefix)) for p in missing
-                        if any(p.startswith(prefix) for prefix in ROLES)})
-        raise SpecError(
-            f"your credentials lack {len(missing)} permission(s) this run needs on project {s.project}: "
-            f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}. Nothing was created. Grant the roles "
-            f"{'; '.join(roles)} (gcloud projects add-iam-policy-binding {s.project} --member=user:YOU --role=...), "
-            "or run dsctl with credentials that have them.")
+# -- the checks ----------------------------------------------------------------------------------------------------
+def _credentials(w: _Walk) -> list[CheckResult]:
+    return [CheckResult("credentials", "ok", f"calling Google Cloud as {w.clients.caller()}")]
 
 
-def project_number(clients: Clients) -> str:
-    s = clients.settings
-    project = call(clients.projects.get_project, name=f"projects/{s.project}", doing=f"reading project {s.project}")
-    return project.name.rsplit("/", 1)[-1]
-
-
-def _exists(fn, doing: str, **kwargs) -> bool:
+def _project(w: _Walk) -> list[CheckResult]:
     from google.api_core import exceptions as gx
 
+    s = w.clients.settings
     try:
-        call(fn, doing=doing, **kwargs)
-        return True
-    except gx.NotFound:
-        return False
+        project = call(w.clients.projects.get_project, name=f"projects/{s.project}", doing=f"reading project {s.project}")
+    except (gx.Forbidden, gx.NotFound):
+        raise SpecError(f"project {s.project} does not exist, or your credentials ({w.clients.caller()}) may not see "
+                        f"it (resourcemanager.projects.get). Nothing was created. Check gcp.project, or ask for "
+                        f"roles/browser on it.", field="gcp.project") from None
+    w.findings.project_number = project.name.rsplit("/", 1)[-1]
+    parent = project.parent or None
+    w.findings.organization = parent if parent and parent.startswith(("organizations/", "folders/")) else None
+    where = f"in {parent}" if parent else "in no organization: no organization policy applies"
+    return [CheckResult("project", "ok", f"project {s.project} (number {w.findings.project_number}), {where}")]
 
 
-def check_catalog(clients: Clients, spec: JobSpec, software: Software) -> None:
-    """The machine types, GPU types, images and TPU runtime the run names exist in its zone."""
-    s = clients.settings
-    machines = {("service", "worker_machine"): spec.service.worker_machine,
-                ("service", "dispatcher_machine"): spec.service.dispatcher_machine}
-    kind = machine_kind(spec.trainer.machine)
-    if kind.kind != "tpu":
-        machines[("trainer", "machine")] = spec.trainer.machine
-    for loc, machine in machines.items():
-        if not _exists(clients.machine_types.get, f"looking up machine type {machine}", project=s.project, zone=s.zone,
-                       machine_type=machine):
-            raise SpecError(f"machine type {machine} is not offered in zone {s.zone} (`gcloud compute machine-types "
-                            f"list --zones {s.zone}`); pick another type or zone (gcp.zone).", field=".".join(loc))
-    if kind.kind == "gpu" and not _exists(clients.accelerator_types.get, f"looking up GPU type {kind.accelerator}",
-                                          project=s.project, zone=s.zone, accelerator_type=kind.accelerator):
-        raise SpecError(f"{spec.trainer.machine}'s GPUs ({kind.accelerator}) are not offered in zone {s.zone} "
-                        f"(`gcloud compute accelerator-types list --filter=zone:{s.zone}`); pick another zone.",
-                        field="trainer.machine")
-    for k in software.kinds.values():
-        if k.kind != "tpu" and not _image_exists(clients, k.image):
-            raise SpecError(f"the boot image {k.image} does not exist or is not readable; check the family "
-                            f"(`gcloud compute images describe-from-family ...`).",
-                            field="gcp.gpu_image" if k.kind == "gpu" else "gcp.image")
-    if kind.kind == "tpu":
-        generation, _ = tpu_generation(spec.trainer.machine)
-        accelerator = spec.trainer.machine.removeprefix("tpu-")
-        where = f"projects/{s.project}/locations/{s.zone}"
-        if not _exists(clients.tpu.get_accelerator_type, f"looking up TPU type {accelerator}",
-                       name=f"{where}/acceleratorTypes/{accelerator}"):
-            raise SpecError(f"TPU {accelerator} is not offered in zone {s.zone} (`gcloud compute tpus accelerator-types "
-                            f"list --zone {s.zone}`); pick another zone (gcp.zone).", field="trainer.machine")
-        tpu = software.for_kind("tpu")
-        runtime = tpu.image
-        if not _exists(clients.tpu.get_runtime_version, f"looking up TPU runtime {runtime}",
-                       name=f"{where}/runtimeVersions/{runtime}"):
-            listed = f"is not offered in zone {s.zone} (`gcloud compute tpus versions list --zone {s.zone}`)"
-            if tpu.jax:  # JAX's TPU software: the image does not depend on the TensorFlow version
-                raise SpecError(f"the TPU runtime {runtime} (JAX's TPU software for TPU {generation}) {listed}; name one "
-                                "that is in gcp.tpu_runtime_version, or pick another zone.",
-                                field="gcp.tpu_runtime_version")
-            raise SpecError(f"the TPU runtime {runtime} (TensorFlow {software.tensorflow_version} on TPU {generation}) "
-                            f"{listed}; set gcp.tensorflow_version to another version, or another zone.",
-                            field="gcp.tensorflow_version")
+def _apis(w: _Walk) -> list[CheckResult]:
+    from google.api_core import exceptions as gx
 
-
-def _image_exists(clients: Clients, image: str) -> bool:
-    parts = image.split("/")
-    if "projects" not in parts or "images" not in parts:
-        return True  # an image URL form dsctl does not parse: the insert will tell
-    project = parts[parts.index("projects") + 1]
-    if parts[-2] == "family":
-        return _exists(clients.images.get_from_family, f"looking up image family {parts[-1]}", project=project,
-                       family=parts[-1])
-    return _exists(clients.images.get, f"looking up image {parts[-1]}", project=project, image=parts[-1])
-
-
-def _subnet(clients: Clients) -> tuple[str, str]:
-    """(subnet name, network name) the VMs get their internal addresses from."""
-    s = clients.settings
-    network = s.network.rsplit("/", 1)[-1]
-    if s.subnetwork:
-        return s.subnetwork.rsplit("/", 1)[-1], network
-    net = call(clients.networks.get, project=s.project, network=network, doing=f"reading network {network}")
-    if not net.auto_create_subnetworks:
-        raise SpecError(f"network {network} is a custom-mode VPC: name the subnet in region {s.region} the VMs use "
-                        "(gcp.subnetwork).", field="gcp.subnetwork")
-    return network, network  # an auto-mode network's subnet in each region has the network's name
-
-
-def check_egress(clients: Clients) -> None:
-    """With internal addresses only, the VMs reach Cloud Storage through Private Google Access or a Cloud NAT."""
-    s = clients.settings
-    subnet, network = _subnet(clients)
-    sub = call(clients.subnetworks.get, project=s.project, region=s.region, subnetwork=subnet,
-               doing=f"reading subnet {subnet}")
-    if sub.private_ip_google_access:
-        return
-    for router in call(lambda **kw: list(clients.routers.list(**kw)), project=s.project, region=s.region,
-                       doing=f"listing the routers of region {s.region}"):
-        if router.network.rsplit("/", 1)[-1] != network:
-            continue
-        for nat in router.nats:
-            scope = nat.source_subnetwork_ip_ranges_to_nat
-            if scope in ("ALL_SUBNETWORKS_ALL_IP_RANGES", "ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES") or any(
-                    n.name.rsplit("/", 1)[-1] == subnet for n in nat.subnetworks):
-                return
-    raise SpecError(
-        f"gcp.public_ips is false, so the VMs get internal addresses only, but subnet {subnet} (region {s.region}) has "
-        "neither Private Google Access nor a Cloud NAT: the VMs could not reach Cloud Storage for their wheelhouse. "
-        "Nothing was created. Turn on Private Google Access (enough for dsctl: `gcloud compute networks subnets update "
-        f"{subnet} --region {s.region} --enable-private-ip-google-access`), or add a Cloud NAT (`gcloud compute routers "
-        f"create dsctl-nat --network {network} --region {s.region} && gcloud compute routers nats create dsctl-nat "
-        f"--router dsctl-nat --region {s.region} --auto-allocate-nat-external-ips --nat-all-subnet-ip-ranges`), or "
-        "set gcp.public_ips: true.", field="gcp.public_ips")
-
-
-def check_network(clients: Clients, findings: Findings, reaches_vms: bool = True) -> None:
-    """SSH to the VMs from this machine (`reaches_vms`: a run supervised from here; a run handed over is reached
-    from its dispatcher VM only, through the run's own rule), their way out to Cloud Storage, and the network's
-    rules that admit the service ports."""
-    s = clients.settings
-    if reaches_vms and not firewall.ssh_rules(clients, from_outside=s.public_ips):
-        network = s.network.rsplit("/", 1)[-1]
-        where = "from outside the VPC (dsctl connects to the VMs' external addresses)" if s.public_ips else ""
+    s = w.clients.settings
+    wanted = services.needed(tpu=machine_kind(w.spec.trainer.machine).kind == "tpu")
+    try:
+        states = services.states(w.clients, wanted)
+    except gx.Forbidden as exc:
+        return [CheckResult("APIs", "warn", f"which APIs are on could not be read ({getattr(exc, 'message', exc)}; "
+                            "serviceusage.services.get): an API that is off would refuse the run when first called",
+                            fix=services.enable_command(s.project, [a.name for a in wanted]))]
+    off = [a for a in wanted if states.get(a.name) != "ENABLED"]
+    needed = [a for a in off if a.required]
+    if needed:
         raise SpecError(
-            f"no firewall rule of network {network} admits SSH (tcp:22) to the VMs {where}, and dsctl starts the "
-            f"runtime over SSH. Nothing was created. Add one, e.g. `gcloud compute firewall-rules create "
-            f"{network}-allow-ssh --network {network} --allow tcp:22 --source-ranges YOUR_IP/32`.", field="gcp.network")
-    if not s.public_ips:
-        check_egress(clients)
-    service_ports = firewall.ports(s.dispatcher_port, s.worker_port)
-    for rule, closed in firewall.wider_rules(clients, service_ports):
-        if closed:
-            findings.notes.append(f"the network's rule {rule} admits the service ports; the run's deny rule "
-                                  "(priority 910) keeps them to the run's VMs")
-        else:
-            findings.notes.append(f"WARNING: the network's rule {rule} admits the service ports ahead of the run's "
-                                  "deny rule, so machines outside the run can reach the unauthenticated tf.data "
-                                  "service ports; raise its priority number above 910 or narrow it")
+            f"{len(needed)} API(s) the run calls are off in project {s.project}: "
+            f"{'; '.join(f'{a.name} ({a.why})' for a in needed)}. Nothing was created. Turn them on: "
+            f"`{services.enable_command(s.project, [a.name for a in off])}` (a minute or two to take effect).",
+            field="gcp.project")
+    out = [CheckResult("APIs", "ok", f"{len(wanted) - len(off)} API(s) on: "
+                       f"{', '.join(a.name for a in wanted if a not in off)}")]
+    for a in off:
+        out.append(CheckResult("APIs", "warn", f"{a.name} is off: without it dsctl checks less beforehand ({a.why})",
+                               fix=services.enable_command(s.project, [a.name])))
+    return out
+
+
+def _permissions(w: _Walk) -> list[CheckResult]:
+    """Yours, each on its resource: the project's, the staging bucket's (or creating it), acting as the VMs'
+    accounts (asked once they are chosen: _accounts)."""
+    from google.api_core import exceptions as gx
+
+    s = w.clients.settings
+    wanted = required_permissions(w.spec)
+    try:
+        bucket = call(lambda **_: w.clients.storage.lookup_bucket(s.bucket), doing=f"looking up gs://{s.bucket}")
+    except gx.Forbidden:
+        bucket = True  # it exists, someone else's: the bucket's own test says what you may do there
+    w.bucket_exists = bucket is not None
+    if bucket is None:
+        wanted = wanted + ["storage.buckets.create"]
+        w.bucket_location = s.region
+    elif bucket is not True:
+        w.bucket_location = (bucket.location or "").lower() or None
+    missing = access.missing(w.clients, access.PROJECT, wanted, f"checking your permissions on project {s.project}")
+    where = f"project {s.project}"
+    if not missing and w.bucket_exists:
+        missing = access.missing(w.clients, access.bucket(s.bucket), BUCKET_PERMISSIONS,
+                                 f"checking your permissions on gs://{s.bucket}")
+        where = f"the staging bucket gs://{s.bucket}"
+    if missing:
+        command = (f"gcloud projects add-iam-policy-binding {s.project} --member=user:YOU --role=ROLE"
+                   if where.startswith("project") else
+                   f"gcloud storage buckets add-iam-policy-binding gs://{s.bucket} --member=user:YOU "
+                   "--role=roles/storage.admin")
+        raise SpecError(
+            f"your credentials ({w.clients.caller()}) lack {len(missing)} permission(s) this run needs on {where}: "
+            f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}. Nothing was created. Grant the roles "
+            f"{_roles_for(missing)} (`{command}`), or run dsctl with credentials that have them; or name another "
+            "staging bucket (gcp.bucket).", field="gcp.bucket" if where.startswith("the staging") else "gcp.project")
+    said = f"on project {s.project}" + (f" and gs://{s.bucket}" if w.bucket_exists else
+                                        f"; gs://{s.bucket} is created in {s.region}")
+    return [CheckResult("your permissions", "ok", f"you may create and delete the run's VMs and rules {said}")]
+
+
+def _catalog(w: _Walk) -> list[CheckResult]:
+    w.findings.shielded_kinds = catalog.check(w.clients, w.spec, w.software)
+    w.clients.settings.shielded_kinds = list(w.findings.shielded_kinds)
+    return [CheckResult("machines and images", "ok",
+                        f"{w.spec.trainer.machine}, {w.spec.service.worker_machine} and their images are offered in "
+                        f"{w.clients.settings.zone}")]
+
+
+def _policies(w: _Walk) -> list[CheckResult]:
+    if w.findings.organization is None:
+        return [CheckResult("organization policies", "ok", "the project is in no organization")]
+    found = orgpolicy.check(w.clients, w.software, w.findings.shielded_kinds, w.bucket_location)
+    w.creation_forbidden = found.service_account_creation_disabled
+    if found.api_off:
+        s = w.clients.settings
+        raise SpecError(
+            f"project {s.project} is in {w.findings.organization}, whose policies can refuse the run's VMs when they are "
+            "created, and the Organization Policy API, which dsctl reads them with first, is off. Nothing was created. "
+            f"Turn it on: `{services.enable_command(s.project, ['orgpolicy.googleapis.com'])}`.", field="gcp.project")
+    if not found.readable:
+        return [CheckResult("organization policies", "warn", n, fix="ask for roles/orgpolicy.policyViewer")
+                for n in found.notes]
+    return [CheckResult("organization policies", "ok", "none of the constraints dsctl knows would refuse the run")]
+
+
+def _network(w: _Walk) -> list[CheckResult]:
+    found = network.check(w.clients, reaches_vms=w.reaches_vms)
+    w.findings.standing_rules = w.clients.settings.standing_rules = found.standing_rules
+    s = w.clients.settings
+    rules = ("the network's standing dsctl rules" if found.standing_rules else
+             f"the run's own firewall rules in project {s.network_project}")
+    out = [CheckResult("network", "ok", f"network {s.network.rsplit('/', 1)[-1]}"
+                       f"{' (Shared VPC of ' + s.network_project + ')' if s.network_project != s.project else ''}: "
+                       f"usable; {rules}")]
+    out += [CheckResult("network", "warn" if n.startswith("WARNING") else "ok", n.removeprefix("WARNING: "),
+                        plan_note=True) for n in found.notes]
+    return out
+
+
+def _accounts(w: _Walk) -> list[CheckResult]:
+    from google.api_core import exceptions as gx
+
+    assert w.findings.project_number is not None, "the project check ran first"
+    s = w.clients.settings
+    chosen = accounts.decide(w.clients, w.spec, w.findings.project_number, workers=w.workers,
+                             creation_forbidden=w.creation_forbidden, firewall_project=s.firewall_project)
+    w.findings.accounts = chosen
+    s.vm_accounts = dict(chosen.emails)
+    out = [CheckResult("service accounts", "ok", n, plan_note=True) for n in chosen.notes]
+    # You create VMs that run as these accounts: you act as each (asked of the account itself).
+    made = {g.target for g in chosen.caller_grants}
+    for email in dict.fromkeys(chosen.emails.values()):
+        if email in made or any(p.create for p in chosen.plans if p.email == email):
+            continue
+        try:
+            lacking = access.missing(w.clients, access.account(email), ["iam.serviceAccounts.actAs"],
+                                     f"checking that you may act as {email}")
+        except gx.NotFound:
+            lacking = ["iam.serviceAccounts.actAs"]
+        if lacking:
+            raise SpecError(
+                f"your credentials ({w.clients.caller()}) may not act as {email}, which the run's VMs run as, so no VM "
+                f"could be created to run as it (iam.serviceAccounts.actAs, asked of the account itself). Nothing "
+                f"was created. Grant it: `gcloud iam service-accounts add-iam-policy-binding {email} "
+                f"--member=user:{w.clients.caller()} --role=roles/iam.serviceAccountUser`.", field="gcp.service_accounts")
+    return out
+
+
+def _quota(w: _Walk) -> list[CheckResult]:
+    notes = quota.check(w.clients, w.spec, workers=w.workers, hands_off=not w.reaches_vms)
+    out = [CheckResult("quota", "ok", "the run's VMs fit the project's quotas")]
+    return out + [CheckResult("quota", "warn" if "not checked" in n or "could not" in n else "ok", n, plan_note=True)
+                  for n in notes]
+
+
+CHECKS: list[tuple[str, Callable[[_Walk], list[CheckResult]]]] = [
+    ("credentials", _credentials), ("APIs", _apis), ("project", _project), ("your permissions", _permissions),
+    ("machines and images", _catalog), ("organization policies", _policies), ("network", _network),
+    ("service accounts", _accounts), ("quota", _quota)]
+# A failure here makes the later checks meaningless: they are skipped.
+FUNDAMENTAL = {"credentials", "project", "APIs"}
+
+
+def _walk(clients: Clients, spec: JobSpec, software: Software, *, reaches_vms: bool, workers: int | None,
+          stop_at_first: bool) -> tuple[Findings, list[CheckResult]]:
+    accounts.refuse_none(clients.settings.service_account)  # VMs that nothing could end
+    most = workers if workers is not None else max(spec.service.workers, spec.autoscale.max_workers
+                                                   if spec.autoscale else 0)
+    w = _Walk(clients, spec, software, reaches_vms, most)
+    results: list[CheckResult] = []
+    blocked: str | None = None
+    for name, check in CHECKS:
+        if blocked:
+            results.append(CheckResult(name, "skip", f"not checked: {blocked}"))
+            continue
+        try:
+            results += check(w)
+        except SpecError as exc:
+            if stop_at_first:
+                raise
+            results.append(CheckResult(name, "fail", str(exc), field=exc.field))
+        except (GcpError, DsctlError) as exc:
+            if stop_at_first:
+                raise
+            results.append(CheckResult(name, "fail", str(exc)))
+        except Exception as exc:  # noqa: BLE001 - a Google API answer the check did not expect: said, not a traceback
+            from google.api_core import exceptions as gx
+
+            if stop_at_first or not isinstance(exc, gx.GoogleAPICallError):
+                raise
+            results.append(CheckResult(name, "fail", str(from_api_error(exc, doing=f"the {name} check"))))
+        if results and results[-1].status == "fail" and name in FUNDAMENTAL:
+            blocked = f"the {name} check failed"
+    w.findings.notes += [f"WARNING: {r.detail}" for r in results if r.status == "warn"]
+    w.findings.notes += [r.detail for r in results if r.status == "ok" and r.plan_note]
+    return w.findings, results
 
 
 def run(clients: Clients, spec: JobSpec, software: Software, reaches_vms: bool = True,
         workers: int | None = None) -> Findings:
-    """Every check, in the order that fails cheapest; returns what the plan should say. `reaches_vms`: this machine
+    """Every check, stopping at the first refusal (SpecError); what the plan should say. `reaches_vms`: this machine
     connects to the VMs (a run supervised from here), so SSH from here must be admitted; else the run is handed over
     to its dispatcher VM. `workers`: the most workers the run will have (None: from the spec; 0: trainers only)."""
-    findings = Findings()
-    serviceaccount.refuse_none(clients.settings.service_account)  # VMs that nothing could end
-    check_permissions(clients, spec)
-    findings.project_number = project_number(clients)
-    check_catalog(clients, spec, software)
-    findings.notes += quota.check(clients, spec, workers=workers, hands_off=not reaches_vms)
-    policies = orgpolicy.check(clients, software)
-    findings.notes += policies.notes
-    s = clients.settings
-    lacking = [] if s.service_account else missing_permissions(clients, serviceaccount.MAKES_ACCOUNTS,
-                                                               f"checking your permissions on project {s.project}")
-    findings.account = serviceaccount.decide(clients, spec, findings.project_number, lacking=lacking,
-                                             may_not_create=policies.service_account_creation_disabled)
-    findings.service_account = findings.account.email
-    findings.notes += findings.account.notes
-    check_network(clients, findings, reaches_vms)
+    findings, _ = _walk(clients, spec, software, reaches_vms=reaches_vms, workers=workers, stop_at_first=True)
     return findings
+
+
+def report(clients: Clients, spec: JobSpec, software: Software, reaches_vms: bool = False,
+           workers: int | None = None) -> list[CheckResult]:
+    """Every check, whatever the others found, for `dsctl check gcp`."""
+    _, results = _walk(clients, spec, software, reaches_vms=reaches_vms, workers=workers, stop_at_first=False)
+    return results

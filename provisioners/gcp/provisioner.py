@@ -24,6 +24,7 @@ to be handed over, the heartbeat it writes while it supervises the run, and, on 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
@@ -32,14 +33,14 @@ from dsctl.runtime.sampler import Sample
 from dsctl.specs import SpecError
 from dsctl.specs.schema import JobSpec
 
-from ..contract import EventSink, HandOffLimits, Poll, TrainerLaunch, TrainerState, Where
+from ..contract import CheckResult, EventSink, HandOffLimits, Poll, TrainerLaunch, TrainerState, Where
 from ..registry import register
 from ..state import Deployment, Node, StateCodec
-from . import context, handoff, preflight, processes, restore, serviceaccount, stage, sweep, teardown, vms
+from . import accounts, context, handoff, preflight, processes, restore, stage, sweep, teardown, vms
 from .clients import Clients
 from .context import Context
 from .data import root as data_root
-from .errors import GcpError, SshUnreachable
+from .errors import GcpError, SshUnreachable, explained
 from .heartbeat import Heartbeat
 from .machinetypes import machine_kind
 from .plan import confirm as ask_first
@@ -103,9 +104,9 @@ class GcpProvisioner:
             ctx = self._context(dep, spec)
             ctx.cancel.clear()
             findings = self._preflight(spec, ctx.clients, workers)
-            serviceaccount.ensure(ctx.clients, findings.account, events)  # confirmed: the VMs' account, before them
-            stage.software(ctx, spec, {"cpu", machine_kind(spec.trainer.machine).kind}, findings.service_account,
-                           events)
+            stage.bucket(ctx)
+            self._accounts(ctx, findings, events)  # confirmed: the VMs' accounts before any VM
+            stage.software(ctx, spec, {"cpu", machine_kind(spec.trainer.machine).kind}, events)
             self._beat(ctx)
             machines = vms.record(ctx, spec, "dispatcher", [0], spec.service.dispatcher_machine,
                                   supervisor=self._hands_off)
@@ -125,6 +126,12 @@ class GcpProvisioner:
         except BaseException as exc:
             self._cleanup_failed_up(dep, events, exc)
             raise
+
+    def _accounts(self, ctx: Context, findings: preflight.Findings, events: EventSink) -> None:
+        """The VMs' accounts made and granted (accounts.ensure), and when, for the supervisor to wait on."""
+        if accounts.ensure(ctx.clients, findings.accounts, events, ctx.cancel):
+            ctx.state.granted_at = time.time()
+        ctx.save()
 
     def _start_servers(self, ctx: Context, dep: Deployment, events: EventSink) -> None:
         processes.start_dispatcher(ctx, dep.by_role("dispatcher")[0])
@@ -215,8 +222,9 @@ class GcpProvisioner:
 
     def _create_trainers(self, ctx: Context, spec: JobSpec, count: int, events: EventSink) -> None:
         findings = self._preflight(spec, ctx.clients, workers=0)  # a baseline: its trainers are all it makes
-        serviceaccount.ensure(ctx.clients, findings.account, events)
-        stage.software(ctx, spec, {machine_kind(spec.trainer.machine).kind}, findings.service_account, events)
+        stage.bucket(ctx)
+        self._accounts(ctx, findings, events)
+        stage.software(ctx, spec, {machine_kind(spec.trainer.machine).kind}, events)
         self._beat(ctx)
         have = {n.index for n in ctx.dep.by_role("trainer")}
         machines = vms.record(ctx, spec, "trainer", [i for i in range(count) if i not in have], spec.trainer.machine)
@@ -340,15 +348,22 @@ class GcpProvisioner:
         self._beat(self._context(dep))
         self._inside = handoff.adopt(self._context(dep))
 
-    def check_supervisor(self, dep: Deployment, spec: JobSpec) -> None:
+    def check_supervisor(self, dep: Deployment, spec: JobSpec, events: EventSink | None = None) -> None:
         """The supervisor's first act on the dispatcher VM: it beats from here on (the user's machine stopped when
         it handed over), then checks its permissions."""
         self._beat(self._context(dep))
-        handoff.check_supervisor(self._context(dep), spec)
+        handoff.check_supervisor(self._context(dep), spec, events)
 
     def delete_self(self, dep: Deployment) -> None:
         if self._inside is not None:
             handoff.delete_self(self._context(dep), self._inside)
+
+    # -- ChecksPlace: `dsctl check gcp` (preflight.py) -------------------------------------------------------------
+    def check_place(self, spec: JobSpec, where: Where) -> list[CheckResult]:
+        """Every check a run of `spec` meets before anything is created, each with its verdict; creates nothing."""
+        settings = resolve(spec, project=where.project, zone=where.zone)
+        return preflight.report(Clients(settings), spec, settings.run_software,
+                                reaches_vms=(spec.gcp.supervisor if spec.gcp else "vm") == "here")
 
     # -- Plans: the machines priced, and a question, before anything bills (plan.py) ------------------------------
     def plan_text(self, spec: JobSpec, workers: int | None) -> str:
@@ -368,6 +383,13 @@ class GcpProvisioner:
 
     def run_objects_by_label(self, run_id: str, where: Where) -> RunObjects:
         return sweep.record_where(run_id, where)
+
+
+# What the orchestrator calls: a Google Cloud answer none of them expected is one paragraph naming the call.
+for _name in ("check", "up", "wait_ready", "scale_workers", "start_trainers", "restart", "stop_trainers", "down",
+              "hand_off", "adopt", "check_supervisor", "launch_servers", "delete_self", "confirm", "check_place",
+              "down_by_label", "run_objects_by_label", "supervisor_status"):
+    setattr(GcpProvisioner, _name, explained(getattr(GcpProvisioner, _name)))
 
 
 def _cache_mb(spec: JobSpec) -> int:

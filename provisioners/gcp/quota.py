@@ -17,12 +17,21 @@ included, and the trainers that are Compute Engine VMs) and compared with what i
   disks, consider requesting preemptible quota": https://cloud.google.com/compute/docs/instances/create-use-spot,
   and https://cloud.google.com/compute/quotas, "Preemptible quotas").
 
+- external IPv4 addresses (gcp.public_ips) count against IN_USE_ADDRESSES, one per VM;
+- the project's global quotas, from Compute Engine's projects.get: CPUS_ALL_REGIONS (every vCPU in
+  every region) and GPUS_ALL_REGIONS (every GPU), both 0 or small in new and free-trial projects
+  (https://cloud.google.com/compute/quotas-limits#global_quotas);
+- TPU quota is Cloud TPU's, per zone and TPU generation (TensorCores for v2 to v5p, chips for v5e
+  and v6e; https://cloud.google.com/tpu/docs/quota), read from the Cloud Quotas API's quotaInfos
+  (limits only: usage is not part of it, so what other TPU VMs hold is not subtracted, and the plan
+  says so).
+
 A shortage refuses the run (SpecError, exit 2) in one paragraph naming each metric, what is needed
 and what is free, and how to ask for more. What this cannot tell is said in the plan instead of
 guessed: a machine family or GPU type whose quota metric dsctl does not know, a metric the region
-does not list, quotas the caller may not read (compute.regions.get). TPU quota is not Compute
-Engine's (Cloud TPU's own, in the Cloud Quotas API) and is not read here: a TPU shortage fails its
-queued resource, which dsctl reports naming the quota (errors.py).
+does not list, quotas the caller may not read (compute.regions.get, compute.projects.get,
+cloudquotas.quotas.get) or an API that is off. A TPU shortage that passes this (another TPU VM took
+the quota meanwhile) fails its queued resource, which dsctl reports naming the quota (errors.py).
 """
 
 from __future__ import annotations
@@ -48,6 +57,16 @@ GPU_METRICS = {"nvidia-tesla-t4": "NVIDIA_T4_GPUS", "nvidia-tesla-v100": "NVIDIA
                "nvidia-tesla-a100": "NVIDIA_A100_GPUS", "nvidia-a100-80gb": "NVIDIA_A100_80GB_GPUS",
                "nvidia-l4": "NVIDIA_L4_GPUS", "nvidia-h100-80gb": "NVIDIA_H100_GPUS"}
 PREEMPTIBLE_CPUS = "PREEMPTIBLE_CPUS"
+GLOBAL = ("CPUS_ALL_REGIONS", "GPUS_ALL_REGIONS")
+# TPU quota IDs by generation (on-demand, Spot/preemptible): https://cloud.google.com/tpu/docs/quota
+TPU_QUOTA_IDS = {
+    "v2": ("TPUV2sPerProjectPerZoneForTPUAPI", "TPUV2sPreemptiblePerProjectPerZoneForTPUAPI"),
+    "v3": ("TPUV3sPerProjectPerZoneForTPUAPI", "TPUV3sPreemptiblePerProjectPerZoneForTPUAPI"),
+    "v4": ("TPUV4PodPerProjectPerZoneForTPUAPI", "TPUV4PodPreemptiblePerProjectPerZoneForTPUAPI"),
+    "v5litepod": ("TPUV5sLitepodPerProjectPerZoneForTPUAPI", "TPUV5sLitepodPreemptiblePerProjectPerZoneForTPUAPI"),
+    "v5p": ("TPUV5PPerProjectPerZoneForTPUAPI", "TPUV5PPreemptiblePerProjectPerZoneForTPUAPI"),
+    "v6e": ("TPUV6EPerProjectPerZoneForTPUAPI", "TPUV6EPreemptiblePerProjectPerZoneForTPUAPI"),
+}
 # The spec's field a group of VMs comes from: where a refusal points.
 FIELDS = {"dispatcher": "service.dispatcher_machine", "workers": "service.workers", "trainers": "trainer.machine"}
 
@@ -133,7 +152,11 @@ def needs(clients: Clients, wanted: list[Group], quotas: dict[str, tuple[float, 
         else:
             add(_metric(cpu_metric, PREEMPTIBLE_CPUS, g.spot, quotas), float(cpus * g.count),
                 f"{vms} x {cpus} vCPUs", g.role)
+        add("CPUS_ALL_REGIONS", float(cpus * g.count), f"{vms} x {cpus} vCPUs", g.role)
+        if clients.settings.public_ips:
+            add("IN_USE_ADDRESSES", float(g.count), f"{vms}: an external address each", g.role)
         for gpu, n in gpus:
+            add("GPUS_ALL_REGIONS", float(n * g.count), f"{vms} x {n} {gpu}", g.role)
             gpu_metric = GPU_METRICS.get(gpu)
             if gpu_metric is None:
                 notes.append(f"quota for the {gpu} GPUs of {g.machine} ({g.role}) was not checked: dsctl does not "
@@ -145,16 +168,21 @@ def needs(clients: Clients, wanted: list[Group], quotas: dict[str, tuple[float, 
 
 
 def read(clients: Clients) -> dict[str, tuple[float, float]] | None:
-    """The region's quotas, metric -> (limit, usage); None where the caller may not read them."""
+    """The region's quotas and the project's global ones, metric -> (limit, usage); None where the caller may not
+    read them."""
     from google.api_core import exceptions as gx
 
     s = clients.settings
     try:
         region = call(clients.regions.get, project=s.project, region=s.region,
                       doing=f"reading the quotas of region {s.region}")
+        project = call(clients.compute_projects.get, project=s.project,
+                       doing=f"reading project {s.project}'s global quotas")
     except gx.Forbidden:
         return None
-    return {q.metric: (float(q.limit), float(q.usage)) for q in region.quotas}
+    out = {q.metric: (float(q.limit), float(q.usage)) for q in region.quotas}
+    out.update({q.metric: (float(q.limit), float(q.usage)) for q in project.quotas if q.metric in GLOBAL})
+    return out
 
 
 def _n(x: float) -> str:
@@ -167,8 +195,7 @@ def check(clients: Clients, spec: JobSpec, *, workers: int | None = None, hands_
     s = clients.settings
     notes: list[str] = []
     if machine_kind(spec.trainer.machine).kind == "tpu":
-        notes.append("TPU quota is Cloud TPU's, not Compute Engine's, and is not checked beforehand: a TPU quota too "
-                     "small fails the TPU VM's queued resource, and dsctl names that quota and deletes what it made")
+        notes += check_tpu(clients, spec)
     wanted = groups(spec, workers, hands_off=hands_off)
     if not wanted:
         return notes
@@ -193,14 +220,68 @@ def check(clients: Clients, spec: JobSpec, *, workers: int | None = None, hands_
     for need, limit, usage, free in short:
         parts.append(f"{need.metric}: {_n(need.amount)} needed ({'; '.join(need.parts)}), {_n(free)} available "
                      f"(limit {_n(limit)}, {_n(usage)} in use)")
+        if need.metric in GLOBAL:
+            asks.append(f"gcloud quotas preferences create --service=compute.googleapis.com --project={s.project} "
+                        f"--quota-id={need.metric.replace('_', '-')}-per-project "
+                        f"--preferred-value={_n(usage + need.amount)}")
+            continue
         quota_id = need.metric.replace("_", "-") + "-per-project-region"
         asks.append(f"gcloud quotas preferences create --service=compute.googleapis.com --project={s.project} "
                     f"--quota-id={quota_id} --dimensions=region={s.region} "
                     f"--preferred-value={_n(usage + need.amount)}")
     first = short[0][0]
     role = max(first.by_role, key=lambda r: first.by_role[r])
+    trial = (" A free-trial project cannot raise its quotas (8 vCPUs in all, no GPUs): upgrade it to a paid account "
+             "first (console: Billing).") if any(n.metric in GLOBAL and lim <= 8 for n, lim, _, _ in short) else ""
     raise SpecError(
         f"the run needs more Compute Engine quota in region {s.region} than project {s.project} has free: "
         f"{'; '.join(parts)}. Nothing was created. Ask for more in the console (IAM & Admin > Quotas & System "
         f"Limits, filtered on the metric and region {s.region}) or with `{'`; `'.join(asks)}` (increases are reviewed "
-        "by Google); or ask for fewer or smaller machines, or another region (gcp.zone).", field=FIELDS[role])
+        f"by Google); or ask for fewer or smaller machines, or another region (gcp.zone).{trial}", field=FIELDS[role])
+
+
+def check_tpu(clients: Clients, spec: JobSpec) -> list[str]:
+    """Refuse (SpecError) a TPU run whose TPU VMs need more than the zone's TPU quota limit; notes for the plan (the
+    quota's usage is not read, and what could not be read)."""
+    from google.api_core import exceptions as gx
+
+    from .software import tpu_generation
+
+    s = clients.settings
+    generation, units = tpu_generation(spec.trainer.machine)
+    ids = TPU_QUOTA_IDS.get(generation)
+    if ids is None:
+        return [f"quota for TPU {generation} was not checked: dsctl does not know its quota id"]
+    quota_id = ids[1 if spec.trainer.provisioning == "spot" else 0]
+    need = units * spec.trainer.count
+    name = f"projects/{s.project}/locations/global/services/tpu.googleapis.com/quotaInfos/{quota_id}"
+    try:
+        infos = call(lambda **kw: list(clients.quotas.list_quota_infos(**kw)),
+                     parent=f"projects/{s.project}/locations/global/services/tpu.googleapis.com",
+                     doing=f"reading project {s.project}'s TPU quota")
+    except (gx.Forbidden, gx.NotFound) as exc:
+        return [f"the TPU quota ({quota_id}) could not be read ({getattr(exc, 'message', exc)}; the Cloud Quotas API, "
+                "cloudquotas.quotas.get), so it is not checked beforehand: a TPU quota too small fails the TPU VM's "
+                "queued resource, and dsctl names that quota and deletes what it made"]
+    info = next((i for i in infos if i.quota_id == quota_id or i.name == name), None)
+    if info is None:
+        return [f"the TPU quota {quota_id} is not listed for project {s.project}; not checked beforehand"]
+    limit = None
+    for dim in info.dimensions_infos:
+        zone = dict(dim.dimensions).get("zone")
+        if zone == s.zone or (zone is None and limit is None):
+            limit = int(dim.details.value)
+            if zone == s.zone:
+                break
+    notes = [f"TPU quota {quota_id} in zone {s.zone}: what other TPU VMs use of it is not read (the Cloud Quotas API "
+             "gives limits only)"]
+    if limit is None or limit < 0 or need <= limit:
+        return notes
+    unit = "chips" if generation in ("v5litepod", "v6e") else "TensorCores"
+    raise SpecError(
+        f"the run's {spec.trainer.count} {spec.trainer.machine} TPU VM(s) need {need} {unit} of TPU quota {quota_id} "
+        f"in zone {s.zone}, and project {s.project}'s limit there is {limit}. Nothing was created. Ask for more "
+        f"(console: IAM & Admin > Quotas & System Limits, service Cloud TPU API, or `gcloud quotas preferences create "
+        f"--service=tpu.googleapis.com --project={s.project} --quota-id={quota_id} --dimensions=zone={s.zone} "
+        f"--preferred-value={need}`), or another zone (gcp.zone) or a smaller TPU (trainer.machine).",
+        field="trainer.machine")

@@ -253,31 +253,55 @@ def parse_probe(stdout: str) -> dict | None:
 
 
 # Runs on a VM with the image's own Python (standard library only): download objects from Cloud
-# Storage's JSON API, with the VM's service-account token from the metadata server when `token` is
-# "metadata" (always on a VM; "none" only for an overridden endpoint with no metadata server). Modes:
+# Storage's JSON API, with the VM's service-account token from the metadata server (metadata.google.internal, or
+# GCE_METADATA_HOST as Google's own libraries read it). Modes:
 #   objects  prefix + each name -> dest/name; a .tar.gz is unpacked into dest/<name without .tar.gz>
 #   manifest prefix + MANIFEST.json lists {"name", "sha256", "size"}: each is fetched and checked
-# Prints {"bytes": N, "files": K} (bytes fetched from Cloud Storage).
+# Retried as Google advises (https://cloud.google.com/storage/docs/retry-strategy): 408, 429, 5xx and failed
+# connections with exponential backoff (1 s doubling to 30 s, 10 tries); a 401 or 403 for up to 480 s from the first,
+# since the VM's account may have been granted its read access moments before the VM booted and grants take minutes
+# to be in effect; a 401 also takes a new token. Prints {"bytes": N, "files": K} (bytes fetched from Cloud Storage).
 FETCH = r"""
-import hashlib, io, json, os, sys, tarfile, urllib.parse, urllib.request
-storage, token, bucket, prefix, dest, mode = sys.argv[1:7]
-names = sys.argv[7:]
-headers = {}
-if token == "metadata":
-    req = urllib.request.Request("http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token",
-                                 headers={"Metadata-Flavor": "Google"})
+import hashlib, io, json, os, sys, tarfile, time, urllib.error, urllib.parse, urllib.request
+storage, bucket, prefix, dest, mode = sys.argv[1:6]
+names = sys.argv[6:]
+MD = "http://%s/computeMetadata/v1/" % os.environ.get("GCE_METADATA_HOST", "metadata.google.internal")
+NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+token = [None]
+def fresh_token():
+    req = urllib.request.Request(MD + "instance/service-accounts/default/token", headers={"Metadata-Flavor": "Google"})
     try:
-        headers["Authorization"] = "Bearer " + json.load(urllib.request.urlopen(req, timeout=10))["access_token"]
+        token[0] = json.load(NO_PROXY.open(req, timeout=10))["access_token"]
     except Exception as exc:
         raise SystemExit("no access token from the metadata server (does the VM have a service account?): %s" % exc)
 total = 0
 def get(name):
     global total
     url = "%s/storage/v1/b/%s/o/%s?alt=media" % (storage.rstrip("/"), bucket, urllib.parse.quote(prefix + name, safe=""))
-    try:
-        data = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=300).read()
-    except Exception as exc:
-        raise SystemExit("could not download gs://%s/%s%s: %s" % (bucket, prefix, name, exc))
+    wait, tries, denied_since = 1.0, 0, None
+    while True:
+        if token[0] is None:
+            fresh_token()
+        request = urllib.request.Request(url, headers={"Authorization": "Bearer " + token[0]})
+        try:
+            data = NO_PROXY.open(request, timeout=300).read()
+            break
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403):
+                denied_since = denied_since or time.monotonic()
+                if time.monotonic() - denied_since > 480:
+                    raise SystemExit("could not download gs://%s/%s%s: %s (the VM's service account may not read "
+                                     "the bucket)" % (bucket, prefix, name, exc))
+                if exc.code == 401:
+                    token[0] = None
+            elif exc.code not in (408, 429) and exc.code < 500 or tries >= 10:
+                raise SystemExit("could not download gs://%s/%s%s: %s" % (bucket, prefix, name, exc))
+        except (urllib.error.URLError, OSError) as exc:
+            if tries >= 10:
+                raise SystemExit("could not download gs://%s/%s%s: %s" % (bucket, prefix, name, exc))
+        tries += 1
+        time.sleep(wait)
+        wait = min(wait * 2, 30.0)
     total += len(data)
     return data
 os.makedirs(dest, exist_ok=True)
@@ -310,16 +334,12 @@ REAL_STORAGE = "https://storage.googleapis.com"
 
 
 def fetch(python: str, bucket: str, prefix: str, dest: str, objects: list[str], storage_host: str | None,
-          manifest: bool = False, token: str | None = None) -> str:
-    """A command that downloads staged objects (or a whole manifest's worth) on a VM; see FETCH.
-
-    token: "metadata" (the VM's service account) or "none"; default: "none" only for an overridden
-    Storage endpoint, which has no metadata server beside it.
-    """
+          manifest: bool = False) -> str:
+    """A command that downloads staged objects (or a whole manifest's worth) on a VM, as its service account; see
+    FETCH."""
     mode = "manifest" if manifest else "objects"
-    token = token or ("none" if storage_host else "metadata")
-    return " ".join([q(python), "-c", q(FETCH), q(storage_host or REAL_STORAGE), q(token), q(bucket), q(prefix),
-                     q(dest), mode, *map(q, objects)])
+    return " ".join([q(python), "-c", q(FETCH), q(storage_host or REAL_STORAGE), q(bucket), q(prefix), q(dest), mode,
+                     *map(q, objects)])
 
 
 # A free port below the ephemeral range, so no outgoing connection on the VM (which takes its local port

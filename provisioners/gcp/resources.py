@@ -110,11 +110,14 @@ def _pick_error(errors: list[BaseException]) -> BaseException:
 
 class Fleet:
     def __init__(self, clients: Clients, run_id: str, cancel: threading.Event | None = None,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None, tpus: bool = True):
+        """`tpus`: the run may have TPU VMs (False for a run whose state has none: its accounts may hold no TPU
+        permission, and the project may not even have the Cloud TPU API on)."""
         self.clients = clients
         self.run_id = run_id
         self.cancel = cancel or threading.Event()
         self.log = log or (lambda msg: None)
+        self.tpus = tpus
         self._inflight = _InFlight()
 
     @property
@@ -154,7 +157,7 @@ class Fleet:
             if self.cancel.is_set():
                 raise Cancelled()
             node = tpu.node_body(self.clients, m.vm.machine.removeprefix("tpu-"), m.vm.image, m.vm.labels, m.vm.tag,
-                                 m.vm.metadata)
+                                 m.vm.metadata, m.vm.service_account)
             tpu.create(self.clients, m.name, node, spot=m.vm.provisioning == "spot",
                        timeout_s=self.clients.settings.tpu_timeout_s, cancel=self.cancel)
 
@@ -250,10 +253,21 @@ class Fleet:
 
     # -- delete ---------------------------------------------------------------------------------------------------
     def _listed_tpus(self) -> dict[str, str]:
-        """The run's TPU VMs: nodes by label, and queued resources (which have no labels) by name."""
-        out = {tpu.short_id(n): n.state.name for n in tpu.list_nodes(self.clients, self.run_id)}
-        for name in tpu.list_queued(self.clients, prefix(self.run_id)):
-            out.setdefault(name, "QUEUED")
+        """The run's TPU VMs: nodes by label, and queued resources (which have no labels) by name. A run with none
+        recorded is not asked about; a run found with no state is, and where TPU VMs cannot be listed (the Cloud TPU
+        API off, or no permission to list them) that is said, and none are taken to be there."""
+        from google.api_core import exceptions as gx
+
+        if not self.tpus:
+            return {}
+        try:
+            out = {tpu.short_id(n): n.state.name for n in tpu.list_nodes(self.clients, self.run_id)}
+            for name in tpu.list_queued(self.clients, prefix(self.run_id)):
+                out.setdefault(name, "QUEUED")
+        except gx.Forbidden as exc:
+            self.log(f"the project's TPU VMs could not be listed ({getattr(exc, 'message', exc)}); none of the run's "
+                     "were looked for")
+            return {}
         return out
 
     def find(self) -> Found:
@@ -262,7 +276,8 @@ class Fleet:
         for inst in compute.list_instances(self.clients, run_filter(self.run_id)):
             found.instances[inst.name] = inst.status
         found.tpus = self._listed_tpus()
-        found.firewalls = [name for name in firewall_names(self.run_id) if firewall.exists(self.clients, name)]
+        if not self.clients.settings.standing_rules:  # else the run made none (network.py)
+            found.firewalls = [name for name in firewall_names(self.run_id) if firewall.exists(self.clients, name)]
         return found
 
     def _delete_instance(self, name: str) -> None:

@@ -6,10 +6,12 @@ Default Credentials. Endpoints can be overridden for tests and private endpoints
 DSCTL_GCE_ENDPOINT (Compute Engine), DSCTL_TPU_ENDPOINT (Cloud TPU),
 DSCTL_CRM_ENDPOINT (Cloud Resource Manager), DSCTL_IAM_ENDPOINT (IAM: the VMs'
 service account), DSCTL_ORGPOLICY_ENDPOINT (Organization Policy),
-DSCTL_OSLOGIN_ENDPOINT (OS Login), STORAGE_EMULATOR_HOST (Cloud Storage); an
-overridden API is called with anonymous credentials, and who the caller is then
-comes from CLOUDSDK_CORE_ACCOUNT (clients.py, `Clients.caller`). DSCTL_SSH_PORT and DSCTL_REMOTE_PYTHON override the
-spec's ssh_port and python.
+DSCTL_OSLOGIN_ENDPOINT (OS Login), DSCTL_SERVICEUSAGE_ENDPOINT (Service Usage: the
+APIs that are on), DSCTL_QUOTAS_ENDPOINT (Cloud Quotas: TPU quota), STORAGE_EMULATOR_HOST
+(Cloud Storage); every API is called with Application Default Credentials
+(clients.py), and where the credentials do not say who the caller is, CLOUDSDK_CORE_ACCOUNT
+does (`Clients.caller`). DSCTL_SSH_PORT and DSCTL_REMOTE_PYTHON override the spec's
+ssh_port and python.
 
 The settings are plain data, saved in the run's state, so `dsctl down` in a new
 process talks to the same project, zone and endpoints.
@@ -49,6 +51,11 @@ class GcpSettings:
     network: str = _spec_default("network")
     subnetwork: str | None = _spec_default("subnetwork")
     service_account: str | None = _spec_default("service_account")
+    # The account each kind of VM runs as (accounts.py: supervisor, workers), once the checks decided it.
+    vm_accounts: dict[str, str] = field(default_factory=dict)
+    shielded_vm: bool = _spec_default("shielded_vm")
+    shielded_kinds: list[str] = field(default_factory=list)  # VM kinds whose boot image supports Shielded VM
+    standing_rules: bool = False  # the network's standing dsctl firewall rules, not the run's own (network.py)
     public_ips: bool = _spec_default("public_ips")
     ssh_port: int = _spec_default("ssh_port")  # DSCTL_SSH_PORT overrides the spec's
     boot_disk_gb: int = _spec_default("boot_disk_gb")
@@ -75,11 +82,34 @@ class GcpSettings:
     iam_endpoint: str | None = None  # DSCTL_IAM_ENDPOINT
     orgpolicy_endpoint: str | None = None  # DSCTL_ORGPOLICY_ENDPOINT
     oslogin_endpoint: str | None = None  # DSCTL_OSLOGIN_ENDPOINT
+    serviceusage_endpoint: str | None = None  # DSCTL_SERVICEUSAGE_ENDPOINT
+    quotas_endpoint: str | None = None  # DSCTL_QUOTAS_ENDPOINT (Cloud Quotas: TPU quota)
     storage_host: str | None = None  # STORAGE_EMULATOR_HOST
 
     @property
     def region(self) -> str:
         return self.zone.rsplit("-", 1)[0]
+
+    @property
+    def network_project(self) -> str:
+        """The project that holds the run's network: a Shared VPC host's when gcp.network names it
+        (projects/HOST/global/networks/NET), else the run's own. Firewall rules and subnets live there."""
+        for value in (self.network, self.subnetwork or ""):
+            parts = value.split("/")
+            if "projects" in parts:
+                return parts[parts.index("projects") + 1]
+        return self.project
+
+    @property
+    def firewall_project(self) -> str | None:
+        """The project that holds the run's own firewall rules; None where the run makes none (it uses the network's
+        standing dsctl rules, network.py)."""
+        return None if self.standing_rules else self.network_project
+
+    def account_for(self, role: str) -> str | None:
+        """The service account a VM of `role` (dispatcher | worker | trainer) runs as: the workers' own, else the
+        supervisor's (accounts.py)."""
+        return self.vm_accounts.get("workers" if role == "worker" else "supervisor")
 
     @property
     def run_software(self) -> Software:
@@ -119,6 +149,7 @@ ENDPOINT_VARIABLES = {
     "compute_endpoint": "DSCTL_GCE_ENDPOINT", "tpu_endpoint": "DSCTL_TPU_ENDPOINT",
     "crm_endpoint": "DSCTL_CRM_ENDPOINT", "iam_endpoint": "DSCTL_IAM_ENDPOINT",
     "orgpolicy_endpoint": "DSCTL_ORGPOLICY_ENDPOINT", "oslogin_endpoint": "DSCTL_OSLOGIN_ENDPOINT",
+    "serviceusage_endpoint": "DSCTL_SERVICEUSAGE_ENDPOINT", "quotas_endpoint": "DSCTL_QUOTAS_ENDPOINT",
     "storage_host": "STORAGE_EMULATOR_HOST",
 }
 
@@ -169,12 +200,14 @@ def check_credentials(settings: GcpSettings) -> None:
         raise no_credentials_error() from None
 
 
-def resolve(spec: JobSpec, *, check_creds: bool = True) -> GcpSettings:
-    """The run's settings; SpecError (exit 2) when project, zone or credentials are missing."""
+def resolve(spec: JobSpec, *, check_creds: bool = True, project: str | None = None,
+            zone: str | None = None) -> GcpSettings:
+    """The run's settings; SpecError (exit 2) when project, zone or credentials are missing. `project` and `zone`
+    (dsctl check gcp --project --zone) come before the spec's."""
     g = spec.gcp or GcpSpec()
     env = os.environ
     overridden = bool(env.get("DSCTL_GCE_ENDPOINT"))
-    project = g.project or env.get("GOOGLE_CLOUD_PROJECT") or env.get("CLOUDSDK_CORE_PROJECT")
+    project = project or g.project or env.get("GOOGLE_CLOUD_PROJECT") or env.get("CLOUDSDK_CORE_PROJECT")
     if not project and not overridden:
         project = adc_project()
     if not project:
@@ -188,7 +221,7 @@ def resolve(spec: JobSpec, *, check_creds: bool = True) -> GcpSettings:
         raise SpecError(f"the project id {project!r} (from the environment or the credentials) is not a Google Cloud "
                         "project id: 6-30 lower-case letters, digits or dashes, starting with a letter.",
                         field="gcp.project")
-    zone = g.zone or env.get("CLOUDSDK_COMPUTE_ZONE")
+    zone = zone or g.zone or env.get("CLOUDSDK_COMPUTE_ZONE")
     if not zone:
         raise SpecError(
             "provider: gcp needs a zone to create the machines in: set gcp.zone in the spec (e.g. us-central1-a; "

@@ -1,6 +1,6 @@
 """What the VMs fetch from Cloud Storage, put there from this machine before they need it.
 
-Before any VM exists: the bucket (readable by the VMs' service account), this dsctl's wheel and
+Before any VM exists: the bucket (accounts.py grants the VMs' accounts what they read there), this dsctl's wheel and
 one wheelhouse per VM kind (gcp.bootstrap: the VMs install from them, never from PyPI), and a
 builtin's data files. Before the trainers start: the spec and, for user code, the spec's folder.
 Each step is recorded in the deployment's state, so a second `up` of the same deployment (more
@@ -25,18 +25,21 @@ def uses_code(spec: JobSpec) -> bool:
     return bool(spec.pipeline.entrypoint or spec.trainer.model.kind in ("python", "keras") or spec.trainer.command)
 
 
-def software(ctx: Context, spec: JobSpec, kinds: set[str], service_account: str | None, events: EventSink) -> None:
-    """Everything the VMs of `kinds` fetch at boot, staged before any of them exists: the bucket (readable by the
-    VMs' `service_account`), this dsctl's wheel, one wheelhouse per VM kind, a builtin's data files."""
+def bucket(ctx: Context) -> None:
+    """The staging bucket, made if missing (in the zone's region, uniform bucket-level access), before the VMs'
+    accounts are granted what they read there (accounts.ensure)."""
+    if not ctx.state.bucket_ready:
+        Staging(ctx.clients, ctx.dep.run_id).ensure_bucket()
+        ctx.state.bucket_ready = True
+        ctx.save()
+
+
+def software(ctx: Context, spec: JobSpec, kinds: set[str], events: EventSink) -> None:
+    """Everything the VMs of `kinds` fetch at boot, staged before any of them exists: this dsctl's wheel, one
+    wheelhouse per VM kind, a builtin's data files (the bucket is there: `bucket`)."""
     s, state = ctx.settings, ctx.state
     staged = state.software
     staging = Staging(ctx.clients, ctx.dep.run_id)
-    if not state.bucket_ready:
-        assert service_account is not None, "preflight.run names the VMs' service account"
-        staging.ensure_bucket()
-        if staging.grant_reader(service_account):
-            events("cloud", f"gave the VMs' service account read access to gs://{s.bucket}")
-        state.bucket_ready = True
     if s.bootstrap and staged.wheel is None:
         from .wheel import build_wheel
 

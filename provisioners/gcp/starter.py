@@ -111,6 +111,23 @@ def _object(cfg: StarterConfig, name: str) -> bytes | None:
         raise
 
 
+def _retrying(read, what: str, tries: int = 10):
+    """read(), tried again on any failure (408, 429, 5xx, a refused connection) with backoff from 1 s to 30 s, as
+    Google advises for Cloud Storage (https://cloud.google.com/storage/docs/retry-strategy); the last failure
+    propagates."""
+    wait = 1.0
+    for attempt in range(tries):
+        try:
+            return read()
+        except Exception as exc:  # noqa: BLE001 - said, then tried again
+            if attempt == tries - 1:
+                raise
+            _log(f"{what}: {exc}; trying again in {wait:.0f} s")
+            time.sleep(wait)
+            wait = min(wait * 2, 30.0)
+    return None
+
+
 def _safe_name(name: str) -> bool:
     """A file name of the hand-over: a plain name, never a path (the manifest is read from Cloud Storage)."""
     return bool(name) and name not in (".", "..") and "/" not in name and "\0" not in name
@@ -143,7 +160,7 @@ def start(cfg: StarterConfig, poll_s: float = POLL_S) -> int:
         if not _safe_name(name):
             _log(f"refusing the hand-over's file name {name!r}")
             return 1
-        data = _object(cfg, name)
+        data = _retrying(lambda name=name: _object(cfg, name), f"reading {name}")
         if data is None:
             _log(f"the hand-over lists {name} but it is not in Cloud Storage")
             return 1

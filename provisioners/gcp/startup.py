@@ -81,7 +81,7 @@ i=0; until nvidia-smi -L > /dev/null 2>&1; do
 done"""
     # The image's Python, checked against the version the wheelhouse was built for (its first argument).
     check_python = """'import sys; v = "%d.%d" % sys.version_info[:2]; sys.exit(v != sys.argv[1] and "Python " + v)'"""
-    fetch = f'"$PY" -c {q(FETCH)} {q(storage)} metadata {q(bucket)}'
+    fetch = f'"$PY" -c {q(FETCH)} {q(storage)} {q(bucket)}'
     return f"""#!/bin/bash
 # dsctl bootstrap ({kind.kind} VM): the run's TensorFlow and dsctl, from Cloud Storage only.
 set -uo pipefail

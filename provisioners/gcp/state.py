@@ -123,6 +123,7 @@ class GcpDeployment(DeploymentState):
     #                                                          hand-over staged them from the user's machine
     supervisor: RemoteProcess | None = None  # the run's supervisor on its dispatcher VM, once handed over
     login: Login | None = None  # the run's key in OS Login, for this machine's identity (None: not registered yet)
+    granted_at: float | None = None  # when dsctl granted the VMs' accounts roles for this run (they propagate)
 
     @property
     def ssh_user(self) -> str:

@@ -11,8 +11,8 @@ Objects live under gs://<bucket>/dsctl/runs/<run>/:
 Staging objects are deleted with the run; results are kept. Caches shared by runs live beside
 them: dsctl/wheelhouses/<digest>/ (wheelhouse.py) and dsctl/data/<kind>-<digest>/ (data.py).
 
-The bucket is created (in the zone's region) with uniform bucket-level access, and the VMs'
-service account is given Storage Object Viewer on it, so every VM can read what was staged.
+The bucket is created (in the zone's region) with uniform bucket-level access; the VMs' accounts
+are given what they do there on the bucket itself (accounts.py).
 """
 
 from __future__ import annotations
@@ -33,9 +33,16 @@ from .ignore import FILE as IGNORE_FILE
 from .ignore import Ignore
 
 CODE_LIMIT_BYTES = 100 * 2**20
-# Roles that let a member read a bucket's objects (storage.objects.get).
-READER_ROLES = {"roles/storage.objectViewer", "roles/storage.objectUser", "roles/storage.objectAdmin",
-                "roles/storage.admin", "roles/storage.legacyObjectReader", "roles/storage.legacyObjectOwner"}
+
+
+def retry():
+    """The client library's retry for Cloud Storage calls, which retries 408, 429, 5xx and dropped connections with
+    backoff (google.cloud.storage.retry.DEFAULT_RETRY): passed to every upload too, which the library does not retry by
+    default (an upload is not idempotent in general; dsctl's each write the same bytes to a name of its own, so a
+    repeated one changes nothing)."""
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    return DEFAULT_RETRY
 SKIP_DIRS = {"__pycache__", "node_modules", ".git", ".venv", "venv", ".tox", ".mypy_cache", ".pytest_cache"}
 
 
@@ -138,26 +145,6 @@ class Staging:
         except gx.GoogleAPICallError as exc:
             raise from_api_error(exc, doing=f"preparing the staging bucket gs://{self.bucket_name}") from exc
 
-    def grant_reader(self, service_account: str) -> bool:
-        """Make sure the VMs' service account may read the bucket's objects; True if a binding was added."""
-        from google.api_core import exceptions as gx
-
-        member = f"serviceAccount:{service_account}"
-        bucket = self._bucket()
-        try:
-            policy = bucket.get_iam_policy(requested_policy_version=3)
-            if any(member in b.get("members", ()) and b.get("role") in READER_ROLES for b in policy.bindings):
-                return False
-            policy.bindings.append({"role": "roles/storage.objectViewer", "members": {member}})
-            bucket.set_iam_policy(policy)
-            return True
-        except gx.GoogleAPICallError as exc:
-            raise GcpError(
-                f"could not let the VMs' service account {service_account} read gs://{self.bucket_name} "
-                f"({type(exc).__name__}: {getattr(exc, 'message', exc)}); the VMs fetch their software from it. Grant "
-                f"it yourself: `gcloud storage buckets add-iam-policy-binding gs://{self.bucket_name} --member={member} "
-                "--role=roles/storage.objectViewer`, or use a bucket you own (gcp.bucket).") from exc
-
     def upload(self, name: str, data: bytes | Path) -> str:
         """Upload to staging/<name>; returns the object name relative to the staging prefix."""
         from google.api_core import exceptions as gx
@@ -165,9 +152,9 @@ class Staging:
         blob = self._bucket().blob(self.staging_prefix + name)
         try:
             if isinstance(data, Path):
-                blob.upload_from_filename(str(data))
+                blob.upload_from_filename(str(data), retry=retry())
             else:
-                blob.upload_from_string(data)
+                blob.upload_from_string(data, retry=retry())
         except gx.GoogleAPICallError as exc:
             raise from_api_error(exc, doing=f"uploading {name} to gs://{self.bucket_name}/{self.staging_prefix}") from exc
         return name
@@ -185,7 +172,7 @@ class Staging:
             for path in sorted(metrics.rglob("*")):
                 if path.is_file():
                     name = f"{self.prefix}results/{path.relative_to(run_dir).as_posix()}"
-                    bucket.blob(name).upload_from_filename(str(path))
+                    bucket.blob(name).upload_from_filename(str(path), retry=retry())
                     names.append(name)
         logs = run_dir / "logs"
         if logs.is_dir() and any(logs.iterdir()):
@@ -193,7 +180,7 @@ class Staging:
             with tarfile.open(fileobj=buf, mode="w:gz") as tar:
                 tar.add(logs, arcname="logs")
             name = f"{self.prefix}results/logs.tar.gz"
-            bucket.blob(name).upload_from_string(buf.getvalue())
+            bucket.blob(name).upload_from_string(buf.getvalue(), retry=retry())
             names.append(name)
         return names
 
@@ -215,7 +202,8 @@ class HeartbeatObject:
         self.blob = storage_client.bucket(bucket).blob(heartbeat_object(run_id))
 
     def beat(self, count: int) -> None:
-        self.blob.upload_from_string(json.dumps({"beat": count, "at": time.time()}), content_type="application/json")
+        self.blob.upload_from_string(json.dumps({"beat": count, "at": time.time()}), content_type="application/json",
+                                     retry=retry())
 
     def generation(self) -> int | None:
         """The object's generation now (None while there is none): a new one at every beat."""
@@ -232,7 +220,7 @@ class RunObjects:
         self.prefix = run_prefix(run_id) + "record/"
 
     def put(self, name: str, data: bytes) -> None:
-        self.bucket.blob(self.prefix + name).upload_from_string(data)
+        self.bucket.blob(self.prefix + name).upload_from_string(data, retry=retry())
 
     def get(self, name: str) -> bytes | None:
         from google.api_core import exceptions as gx

@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 
+from . import compute
 from .clients import Clients
 from .errors import CloudTimeout, GcpError, OperationFailed, from_api_error, from_operation_error
 from .naming import LABEL_RUN, label_value
@@ -29,7 +30,8 @@ def parent(clients: Clients) -> str:
     return f"projects/{s.project}/locations/{s.zone}"
 
 
-def node_body(clients: Clients, accelerator: str, runtime_version: str, labels: dict, tag: str, metadata: dict):
+def node_body(clients: Clients, accelerator: str, runtime_version: str, labels: dict, tag: str, metadata: dict,
+              service_account: str | None = None):
     from google.cloud import tpu_v2
 
     s = clients.settings
@@ -41,10 +43,10 @@ def node_body(clients: Clients, accelerator: str, runtime_version: str, labels: 
         net.subnetwork = (s.subnetwork if "/" in s.subnetwork
                           else f"projects/{s.project}/regions/{s.region}/subnetworks/{s.subnetwork}")
     node = tpu_v2.Node(accelerator_type=accelerator, runtime_version=runtime_version, network_config=net,
-                       labels=dict(labels), tags=[tag], metadata=dict(metadata))
-    if s.service_account != "none":  # an empty email is the project's default Compute Engine service account
-        node.service_account = tpu_v2.ServiceAccount(email=s.service_account or "",
-                                                     scope=["https://www.googleapis.com/auth/cloud-platform"])
+                       labels=dict(labels), tags=compute.tags(s, tag), metadata=dict(metadata))
+    # What the TPU VM runs as (accounts.py); an empty email is the project's default Compute Engine service account.
+    node.service_account = tpu_v2.ServiceAccount(email=service_account or "",
+                                                 scope=["https://www.googleapis.com/auth/cloud-platform"])
     return node
 
 

@@ -53,7 +53,9 @@ def record(ctx: Context, spec: JobSpec, role: str, indices: list[int], machine: 
            supervisor: bool = False) -> list[Machine]:
     """Record nodes for VMs about to be created (the caller saves before any API call) and return what to create.
     Every Compute Engine VM is deleted by Compute Engine after lifetime.max_run_s (TPU VMs have no such limit), and
-    every VM runs the run's watchdog (watchdog.py; a startup script of its own without gcp.bootstrap).
+    every VM but the workers runs the run's watchdog (watchdog.py; a startup script of its own without
+    gcp.bootstrap), which ends the run's VMs should its supervisor be lost. Each VM runs as its kind's account
+    (accounts.py), Shielded where its image supports it.
     `supervisor`: this dispatcher VM will run the run's supervisor, so it is standard whatever
     service.provisioning says."""
     s, dep = ctx.settings, ctx.dep
@@ -61,7 +63,9 @@ def record(ctx: Context, spec: JobSpec, role: str, indices: list[int], machine: 
     tag = naming.network_tag(dep.run_id)
     md = metadata(ctx, kind, role)
     md.setdefault("startup-script", watchdog.script() + (starter.start_lines(s.python) if role == "dispatcher" else ""))
-    md[lifetime.WATCHDOG_KEY] = lifetime.watchdog_config(s, dep.run_id).to_json()
+    tpus = machine_kind(spec.trainer.machine).kind == "tpu"
+    if role != "worker":  # the VMs whose account may end the run's VMs (accounts.py) watch for its supervisor
+        md[lifetime.WATCHDOG_KEY] = lifetime.watchdog_config(s, dep.run_id, tpus=tpus).to_json()
     image = s.run_software.for_kind(kind).image  # a boot image, or a TPU VM's runtime version
     provisioning: str = spec.trainer.provisioning if role == "trainer" else spec.service.provisioning
     if supervisor and role == "dispatcher":
@@ -75,10 +79,13 @@ def record(ctx: Context, spec: JobSpec, role: str, indices: list[int], machine: 
         if supervisor and role == "dispatcher":  # it starts the run's supervisor from the hand-over (starter.py)
             vm_md = {**md, starter.STARTER_KEY: starter_config(ctx, name).to_json()}
         if kind == "tpu":  # a TPU VM's metadata server does not name its node: the watchdog is told
-            vm_md = {**md, lifetime.WATCHDOG_KEY: lifetime.watchdog_config(s, dep.run_id, tpu_node=name).to_json()}
+            vm_md = {**md, lifetime.WATCHDOG_KEY: lifetime.watchdog_config(s, dep.run_id, tpus=tpus,
+                                                                          tpu_node=name).to_json()}
         config = compute.VmConfig(machine=machine, labels=labels, tag=tag, metadata=vm_md, image=image,
                                   provisioning=provisioning,
-                                  max_run_s=lifetime.max_run_s(s) if kind != "tpu" else None)
+                                  max_run_s=lifetime.max_run_s(s) if kind != "tpu" else None,
+                                  service_account=s.account_for(role),
+                                  shielded=s.shielded_vm and kind in s.shielded_kinds)
         vm = Vm(name=name, kind=kind, machine=machine, dir=remote.node_dir(s.remote_dir, dep.run_id, name))
         dep.nodes.append(Node(role=role, index=i, state=GcpNode(vm=vm)))
         if role == "trainer":
@@ -119,7 +126,7 @@ def create(ctx: Context, machines: list[Machine], rules: bool, events: EventSink
     events = relay(events)
     fleet = ctx.fleet(events)
     new_rules = []
-    if rules and not state.firewalls:
+    if rules and not state.firewalls and not s.standing_rules:  # standing rules: the network's own (network.py)
         new_rules = firewall.run_rules(dep.run_id, naming.network_tag(dep.run_id), s.dispatcher_port, s.worker_port)
         state.firewalls = [FirewallRule(rule.name) for rule in new_rules]
     ctx.save()  # intent first: a kill -9 from here on leaves names `dsctl down` can delete

@@ -27,7 +27,8 @@ RUNTIME_REQUIREMENTS = ("pyyaml>=6", "pydantic>=2.6", "psutil>=5.9")
 # specifiers as pyproject.toml's dependencies and its gcp extra (a test holds them together).
 SUPERVISOR_REQUIREMENTS = ("typer>=0.12", "rich>=13", "google-cloud-compute>=1.20", "google-cloud-tpu>=1.18",
                            "google-cloud-storage>=2.16", "google-cloud-resource-manager>=1.12",
-                           "google-cloud-org-policy>=1.11", "google-cloud-os-login>=2.14", "fabric>=3.2",
+                           "google-cloud-org-policy>=1.11", "google-cloud-os-login>=2.14",
+                           "google-cloud-service-usage>=1.10", "google-cloud-quotas>=0.1", "fabric>=3.2",
                            "paramiko>=3.4", "tensorboard>=2.16")  # the run's event files (orchestrator/tbevents.py)
 
 

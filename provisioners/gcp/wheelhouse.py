@@ -30,6 +30,7 @@ from typing import Any
 
 from .errors import GcpError
 from .software import KindSoftware
+from .storage import retry
 from .wheel import RUNTIME_REQUIREMENTS, SUPERVISOR_REQUIREMENTS
 
 FORMAT = 1
@@ -165,10 +166,10 @@ def stage(storage_client, bucket: str, wheelhouse: Wheelhouse, log: Callable[[st
     log(f"uploading the wheelhouse ({wheelhouse.size / 1e6:.0f} MB, once) to gs://{bucket}/{wheelhouse.prefix}")
 
     def put(f: dict) -> int:
-        b.blob(wheelhouse.prefix + f["name"]).upload_from_filename(str(wheelhouse.dir / f["name"]))
+        b.blob(wheelhouse.prefix + f["name"]).upload_from_filename(str(wheelhouse.dir / f["name"]), retry=retry())
         return f["size"]
 
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="dsctl-upload") as pool:
         sent = sum(pool.map(put, wheelhouse.files))
-    b.blob(wheelhouse.prefix + MANIFEST).upload_from_filename(str(wheelhouse.dir / MANIFEST))
+    b.blob(wheelhouse.prefix + MANIFEST).upload_from_filename(str(wheelhouse.dir / MANIFEST), retry=retry())
     return sent

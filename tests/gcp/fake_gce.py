@@ -53,6 +53,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
+from fake_identity import GOOGLE_PROJECTS, ApiRefusal, IdentityApis, location_admitted, unauthenticated
+
 COMPUTE = "https://www.googleapis.com/compute/v1"
 COMPUTE_URL_PREFIXES = (COMPUTE + "/", "https://compute.googleapis.com/compute/v1/")
 # Documented name rule for Compute Engine resources (RFC 1035), e.g. instances.insert "name":
@@ -362,6 +364,29 @@ def matches(obj: dict, terms: list[tuple[str, str, str]]) -> bool:
 # ================================================================================================
 # Faults, timing, errors
 # ================================================================================================
+def api_of(path: str) -> str:
+    """Which API a request path is for (the stand-ins answer several on one endpoint)."""
+    if path.startswith("/compute/"):
+        return "compute"
+    if path.startswith(("/storage/", "/upload/", "/download/")):
+        return "storage"
+    if path.startswith("/v3/projects/"):
+        return "resourcemanager"
+    if path.startswith("/v1/users/"):
+        return "oslogin"
+    if "/serviceAccounts" in path:
+        return "iam"
+    if "/policies/" in path:
+        return "orgpolicy"
+    if path.endswith("services:batchGet"):
+        return "serviceusage"
+    if "/quotaInfos" in path:
+        return "cloudquotas"
+    if path.startswith("/v2/"):
+        return "tpu"
+    return "other"
+
+
 @dataclass
 class Faults:
     latency_s: float = 0.0  # added to every API call
@@ -388,6 +413,10 @@ class Faults:
     burst_status: int | tuple[int, ...] = 503
     # Instances whose name contains one of these never leave PROVISIONING.
     stuck_names: list[str] = field(default_factory=list)
+    # The bursts reach Cloud Storage too (storage_gate.py), not only the APIs fake_gce serves.
+    storage_bursts: bool = False
+    # The first call to each method and path fails once, with these statuses in turn (every API meets each).
+    first_call_statuses: tuple[int, ...] = ()
     # Cloud TPU has no capacity in any zone: nodes.create operations end with code 8 (RESOURCE_EXHAUSTED);
     # queued resources stay WAITING_FOR_RESOURCES (FAILED once their validUntil passes).
     tpu_exhausted: bool = False
@@ -404,6 +433,7 @@ class Timing:
 
 
 _GRPC_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+                408: "DEADLINE_EXCEEDED", 502: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED",
                 409: "ALREADY_EXISTS", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 501: "UNIMPLEMENTED",
                 503: "UNAVAILABLE"}
 
@@ -423,8 +453,11 @@ class ApiError(Exception):
 
     def payload(self, style: str) -> dict:
         if style == "compute":
-            return {"error": {"code": self.status, "message": self.message,
-                              "errors": [{"message": self.message, "domain": self.domain, "reason": self.reason}]}}
+            err = {"code": self.status, "message": self.message,
+                   "errors": [{"message": self.message, "domain": self.domain, "reason": self.reason}]}
+            if self.details:  # Compute Engine answers with the google.rpc details too (ErrorInfo: SERVICE_DISABLED)
+                err.update(status=self.grpc, details=self.details)
+            return {"error": err}
         err = {"code": self.status, "message": self.message, "status": self.grpc}
         if self.details:
             err["details"] = self.details
@@ -448,21 +481,8 @@ def _is_uuid(text: str) -> bool:
 
 
 # ================================================================================================
-# Identity: IAM service accounts, the project's IAM policy, organization policies, OS Login
+# Organization policies' list rules (the rest of identity: fake_identity.py)
 # ================================================================================================
-# IAM v1 projects.serviceAccounts: https://cloud.google.com/iam/docs/reference/rest/v1/projects.serviceAccounts
-# "accountId ... must be 6-30 characters long, and match the regular expression [a-z]([-a-z0-9]*[a-z0-9])".
-SA_ACCOUNT_ID_RE = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])")
-# Members of a binding: https://cloud.google.com/iam/docs/reference/rest/v1/Policy#Binding
-MEMBER_RE = re.compile(r"(user|serviceAccount|group|domain|principal|principalSet):.+|allUsers|allAuthenticatedUsers")
-ROLE_RE = re.compile(r"roles/[a-zA-Z0-9_.]+|(projects|organizations)/[^/]+/roles/[a-zA-Z0-9_.]+")
-# Organization Policy v2 constraints the stand-in knows (https://cloud.google.com/resource-manager/docs/
-# organization-policy/org-policy-constraints): list constraints take values/allowAll/denyAll, boolean ones enforce.
-ORG_CONSTRAINTS = {"compute.vmExternalIpAccess": "list", "compute.trustedImageProjects": "list",
-                   "compute.requireOsLogin": "boolean", "iam.disableServiceAccountCreation": "boolean",
-                   "iam.automaticIamGrantsForDefaultServiceAccounts": "boolean"}
-
-
 def _list_admits(rules: list[dict], value: str) -> bool:
     """Whether the rules of a list constraint's effective policy admit `value` (Organization Policy v2 PolicyRule:
     allowAll, denyAll, values.allowedValues / deniedValues, with the optional "is:" prefix;
@@ -480,297 +500,6 @@ def _list_admits(rules: list[dict], value: str) -> bool:
     allowed = bare("allowedValues")
     return not allowed or value in allowed
 
-
-def _denied(permission: str) -> ApiError:
-    return ApiError(403, f"Permission '{permission}' denied on resource (or it may not exist).",
-                    grpc="PERMISSION_DENIED")
-
-
-class IdentityApis:
-    """IAM service accounts (get/create, each account's own policy), projects.getIamPolicy/setIamPolicy with
-    etags, organization policies (projects.policies.getEffectivePolicy) and OS Login keys, on FakeCloud's lock.
-
-    Tests set: `secure_by_default` (before the project's first use: its default Compute Engine account gets no
-    role, as organizations made since May 2024 have it), `set_org_policy(constraint, rules)`, `orgpolicy_denied`
-    (the caller may not read organization policies: 403). The caller's permissions are FakeCloud's
-    `granted_permissions` (None: every one) less its `denied_permissions`, checked where the real API checks them."""
-
-    lock: threading.RLock
-    granted_permissions: set[str] | None
-    denied_permissions: set[str]
-
-    def _init_identity(self) -> None:
-        self.secure_by_default = False
-        self.service_accounts: dict[str, dict] = {}  # email -> ServiceAccount resource
-        self.account_policies: dict[str, dict] = {}  # email -> that account's own Policy
-        self.project_policies: dict[str, dict] = {}  # project id -> Policy
-        self.org_policies: dict[str, list[dict]] = {}  # constraint name -> the effective policy's rules
-        self.orgpolicy_denied = False
-        self.oslogin_profiles: dict[str, dict] = {}  # account email -> {"username", "keys": {fingerprint: key}}
-        # POSIX usernames an administrator set (Cloud Identity lets them replace the derived one), by account: the
-        # test sshd has one local user, so tests give every identity that user.
-        self.posix_usernames: dict[str, str] = {}
-        self.on_oslogin_changed: list[Callable[[], None]] = []  # a key was imported or deleted (the guest agent)
-
-    def project_number(self, project: str) -> str:  # FakeCloud's
-        raise NotImplementedError
-
-    def _may(self, permission: str) -> None:
-        if not self._granted(permission):
-            raise _denied(permission)
-
-    def _granted(self, permission: str) -> bool:
-        return (self.granted_permissions is None or permission in self.granted_permissions) \
-            and permission not in self.denied_permissions
-
-    # -- service accounts ------------------------------------------------------------------------------
-    def _default_account(self, project: str) -> str:
-        """The project's Compute Engine default service account exists with the project."""
-        email = f"{self.project_number(project)}-compute@developer.gserviceaccount.com"
-        if email not in self.service_accounts:
-            self._new_account(project, email, "Compute Engine default service account")
-        return email
-
-    def _new_account(self, project: str, email: str, display: str, description: str = "") -> dict:
-        unique = str(100000000000000000000 + int(hashlib.sha1(email.encode()).hexdigest()[:15], 16) % 10**20)
-        sa = {"name": f"projects/{project}/serviceAccounts/{email}", "projectId": project, "uniqueId": unique,
-              "email": email, "displayName": display, "etag": "MDEwMjE5MjA=", "oauth2ClientId": unique}
-        if description:
-            sa["description"] = description
-        self.service_accounts[email] = sa
-        return sa
-
-    def iam_get_account(self, project: str, email: str) -> dict:
-        """projects.serviceAccounts.get (name projects/{PROJECT_ID or -}/serviceAccounts/{EMAIL or UNIQUE_ID})."""
-        from urllib.parse import unquote
-
-        email = unquote(email)
-        with self.lock:
-            if project != "-":
-                self._default_account(project)
-            self._may("iam.serviceAccounts.get")
-            sa = self.service_accounts.get(email) or next(
-                (a for a in self.service_accounts.values() if a["uniqueId"] == email), None)
-            if sa is None or (project != "-" and sa["projectId"] != project):
-                raise ApiError(404, f"Unknown service account: projects/{project}/serviceAccounts/{email}",
-                               grpc="NOT_FOUND")
-            return dict(sa)
-
-    def iam_create_account(self, project: str, body: dict) -> dict:
-        """projects.serviceAccounts.create: accountId 6-30 characters of [a-z]([-a-z0-9]*[a-z0-9]); only
-        displayName and description are assignable; an existing one is 409 ALREADY_EXISTS."""
-        with self.lock:
-            self._default_account(project)
-            self._may("iam.serviceAccounts.create")
-            account_id = body.get("accountId") or ""
-            if not (6 <= len(account_id) <= 30 and SA_ACCOUNT_ID_RE.fullmatch(account_id)):
-                raise ApiError(400, f"Invalid account ID '{account_id}'. The account ID must be between 6 and 30 "
-                               "characters and match the regular expression [a-z]([-a-z0-9]*[a-z0-9]).",
-                               grpc="INVALID_ARGUMENT")
-            given = body.get("serviceAccount") or {}
-            extra = set(given) - {"displayName", "description"}
-            if extra:
-                raise ApiError(400, f"Only displayName and description can be set on create, not {sorted(extra)}.",
-                               grpc="INVALID_ARGUMENT")
-            email = f"{account_id}@{project}.iam.gserviceaccount.com"
-            if email in self.service_accounts:
-                raise ApiError(409, f"Service account {account_id} already exists within project "
-                               f"projects/{project}.", grpc="ALREADY_EXISTS")
-            self.created.append(("service_account", copy.deepcopy(body)))  # type: ignore[attr-defined]
-            return dict(self._new_account(project, email, given.get("displayName", ""), given.get("description", "")))
-
-    # -- IAM policies (the project's, and each service account's own) ------------------------------------------
-    @staticmethod
-    def _etag(policy: dict) -> str:
-        import base64
-
-        return base64.b64encode(hashlib.sha1(json.dumps(policy.get("bindings", []), sort_keys=True).encode()
-                                             + str(policy.get("_serial", 0)).encode()).digest()[:8]).decode()
-
-    @classmethod
-    def _policy_view(cls, policy: dict) -> dict:
-        out = {"version": policy.get("version", 1), "etag": cls._etag(policy)}
-        if policy.get("bindings"):
-            out["bindings"] = copy.deepcopy(policy["bindings"])
-        return out
-
-    def _project_policy(self, project: str) -> dict:
-        """A new project's policy; unless secure by default, its Compute Engine default account is an Editor
-        (https://cloud.google.com/iam/docs/service-account-types#default)."""
-        if project not in self.project_policies:
-            default = self._default_account(project)
-            bindings = [] if self.secure_by_default else [{"role": "roles/editor",
-                                                            "members": [f"serviceAccount:{default}"]}]
-            self.project_policies[project] = {"version": 1, "bindings": bindings, "_serial": 0}
-        return self.project_policies[project]
-
-    def _set_policy(self, stored: dict, body: dict) -> dict:
-        """setIamPolicy: a stale etag is 409 ABORTED; members and roles must be well formed; a service account
-        member must exist (https://cloud.google.com/iam/docs/reference/rest/v1/Policy)."""
-        policy = body.get("policy") or {}
-        if policy.get("etag") and policy["etag"] != self._etag(stored):
-            raise ApiError(409, "There were concurrent policy changes. Please retry the whole read-modify-write with "
-                           "exponential backoff.", grpc="ABORTED")
-        bindings = policy.get("bindings") or []
-        for b in bindings:
-            if not ROLE_RE.fullmatch(b.get("role") or ""):
-                raise ApiError(400, f"Role {b.get('role')} is not supported for this resource.",
-                               grpc="INVALID_ARGUMENT")
-            for m in b.get("members") or []:
-                if not MEMBER_RE.fullmatch(m):
-                    raise ApiError(400, f"Invalid member: {m}", grpc="INVALID_ARGUMENT")
-                email = m.removeprefix("serviceAccount:")
-                if m.startswith("serviceAccount:") and email.endswith(".iam.gserviceaccount.com") \
-                        and email not in self.service_accounts:
-                    raise ApiError(400, f"Service account {email} does not exist.", grpc="INVALID_ARGUMENT")
-        stored["bindings"] = copy.deepcopy(bindings)
-        stored["version"] = policy.get("version", 1)
-        stored["_serial"] = stored.get("_serial", 0) + 1
-        return self._policy_view(stored)
-
-    def crm_get_iam_policy(self, project: str) -> dict:
-        """projects.getIamPolicy (v3): needs resourcemanager.projects.getIamPolicy."""
-        with self.lock:
-            self._may("resourcemanager.projects.getIamPolicy")
-            return self._policy_view(self._project_policy(project))
-
-    def crm_set_iam_policy(self, project: str, body: dict) -> dict:
-        """projects.setIamPolicy (v3): needs resourcemanager.projects.setIamPolicy."""
-        with self.lock:
-            self._may("resourcemanager.projects.setIamPolicy")
-            return self._set_policy(self._project_policy(project), body)
-
-    def iam_get_account_policy(self, project: str, email: str) -> dict:
-        from urllib.parse import unquote
-
-        email = unquote(email)
-        with self.lock:
-            self.iam_get_account(project, email)
-            self._may("iam.serviceAccounts.getIamPolicy")
-            return self._policy_view(self.account_policies.setdefault(email, {"version": 1, "bindings": []}))
-
-    def iam_set_account_policy(self, project: str, email: str, body: dict) -> dict:
-        from urllib.parse import unquote
-
-        email = unquote(email)
-        with self.lock:
-            self.iam_get_account(project, email)
-            self._may("iam.serviceAccounts.setIamPolicy")
-            return self._set_policy(self.account_policies.setdefault(email, {"version": 1, "bindings": []}), body)
-
-    def roles_of(self, project: str, email: str) -> set[str]:
-        """For assertions: the roles the project's policy grants the service account `email`."""
-        with self.lock:
-            member = f"serviceAccount:{email}"
-            return {b["role"] for b in self._project_policy(project)["bindings"] if member in b.get("members", ())}
-
-    # -- organization policies -------------------------------------------------------------------------------
-    def set_org_policy(self, constraint: str, rules: list[dict] | None) -> None:
-        """The effective policy of `constraint` (e.g. "compute.vmExternalIpAccess"); None: not set."""
-        assert constraint in ORG_CONSTRAINTS, constraint
-        with self.lock:
-            if rules is None:
-                self.org_policies.pop(constraint, None)
-            else:
-                self.org_policies[constraint] = copy.deepcopy(rules)
-
-    def orgpolicy_effective(self, project: str, constraint: str) -> dict:
-        """projects.policies.getEffectivePolicy (v2): needs orgpolicy.policy.get; an unknown constraint is 400."""
-        with self.lock:
-            if self.orgpolicy_denied:
-                raise _denied("orgpolicy.policy.get")
-            self._may("orgpolicy.policy.get")
-            if constraint not in ORG_CONSTRAINTS:
-                raise ApiError(400, f"Constraint constraints/{constraint} is not supported.", grpc="INVALID_ARGUMENT")
-            number = self.project_number(project)
-            spec = {"etag": "CAE=", "updateTime": "2024-05-03T00:00:00Z"}
-            if constraint in self.org_policies:
-                spec["rules"] = copy.deepcopy(self.org_policies[constraint])
-            return {"name": f"projects/{number}/policies/{constraint}", "spec": spec}
-
-    # -- OS Login v1 (https://cloud.google.com/compute/docs/oslogin/rest/v1/users) ---------------------------------
-    def _posix_username(self, account: str) -> str:
-        """The POSIX username OS Login gives: a user's email with every character that is not a letter or digit as
-        "_" (user@example.com -> user_example_com); a service account's is sa_<uniqueId>."""
-        if account in self.posix_usernames:
-            return self.posix_usernames[account]
-        sa = self.service_accounts.get(account)
-        if account.endswith(".gserviceaccount.com"):
-            unique = sa["uniqueId"] if sa else str(int(hashlib.sha1(account.encode()).hexdigest()[:15], 16))
-            return f"sa_{unique}"
-        return re.sub(r"[^a-zA-Z0-9]", "_", account)[:32]
-
-    def _login_profile(self, account: str, project: str | None) -> dict:
-        prof = self.oslogin_profiles.setdefault(account, {"keys": {}})
-        now_us = time.time() * 1e6
-        keys = {fp: k for fp, k in prof["keys"].items()
-                if not k.get("expirationTimeUsec") or int(k["expirationTimeUsec"]) > now_us}
-        username = self._posix_username(account)
-        uid = str(1000 + int(hashlib.sha1(account.encode()).hexdigest()[:6], 16) % 100000)
-        posix = {"primary": True, "username": username, "uid": uid, "gid": uid,
-                 "homeDirectory": f"/home/{username}", "shell": "/bin/bash", "gecos": account,
-                 "systemId": "", "accountId": project or "", "operatingSystemType": "LINUX",
-                 "name": f"users/{account}/projects/{project or ''}"}
-        return {"name": account, "posixAccounts": [posix], "sshPublicKeys": copy.deepcopy(keys)}
-
-    @staticmethod
-    def _user(user: str) -> str:
-        from urllib.parse import unquote
-
-        account = unquote(user)
-        if "@" not in account:
-            raise ApiError(400, f"Invalid user: users/{account}", grpc="INVALID_ARGUMENT")
-        return account
-
-    def oslogin_import_key(self, user: str, query: dict, body: dict) -> dict:
-        """users.importSshPublicKey: the key (OpenSSH "type base64 [comment]") with an optional
-        expirationTimeUsec; returns the login profile. Keys are identified by their SHA-256 fingerprint."""
-        import base64
-        import binascii
-
-        account = self._user(user)
-        key = (body.get("key") or "").strip()
-        parts = key.split()
-        try:
-            blob = base64.b64decode(parts[1], validate=True) if len(parts) >= 2 else b""
-        except (binascii.Error, ValueError):
-            blob = b""
-        if not parts or not parts[0].startswith(("ssh-", "ecdsa-", "sk-")) or not blob:
-            raise ApiError(400, "Invalid key format.", grpc="INVALID_ARGUMENT")
-        with self.lock:
-            fingerprint = hashlib.sha256(blob).hexdigest()
-            entry = {"key": key, "fingerprint": fingerprint, "name": f"users/{account}/sshPublicKeys/{fingerprint}"}
-            if body.get("expirationTimeUsec"):
-                entry["expirationTimeUsec"] = str(body["expirationTimeUsec"])
-            self.oslogin_profiles.setdefault(account, {"keys": {}})["keys"][fingerprint] = entry
-            profile = self._login_profile(account, (query.get("projectId") or [None])[0])
-        for hook in self.on_oslogin_changed:
-            hook()
-        return {"loginProfile": profile}
-
-    def oslogin_get_profile(self, user: str, query: dict) -> dict:
-        account = self._user(user)
-        with self.lock:
-            return self._login_profile(account, (query.get("projectId") or [None])[0])
-
-    def oslogin_delete_key(self, user: str, fingerprint: str) -> dict:
-        account = self._user(user)
-        with self.lock:
-            keys = self.oslogin_profiles.get(account, {"keys": {}})["keys"]
-            if fingerprint not in keys:
-                raise ApiError(404, f"Requested entity was not found: users/{account}/sshPublicKeys/{fingerprint}",
-                               grpc="NOT_FOUND")
-            del keys[fingerprint]
-        for hook in self.on_oslogin_changed:
-            hook()
-        return {}
-
-    def oslogin_keys(self, username: str) -> list[str]:
-        """For the test sshd: the unexpired public keys registered for the POSIX user `username`."""
-        with self.lock:
-            return [k["key"] for account in list(self.oslogin_profiles)
-                    if self._posix_username(account) == username
-                    for k in self._login_profile(account, None)["sshPublicKeys"].values()]
 
 
 # ================================================================================================
@@ -795,18 +524,19 @@ class FakeCloud(IdentityApis):
         self.request_ids: dict[tuple, str] = {}  # (api, project, requestId) -> operation name
         self.projects: dict[str, dict] = {}
         self.calls: list[tuple[str, str]] = []  # (method, path) of every API call
+        self.callers: list[tuple[str, str, str | None]] = []  # (method, path, member) of every authenticated call
         self.errors_by_status: collections.Counter[int] = collections.Counter()  # injected by maybe_fail_call
+        self.errors_by_api: collections.Counter[str] = collections.Counter()  # ... by the API that answered them
         # ("instance" | "firewall" | "tpu" | "queued_resource", request body as received (+ name)), for assertions
         self.created: list[tuple[str, dict]] = []
         # Quotas: (region or None, metric) -> limit; unset = unlimited. See set_quota.
         self.quota_limits: dict[tuple[str | None, str], float] = {}
         self.tpu_quota_limits: dict[tuple[str | None, str], float] = {}  # (zone or None, quota id)
-        # Resource Manager: the permissions testIamPermissions grants (None: every permission asked for).
-        self.granted_permissions: set[str] | None = None
-        self.denied_permissions: set[str] = set()  # ... less these (e.g. compute.regions.get: no quotas to read)
-        # Resource Manager: projects that do not exist (or the caller may not see): 403 on get.
-        self.hidden_projects: set[str] = set()
-        self._init_identity()  # IAM, organization policies, OS Login (IdentityApis)
+        self._init_identity()  # who calls and what they may do; IAM, organization policies, OS Login (fake_identity)
+        self.xpn_service_projects: dict[str, str] = {}  # Shared VPC: service project -> its host project (share_vpc)
+        self.firewall_policies: list[dict] = []  # the organization's hierarchical firewall policies
+        for project in GOOGLE_PROJECTS:  # "public images ... any authenticated user can use them"
+            self.grant("allAuthenticatedUsers", "roles/compute.imageUser", f"projects/{project}")
         # The state a queued resource waits in before PROVISIONING. The documented state is
         # WAITING_FOR_RESOURCES, which replaced ACCEPTED (https://cloud.google.com/tpu/docs/queued-resources);
         # set "ACCEPTED" to play an older service.
@@ -858,9 +588,11 @@ class FakeCloud(IdentityApis):
         return self._project(project)["projectNumber"]
 
     def _project(self, project: str) -> dict:
-        """Every project exists on first use, with the default network a new project gets:
-        an auto mode VPC named "default" (https://cloud.google.com/vpc/docs/vpc#default-network) and its
-        pre-populated firewall rules (https://cloud.google.com/vpc/docs/firewalls#more_rules_default_vpc)."""
+        """Every project exists on first use (as define_project describes it, if it did), with the default network a
+        new project gets: an auto mode VPC named "default" (https://cloud.google.com/vpc/docs/vpc#default-network) and
+        its pre-populated firewall rules (https://cloud.google.com/vpc/docs/firewalls#more_rules_default_vpc), unless
+        it was made without one (compute.skipDefaultNetworkCreation: "skips the creation of the default network and
+        related resources during Google Cloud project resource creation")."""
         p = self.projects.get(project)
         if p is not None:
             return p
@@ -871,6 +603,11 @@ class FakeCloud(IdentityApis):
         number = str(100000000000 + int(hashlib.sha1(project.encode()).hexdigest()[:10], 16) % 900000000000)
         p = {"projectId": project, "projectNumber": number, "createTime": "2024-01-15T10:00:00.000Z"}
         self.projects[project] = p
+        self._project_created(project)
+        options = self.project_options.get(project, {})
+        if not options.get("default_network", True) or (
+                options.get("organization", True) and self.org_policy_enforced(project, "compute.skipDefaultNetworkCreation")):
+            return p
         self._make_network(project, "default", auto=True, description="Default network for the project")
         for name, allowed, ranges, desc in (
             ("default-allow-internal", [{"IPProtocol": "tcp", "ports": ["0-65535"]},
@@ -1156,7 +893,10 @@ class FakeCloud(IdentityApis):
         with self.lock:
             burst = self._bursts.setdefault((method, path), [0, 0, 0])
             burst[0] += 1
-            if burst[1] > 0:
+            if f.first_call_statuses and burst[0] == 1:
+                burst[1], burst[2] = 0, f.first_call_statuses[self._bursts_started % len(f.first_call_statuses)]
+                self._bursts_started += 1
+            elif burst[1] > 0:
                 burst[1] -= 1
             elif f.burst_every and burst[0] % f.burst_every == 0 and f.burst_length > 0:
                 statuses = f.burst_status if isinstance(f.burst_status, tuple) else (f.burst_status,)
@@ -1166,6 +906,7 @@ class FakeCloud(IdentityApis):
                 return
             status = burst[2]
             self.errors_by_status[status] += 1
+            self.errors_by_api[api_of(path)] += 1
         rate_details = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "RATE_LIMIT_EXCEEDED",
                          "domain": "googleapis.com", "metadata": {"service": "compute.googleapis.com"}}]
         if status == 429:
@@ -1174,6 +915,15 @@ class FakeCloud(IdentityApis):
             raise ApiError(403, "Quota exceeded for quota metric 'Queries' and limit 'Queries per minute' of service "
                                 "'compute.googleapis.com'", "rateLimitExceeded", domain="usageLimits",
                            grpc="RESOURCE_EXHAUSTED", details=rate_details)
+        # What a front end or backend answers when it fails for a moment (https://cloud.google.com/apis/design/errors:
+        # INTERNAL 500, UNAVAILABLE 503, DEADLINE_EXCEEDED 504; a proxy's 502; a request that timed out, 408).
+        said = {500: ("Internal error encountered.", "backendError", "INTERNAL"),
+                502: ("Bad Gateway", "badGateway", "UNAVAILABLE"),
+                504: ("Deadline exceeded.", "deadlineExceeded", "DEADLINE_EXCEEDED"),
+                408: ("Request Timeout", "requestTimeout", "DEADLINE_EXCEEDED")}
+        if status in said:
+            message, reason, grpc = said[status]
+            raise ApiError(status, message, reason, grpc=grpc)
         raise ApiError(503, "The service is currently unavailable.", "backendError")
 
     def _label_fault(self, project: str, zone: str, labels: dict, machine: str) -> dict | None:
@@ -1255,38 +1005,48 @@ class FakeCloud(IdentityApis):
         return max(cands, key=lambda i: i["name"]) if cands else None
 
     def _network_refs(self, project: str, zone: str, nic: dict, prefix: str) -> tuple[str, str]:
+        """(network URL, subnetwork URL) of an interface. A network or subnetwork of another project is a Shared VPC
+        host's, usable only by the host's attached service projects ("Service project admins ... can only use
+        subnets in the host project ... shared with them", https://cloud.google.com/vpc/docs/shared-vpc)."""
         region = ZONES[zone]
         net_value = nic.get("network")
-        net_name = "default"
+        net_project, net_name = project, "default"
         if net_value:
             m = re.fullmatch(r"(?:projects/([^/]+)/)?global/networks/([^/]+)", self._strip_compute(net_value))
             if not m:
                 raise _invalid(f"{prefix}.network", net_value, "The URL is malformed.")
-            net_name = m.group(2)
+            net_project, net_name = m.group(1) or project, m.group(2)
         sub_value = nic.get("subnetwork")
-        if (project, net_name) not in self.networks:
-            raise _invalid(f"{prefix}.network", net_value or net_name,
-                           "The referenced network resource cannot be found.")
+        sub_project = net_project
         if sub_value:
             m = re.fullmatch(r"(?:projects/([^/]+)/)?(?:regions/([^/]+)/)?subnetworks/([^/]+)", self._strip_compute(sub_value))
             if not m:
                 raise _invalid(f"{prefix}.subnetwork", sub_value, "The URL is malformed.")
             if m.group(2) and m.group(2) != region:
                 raise _invalid(f"{prefix}.subnetwork", sub_value, f"Subnetwork must be in region {region}.")
-            sub_name = m.group(3)
-        else:
-            net = self.networks[(project, net_name)]
+            sub_project, sub_name = m.group(1) or project, m.group(3)
+            if not net_value:
+                net_project = sub_project
+        for other, value, what in ((net_project, net_value, "network"), (sub_project, sub_value, "subnetwork")):
+            if other != project and self.xpn_service_projects.get(project) != other:
+                raise _invalid(f"{prefix}.{what}", value, f"Project {project} is not a Shared VPC service project of "
+                               f"{other}, so it cannot use its {what}s.")
+        if (net_project, net_name) not in self.networks:
+            raise _invalid(f"{prefix}.network", net_value or net_name,
+                           "The referenced network resource cannot be found.")
+        if not sub_value:
+            net = self.networks[(net_project, net_name)]
             if not net["autoCreateSubnetworks"]:
                 raise _invalid(f"{prefix}.subnetwork", "",
                                "Subnetwork should be specified for custom subnetmode network.")
             sub_name = net_name
-        sub = self.subnetworks.get((project, region, sub_name))
+        sub = self.subnetworks.get((sub_project, region, sub_name))
         if sub is None:
             raise _invalid(f"{prefix}.subnetwork", sub_value or sub_name,
                            "The referenced subnetwork resource cannot be found.")
-        if sub["network"] != f"{COMPUTE}/projects/{project}/global/networks/{net_name}":
+        if sub["network"] != f"{COMPUTE}/projects/{net_project}/global/networks/{net_name}":
             raise _invalid(f"{prefix}.subnetwork", sub_value, "Subnetwork does not belong to the network.")
-        return f"{COMPUTE}/projects/{project}/global/networks/{net_name}", sub["selfLink"]
+        return f"{COMPUTE}/projects/{net_project}/global/networks/{net_name}", sub["selfLink"]
 
     def _build_instance(self, project: str, zone: str, body: dict, *, bare: bool, root: str) -> dict:
         """Validate one instance and build the resource as the API returns it (without address/status).
@@ -1328,7 +1088,7 @@ class FakeCloud(IdentityApis):
         boots = [d for d in disks if d.get("boot")]
         if len(boots) != 1 or not disks[0].get("boot"):
             raise _invalid(f"{root}.disks[0].boot", "", "Exactly one boot disk, the first, must be specified.")
-        out_disks, disk_demand = [], []
+        out_disks, disk_demand, image_projects = [], [], []
         for i, d in enumerate(disks):
             ip = d.get("initializeParams") or {}
             dfield = f"{root}.disks[{i}].initializeParams"
@@ -1361,6 +1121,7 @@ class FakeCloud(IdentityApis):
             if image:
                 out["licenses"] = image["licenses"]
                 out["guestOsFeatures"] = image["guestOsFeatures"]
+                image_projects.append(self._strip_compute(image["selfLink"]).split("/")[1])
             out_disks.append(out)
         # -- guest accelerators (https://cloud.google.com/compute/docs/gpus/create-vm-with-gpus)
         accs = body.get("guestAccelerators") or []
@@ -1494,9 +1255,12 @@ class FakeCloud(IdentityApis):
             demand.append(("IN_USE_ADDRESSES", 1.0))
         demand += disk_demand
 
+        self._authorize_instance(project, zone, name, body, subnetwork, bool(out_acs), sas, image_projects)
         z = f"{COMPUTE}/projects/{project}/zones/{zone}"
         inst = {
             "kind": "compute#instance", "name": name, "description": body.get("description", ""),
+            "shieldedInstanceConfig": {"enableSecureBoot": False, "enableVtpm": True, "enableIntegrityMonitoring": True,
+                                       **(body.get("shieldedInstanceConfig") or {})},
             "tags": {"items": list(tags), "fingerprint": _fingerprint(tags)},
             "machineType": f"{z}/machineTypes/{mt_name}", "zone": z, "canIpForward": bool(body.get("canIpForward")),
             "networkInterfaces": [{"kind": "compute#networkInterface", "network": network, "subnetwork": subnetwork,
@@ -1516,6 +1280,30 @@ class FakeCloud(IdentityApis):
         if not sas:
             inst.pop("serviceAccounts")
         return inst
+
+    def _authorize_instance(self, project: str, zone: str, name: str, body: dict, subnetwork: str, external: bool,
+                            accounts: list[dict], image_projects: list[str]) -> None:
+        """What creating this instance takes besides compute.instances.create, as instances.insert's reference lists
+        it (https://cloud.google.com/compute/docs/reference/rest/v1/instances/insert, "IAM Permissions", and
+        https://cloud.google.com/compute/docs/access/iam#the_serviceaccountuser_role): the disks, the subnetwork (its
+        own project's: a Shared VPC host's), an external address on it, metadata, tags, labels, and for a service
+        account both setting it and acting as it (iam.serviceAccounts.actAs on that account)."""
+        self.require("compute.disks.create", f"projects/{project}/zones/{zone}/disks/{name}")
+        sub = self._strip_compute(subnetwork)
+        self.require("compute.subnetworks.use", sub)
+        if external:
+            self.require("compute.subnetworks.useExternalIp", sub)
+        if (body.get("metadata") or {}).get("items"):
+            self.require("compute.instances.setMetadata", f"projects/{project}/zones/{zone}/instances/{name}")
+        if (body.get("tags") or {}).get("items"):
+            self.require("compute.instances.setTags", f"projects/{project}/zones/{zone}/instances/{name}")
+        if body.get("labels"):
+            self.require("compute.instances.setLabels", f"projects/{project}/zones/{zone}/instances/{name}")
+        for sa in accounts:
+            self.require("compute.instances.setServiceAccount", f"projects/{project}/zones/{zone}/instances/{name}")
+            self.require("iam.serviceAccounts.actAs", self.account_resource(sa["email"]))
+        for image_project in image_projects:
+            self.require("compute.images.useReadOnly", f"projects/{image_project}")
 
     def _materialize(self, project: str, zone: str, inst: dict, request_body: dict) -> dict:
         """Give a validated instance its id, addresses and clocks, and store it."""
@@ -1574,44 +1362,79 @@ class FakeCloud(IdentityApis):
             return self._op_view(op)
 
     def _org_policy(self, project: str, zone: str, body: dict, name: str) -> None:
-        """Refuse an instance the effective organization policies (set_org_policy) forbid, synchronously, as Compute
-        Engine does: HTTP 412, reason conditionNotMet, "Constraint constraints/NAME violated for project NUMBER. ..."
-        (as public reports of real refusals quote it). compute.vmExternalIpAccess: an access config on any interface
-        where a rule denies all, or allowed values do not list the instance (projects/P/zones/Z/instances/N);
-        compute.requireOsLogin enforced: enable-oslogin set to false in the instance's metadata
-        (https://cloud.google.com/compute/docs/oslogin/manage-oslogin-in-an-org; Google applies it to metadata set
-        later too, instances.setMetadata and projects.setCommonInstanceMetadata, which the stand-in does not
-        implement); compute.trustedImageProjects: a boot or data disk from an image of a project the policy does not
-        allow."""
+        """Refuse an instance the effective organization policies (set_org_policy; only for a project in the
+        organization) forbid, synchronously, as Compute Engine does: HTTP 412, reason conditionNotMet, "Constraint
+        constraints/NAME violated for project NUMBER. ..." (as public reports of real refusals quote it).
+
+        - compute.vmExternalIpAccess: an access config on any interface where a rule denies all, or allowed values do
+          not list the instance (projects/P/zones/Z/instances/N); its managed twin compute.managed.vmExternalIpAccess
+          enforced: any access config (https://cloud.google.com/compute/docs/access/managed-constraints);
+        - compute.requireOsLogin (and compute.managed.requireOsLogin) enforced: enable-oslogin set to false in the
+          instance's metadata (https://cloud.google.com/compute/docs/oslogin/manage-oslogin-in-an-org; Google applies
+          it to metadata set later too, which the stand-in does not implement);
+        - compute.trustedImageProjects: a boot or data disk from an image of a project the policy does not allow;
+        - compute.requireShieldedVm enforced: an instance without Secure Boot in shieldedInstanceConfig, or whose
+          boot image is not Shielded VM compatible (UEFI_COMPATIBLE) ("requires all new Compute Engine VM instances
+          to use Shielded disk images with Secure Boot, vTPM, and Integrity Monitoring options enabled",
+          https://cloud.google.com/resource-manager/docs/organization-policy/org-policy-constraints);
+        - gcp.resourceLocations: the instance's zone outside the allowed locations
+          (https://cloud.google.com/resource-manager/docs/organization-policy/defining-locations)."""
         number = self.project_number(project)
         where = f"projects/{project}/zones/{zone}/instances/{name}"
-        ips = self.org_policies.get("compute.vmExternalIpAccess", [])
+        ips = self.org_rules(project, "compute.vmExternalIpAccess")
         allowed = [v for r in ips for v in (r.get("values") or {}).get("allowedValues", [])]
         external = any(nic.get("accessConfigs") for nic in body.get("networkInterfaces") or [])
-        if external and not any(r.get("allowAll") for r in ips) and (
-                any(r.get("denyAll") for r in ips) or allowed and where not in allowed):
-            raise ApiError(412, f"Constraint constraints/compute.vmExternalIpAccess violated for project {number}. Add "
+        if external and (self.org_policy_enforced(project, "compute.managed.vmExternalIpAccess") or (
+                not any(r.get("allowAll") for r in ips) and (
+                    any(r.get("denyAll") for r in ips) or allowed and where not in allowed))):
+            constraint = ("compute.managed.vmExternalIpAccess"
+                          if self.org_policy_enforced(project, "compute.managed.vmExternalIpAccess")
+                          else "compute.vmExternalIpAccess")
+            raise ApiError(412, f"Constraint constraints/{constraint} violated for project {number}. Add "
                            f"instance {where} to the constraint to use external IP with it.", "conditionNotMet")
         items = (body.get("metadata") or {}).get("items") or []
-        if any(r.get("enforce") for r in self.org_policies.get("compute.requireOsLogin", [])) and any(
-                i.get("key") == "enable-oslogin" and str(i.get("value", "")).strip().lower() == "false" for i in items):
-            raise ApiError(412, f"Constraint constraints/compute.requireOsLogin violated for project {number}. "
-                           f"Instance {where} may not set metadata enable-oslogin to false.", "conditionNotMet")
+        for constraint in ("compute.requireOsLogin", "compute.managed.requireOsLogin"):
+            if self.org_policy_enforced(project, constraint) and any(
+                    i.get("key") == "enable-oslogin" and str(i.get("value", "")).strip().lower() == "false"
+                    for i in items):
+                raise ApiError(412, f"Constraint constraints/{constraint} violated for project {number}. "
+                               f"Instance {where} may not set metadata enable-oslogin to false.", "conditionNotMet")
         # compute.trustedImageProjects: a disk may be created from an image only if its project is one the policy
         # allows (https://cloud.google.com/compute/docs/images/restricting-image-access; values "projects/PROJECT",
         # also written "is:projects/PROJECT"); the message's second sentence as public reports of refusals quote it.
-        trusted = self.org_policies.get("compute.trustedImageProjects")
-        if trusted is not None:
-            for disk in body.get("disks") or []:
-                source = (disk.get("initializeParams") or {}).get("sourceImage")
-                if not source:
-                    continue
-                m = re.match(r"projects/([^/]+)/", self._strip_compute(source))
-                image_project = m.group(1) if m else project  # global/images/...: the instance's own project
-                if not _list_admits(trusted, f"projects/{image_project}"):
-                    raise ApiError(412, f"Constraint constraints/compute.trustedImageProjects violated for project "
-                                   f"{number}. Use of images from project {image_project} is prohibited.",
+        trusted = self.org_rules(project, "compute.trustedImageProjects")
+        images = []
+        for disk in body.get("disks") or []:
+            source = (disk.get("initializeParams") or {}).get("sourceImage")
+            if not source:
+                continue
+            m = re.match(r"projects/([^/]+)/", self._strip_compute(source))
+            image_project = m.group(1) if m else project  # global/images/...: the instance's own project
+            images.append((image_project, source))
+            if trusted and not _list_admits(trusted, f"projects/{image_project}"):
+                raise ApiError(412, f"Constraint constraints/compute.trustedImageProjects violated for project "
+                               f"{number}. Use of images from project {image_project} is prohibited.",
+                               "conditionNotMet")
+        if self.org_policy_enforced(project, "compute.requireShieldedVm"):
+            shielded = body.get("shieldedInstanceConfig") or {}
+            if not shielded.get("enableSecureBoot"):
+                raise ApiError(412, f"Constraint constraints/compute.requireShieldedVm violated for project {number}. "
+                               "Secure Boot is not enabled in the 'shielded_instance_config' field.", "conditionNotMet")
+            for image_project, source in images:
+                image = self._image(image_project, source, "disks[].initializeParams.sourceImage")
+                if not any(f.get("type") == "UEFI_COMPATIBLE" for f in image.get("guestOsFeatures", [])):
+                    raise ApiError(412, f"Constraint constraints/compute.requireShieldedVm violated for project "
+                                   f"{number}. The boot image {image['name']} is not a Shielded VM image.",
                                    "conditionNotMet")
+        self._check_location(project, zone, f"instance {where}")
+
+    def _check_location(self, project: str, location: str, what: str) -> None:
+        """gcp.resourceLocations: refuse a resource in a location the organization does not allow (412)."""
+        rules = self.org_rules(project, "gcp.resourceLocations")
+        if rules and not location_admitted(rules, location):
+            raise ApiError(412, f"Constraint constraints/gcp.resourceLocations violated for project "
+                           f"{self.project_number(project)}. Location {location} of {what} is not allowed by the "
+                           "organization's resource location policy.", "conditionNotMet")
 
     def _sync_refusal(self, error: dict) -> None:
         """Faults.fail_sync: the call itself is refused (bulk API troubleshooting: HTTP 403 quotaExceeded,
@@ -2035,7 +1858,6 @@ class FakeCloud(IdentityApis):
         `PREEMPTIBLE_CPUS` limit 0.0), and a quota the test left unlimited with a large limit. Caller needs
         compute.regions.get."""
         with self.lock:
-            self._may("compute.regions.get")
             self._region_check(region)
             self._project(project)
             usage = self._usage(project)
@@ -2056,6 +1878,102 @@ class FakeCloud(IdentityApis):
                     "zones": [f"{COMPUTE}/projects/{project}/zones/{z}" for z, r in sorted(ZONES.items()) if r == region],
                     "selfLink": f"{COMPUTE}/projects/{project}/regions/{region}"}
 
+    def test_subnet_permissions(self, project: str, region: str, name: str, body: dict) -> dict:
+        """subnetworks.testIamPermissions: the caller's permissions on the subnet (its own policy, a Shared VPC
+        administrator's grant of Compute Network User on one subnet, and what it inherits from its project)
+        (https://cloud.google.com/compute/docs/reference/rest/v1/subnetworks/testIamPermissions)."""
+        with self.lock:
+            self._project(project)
+            self.require_service(project, "compute.googleapis.com")
+            if (project, region, name) not in self.subnetworks:
+                raise ApiError(404, f"The resource 'projects/{project}/regions/{region}/subnetworks/{name}' was not "
+                                    "found", "notFound")
+            granted = self.test_permissions(f"projects/{project}/regions/{region}/subnetworks/{name}",
+                                            list(body.get("permissions") or []))
+            return {"permissions": granted}
+
+    def get_compute_project(self, project: str) -> dict:
+        """projects.get (Compute Engine): the project's global quotas (CPUS_ALL_REGIONS, GPUS_ALL_REGIONS, ...) with
+        limit and usage, and its Shared VPC role (xpnProjectStatus HOST or UNSPECIFIED_XPN_PROJECT_STATUS)
+        (https://cloud.google.com/compute/docs/reference/rest/v1/projects/get; global quotas:
+        https://cloud.google.com/compute/quotas-limits#global_quotas). A global quota the test left unlimited is
+        listed with a large limit."""
+        with self.lock:
+            p = self._project(project)
+            usage = self._usage(project)
+            quotas = [{"metric": m, "limit": self._limit(None, m) if self._limit(None, m) is not None else 1.0e6,
+                       "usage": usage.get((None, m), 0.0)} for m in sorted(GLOBAL_METRICS)]
+            host = project in set(self.xpn_service_projects.values())
+            return {"kind": "compute#project", "id": p["projectNumber"], "name": project,
+                    "creationTimestamp": "2024-01-15T02:00:00.000-08:00", "quotas": quotas,
+                    "xpnProjectStatus": "HOST" if host else "UNSPECIFIED_XPN_PROJECT_STATUS",
+                    "defaultServiceAccount": self._default_account(project),
+                    "selfLink": f"{COMPUTE}/projects/{project}"}
+
+    def share_vpc(self, host: str, service: str) -> None:
+        """Make `host` a Shared VPC host project and attach `service` to it (what an administrator's `gcloud compute
+        shared-vpc enable HOST` and `associated-projects add SERVICE --host-project HOST` do)."""
+        with self.lock:
+            self._project(host)
+            self._project(service)
+            self.xpn_service_projects[service] = host
+
+    def get_xpn_host(self, project: str) -> dict:
+        """projects.getXpnHost: the Shared VPC host project this service project is attached to, or an empty answer
+        (https://cloud.google.com/compute/docs/reference/rest/v1/projects/getXpnHost)."""
+        with self.lock:
+            self._project(project)
+            host = self.xpn_service_projects.get(project)
+            if host is None:
+                return {}
+            return {"kind": "compute#project", "name": host, "id": self.project_number(host),
+                    "xpnProjectStatus": "HOST", "selfLink": f"{COMPUTE}/projects/{host}"}
+
+    def add_firewall_policy(self, name: str, rules: list[dict], *, short_name: str = "") -> None:
+        """A hierarchical firewall policy on the organization (rules: {priority, direction, action allow|deny|
+        goto_next, match: {srcIpRanges, layer4Configs: [{ipProtocol, ports}]}}); evaluated before the network's own
+        rules (https://cloud.google.com/firewall/docs/firewall-policies-overview#rule-evaluation)."""
+        with self.lock:
+            self.firewall_policies.append({"name": name, "shortName": short_name or name, "type": "HIERARCHY",
+                                           "rules": copy.deepcopy(rules)})
+
+    def effective_firewalls(self, project: str, network: str) -> dict:
+        """networks.getEffectiveFirewalls: the network's VPC rules and the firewall policies that apply to it, the
+        organization's hierarchical policies first (https://cloud.google.com/compute/docs/reference/rest/v1/networks/
+        getEffectiveFirewalls). Only projects in the organization get its policies."""
+        with self.lock:
+            self._project(project)
+            if (project, network) not in self.networks:
+                raise ApiError(404, f"The resource 'projects/{project}/global/networks/{network}' was not found",
+                               "notFound")
+            link = f"{COMPUTE}/projects/{project}/global/networks/{network}"
+            rules = [self._public(f) for (p, _), f in sorted(self.firewalls.items()) if p == project
+                     and f["network"] == link]
+            policies = copy.deepcopy(self.firewall_policies) if self.organization_of(project) else []
+            return {"firewalls": rules, "firewallPolicys": policies}
+
+    def quota_infos(self, project: str, service: str, query: dict) -> dict:
+        """Cloud Quotas quotaInfos.list for tpu.googleapis.com: each TPU quota (in TensorCores or chips, per zone)
+        with its limit per zone in dimensionsInfos; -1 is unlimited (https://cloud.google.com/docs/quotas/reference/
+        rest/v1/projects.locations.services.quotaInfos). Usage is not part of it."""
+        with self.lock:
+            self._project(project)
+            infos = []
+            if service == "tpu.googleapis.com":
+                for standard, preemptible in TPU_QUOTA_IDS.values():
+                    for qid in (standard, preemptible):
+                        dims = [{"dimensions": {"zone": z}, "details": {"value": str(int(v))},
+                                 "applicableLocations": [z]} for (z, q), v in self.tpu_quota_limits.items()
+                                if q == qid and z is not None]
+                        default = self.tpu_quota_limits.get((None, qid))
+                        dims.append({"dimensions": {}, "details": {"value": str(int(default)) if default is not None
+                                                                            else "-1"}})
+                        infos.append({"name": f"projects/{project}/locations/global/services/{service}/quotaInfos/"
+                                              f"{qid}", "quotaId": qid, "service": service, "metric": f"{service}/{qid}",
+                                      "containerType": "PROJECT", "dimensions": ["zone"], "isPrecise": True,
+                                      "dimensionsInfos": dims})
+            return {"quotaInfos": infos}
+
     # -- compute: firewalls ----------------------------------------------------------------------------------
     def insert_firewall(self, project: str, body: dict, request_id: str | None) -> dict:
         """firewalls.insert: https://cloud.google.com/compute/docs/reference/rest/v1/firewalls/insert (Firewall fields)
@@ -2071,6 +1989,9 @@ class FakeCloud(IdentityApis):
             if (project, name) in self.firewalls:
                 raise ApiError(409, f"The resource 'projects/{project}/global/firewalls/{name}' already exists", "alreadyExists")
             fw = self._validate_firewall(project, body)
+            # "compute.firewalls.create on the project, compute.networks.updatePolicy on the network"
+            # (https://cloud.google.com/compute/docs/reference/rest/v1/firewalls/insert, IAM Permissions)
+            self.require("compute.networks.updatePolicy", self._strip_compute(fw["network"]))
             fw.update(kind="compute#firewall", id=str(next(self._ids)), creationTimestamp=_now_rfc3339(),
                       selfLink=f"{COMPUTE}/projects/{project}/global/firewalls/{name}")
             self.firewalls[(project, name)] = fw
@@ -2162,9 +2083,11 @@ class FakeCloud(IdentityApis):
             if request_id and ("compute", project, request_id) in self.request_ids:
                 return self._op_view(self.ops[self.request_ids[("compute", project, request_id)]])
             self._project(project)
-            fw = self.firewalls.pop((project, name), None)
+            fw = self.firewalls.get((project, name))
             if fw is None:
                 raise ApiError(404, f"The resource 'projects/{project}/global/firewalls/{name}' was not found", "notFound")
+            self.require("compute.networks.updatePolicy", self._strip_compute(fw["network"]))
+            del self.firewalls[(project, name)]
             op = self._new_op("global", project, None, "delete", fw["selfLink"], request_id=request_id)
             return self._op_view(op)
 
@@ -2275,13 +2198,16 @@ class FakeCloud(IdentityApis):
         if body.get("networkConfig") and body.get("networkConfigs"):
             raise _grpc_invalid("networkConfig and networkConfigs are mutually exclusive.")
         net = dict(body.get("networkConfig") or {})
-        net_name = (net.get("network") or "default").rsplit("/", 1)[-1]
-        if (project, net_name) not in self.networks:
+        net_project, net_name = self._tpu_ref(project, net.get("network") or "default", "networks")
+        if (net_project, net_name) not in self.networks:
             raise _grpc_invalid(f"Network \"{net.get('network')}\" was not found.")
         region = TPU_ZONE_REGION[zone]
-        sub_name = (net.get("subnetwork") or net_name).rsplit("/", 1)[-1]
-        if net.get("subnetwork") and (project, region, sub_name) not in self.subnetworks:
+        sub_project, sub_name = self._tpu_ref(project, net.get("subnetwork") or net_name, "subnetworks")
+        if net.get("subnetwork") and (sub_project, region, sub_name) not in self.subnetworks:
             raise _grpc_invalid(f"Subnetwork \"{net.get('subnetwork')}\" was not found in region {region}.")
+        account = (body.get("serviceAccount") or {}).get("email")
+        if account:  # a node that runs as a service account: its creator acts as it (Cloud TPU's IAM page)
+            self.require("iam.serviceAccounts.actAs", self.account_resource(account))
         for k, v in (body.get("labels") or {}).items():
             if not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", k) or not re.fullmatch(r"[a-z0-9_-]{0,63}", str(v)):
                 raise _grpc_invalid(f"Invalid label {k}={v}.")
@@ -2289,7 +2215,18 @@ class FakeCloud(IdentityApis):
         if sc.get("spot") and sc.get("preemptible"):
             raise _grpc_invalid("schedulingConfig.spot and schedulingConfig.preemptible cannot both be set.")
         return {"accelerator": acc, "type": t, "net_name": net_name, "sub_name": sub_name, "region": region,
+                "net_project": net_project, "sub_project": sub_project,
                 "spot": bool(sc.get("spot") or sc.get("preemptible"))}
+
+    def _tpu_ref(self, project: str, value: str, kind: str) -> tuple[str, str]:
+        """(project, name) a node's network or subnetwork names: a bare name is the node's project's, a path may
+        name a Shared VPC host this project is attached to."""
+        m = re.match(r"projects/([^/]+)/", self._strip_compute(value))
+        other = m.group(1) if m else project
+        if other != project and self.xpn_service_projects.get(project) != other:
+            raise _grpc_invalid(f"Project {project} is not a Shared VPC service project of {other}; its {kind} cannot "
+                                "be used.")
+        return other, value.rsplit("/", 1)[-1]
 
     def _make_node(self, project: str, zone: str, node_id: str, body: dict, v: dict, queued_resource: str | None = None,
                    spot: bool = False) -> dict:
@@ -2298,8 +2235,8 @@ class FakeCloud(IdentityApis):
         internal, external = self.addresses_of(k)
         net = dict(node.get("networkConfig") or {})
         ext = bool(net.get("enableExternalIps"))
-        net.update(network=f"projects/{project}/global/networks/{v['net_name']}",
-                   subnetwork=f"projects/{project}/regions/{v['region']}/subnetworks/{v['sub_name']}",
+        net.update(network=f"projects/{v['net_project']}/global/networks/{v['net_name']}",
+                   subnetwork=f"projects/{v['sub_project']}/regions/{v['region']}/subnetworks/{v['sub_name']}",
                    enableExternalIps=ext)
         ep = {"ipAddress": internal, "port": 8470}
         if ext:  # "Indicates that external IP addresses would be associated with the TPU workers."
@@ -2637,31 +2574,31 @@ class FakeCloud(IdentityApis):
     # Cloud Resource Manager v3
     # ============================================================================================
     def crm_get_project(self, ident: str) -> dict:
-        """projects.get (name: projects/{project_id_or_number}):
-        https://cloud.google.com/resource-manager/reference/rest/v3/projects/get. A project the caller may not
-        see (or that does not exist) is 403 PERMISSION_DENIED."""
+        """projects.get (name: projects/{project_id_or_number}), which needs resourcemanager.projects.get:
+        https://cloud.google.com/resource-manager/reference/rest/v3/projects/get. A project the caller may not see
+        (or that does not exist) is 403 PERMISSION_DENIED, the same answer for both."""
         with self.lock:
-            if ident in self.hidden_projects:
-                raise ApiError(403, "The caller does not have permission", grpc="PERMISSION_DENIED")
             p = self._project(ident)
-            return {"name": f"projects/{p['projectNumber']}", "parent": "organizations/123456789012",
-                    "projectId": p["projectId"], "state": p.get("state", "ACTIVE"), "displayName": p["projectId"],
-                    "createTime": p["createTime"], "updateTime": p["createTime"],
-                    "etag": f"W/\"{_fingerprint(p)}\"", "labels": {}}
+            project = p["projectId"]
+            self.require_service(project, "cloudresourcemanager.googleapis.com")
+            self.require("resourcemanager.projects.get", f"projects/{project}",
+                         message="The caller does not have permission")
+            org = self.organization_of(project)
+            out = {"name": f"projects/{p['projectNumber']}", "projectId": project, "state": p.get("state", "ACTIVE"),
+                   "displayName": project, "createTime": p["createTime"], "updateTime": p["createTime"],
+                   "etag": f"W/\"{_fingerprint(p)}\"", "labels": {}}
+            if org:
+                out["parent"] = org
+            return out
 
     def crm_test_permissions(self, ident: str, body: dict) -> dict:
-        """projects.testIamPermissions: "Returns permissions that a caller has on the specified Project";
-        "Permissions with wildcards (such as * or storage.*) are not allowed"
-        (https://cloud.google.com/resource-manager/reference/rest/v3/projects/testIamPermissions)."""
+        """projects.testIamPermissions: "Returns permissions that a caller has on the specified Project" (the
+        project's and its organization's allow policies, never what is granted below it);
+        https://cloud.google.com/resource-manager/reference/rest/v3/projects/testIamPermissions."""
         with self.lock:
-            if ident in self.hidden_projects:
-                raise ApiError(403, "The caller does not have permission", grpc="PERMISSION_DENIED")
-            self._project(ident)
-            asked = list(body.get("permissions") or [])
-            for perm in asked:
-                if "*" in perm or not re.fullmatch(r"[a-z][a-zA-Z0-9]*(\.[a-zA-Z0-9]+){2,}", perm):
-                    raise ApiError(400, f"Permission {perm} is not valid.", grpc="INVALID_ARGUMENT")
-            granted = [p for p in asked if self._granted(p)]
+            p = self._project(ident)
+            self.require_service(p["projectId"], "cloudresourcemanager.googleapis.com")
+            granted = self.test_permissions(f"projects/{p['projectId']}", list(body.get("permissions") or []))
             return {"permissions": granted} if granted else {}
 
 
@@ -2695,6 +2632,7 @@ ROUTES: list[tuple[str, str, str]] = [
     ("GET", rf"/compute/v1/projects/{_P}/regions/{_P}/subnetworks", "list_subnetworks"),
     ("GET", rf"/compute/v1/projects/{_P}/regions/{_P}/subnetworks/{_P}", "get_subnetwork"),
     ("POST", rf"/compute/v1/projects/{_P}/regions/{_P}/subnetworks/{_P}/setPrivateIpGoogleAccess", "set_pga"),
+    ("POST", rf"/compute/v1/projects/{_P}/regions/{_P}/subnetworks/{_P}/testIamPermissions", "subnet_test"),
     ("GET", rf"/compute/v1/projects/{_P}/regions/{_P}/routers", "list_routers"),
     ("GET", rf"/compute/v1/projects/{_P}/regions/{_P}/routers/{_P}", "get_router"),
     ("GET", rf"/compute/v1/projects/{_P}/regions/{_P}/operations/{_P}", "region_op"),
@@ -2725,6 +2663,10 @@ ROUTES: list[tuple[str, str, str]] = [
     ("GET", rf"/v2/projects/{_P}/locations/{_P}/runtimeVersions", "list_rv"),
     ("GET", rf"/v2/projects/{_P}/locations/{_P}/runtimeVersions/{_P}", "get_rv"),
     ("GET", r"/v2/(projects/[^/]+/locations/[^/]+/operations/[^/:]+)", "tpu_op"),
+    # Compute Engine (project)
+    ("GET", rf"/compute/v1/projects/{_P}", "compute_project"),
+    ("GET", rf"/compute/v1/projects/{_P}/getXpnHost", "xpn_host"),
+    ("GET", rf"/compute/v1/projects/{_P}/global/networks/{_P}/getEffectiveFirewalls", "effective_firewalls"),
     # Cloud Resource Manager v3
     ("GET", rf"/v3/projects/{_P}", "crm_get"),
     ("POST", rf"/v3/projects/{_P}:testIamPermissions", "crm_test"),
@@ -2735,12 +2677,113 @@ ROUTES: list[tuple[str, str, str]] = [
     ("POST", rf"/v1/projects/{_P}/serviceAccounts", "iam_create"),
     ("POST", rf"/v1/projects/{_P}/serviceAccounts/{_P}:getIamPolicy", "iam_get_policy"),
     ("POST", rf"/v1/projects/{_P}/serviceAccounts/{_P}:setIamPolicy", "iam_set_policy"),
+    ("POST", rf"/v1/projects/{_P}/serviceAccounts/{_P}:testIamPermissions", "iam_test"),
+    # Service Usage v1, Cloud Quotas v1
+    ("GET", rf"/v1/projects/{_P}/services:batchGet", "su_batch_get"),
+    ("GET", rf"/v1/projects/{_P}/locations/global/services/{_P}/quotaInfos", "quota_infos"),
     ("GET", rf"/v2/projects/{_P}/policies/{_P}:getEffectivePolicy", "org_effective"),
     ("POST", rf"/v1/users/{_P}:importSshPublicKey", "oslogin_import"),
     ("GET", rf"/v1/users/{_P}/loginProfile", "oslogin_profile"),
     ("DELETE", rf"/v1/users/{_P}/sshPublicKeys/{_P}", "oslogin_delete"),
 ]
 _COMPILED = [(m, re.compile(p + r"/?"), h) for m, p, h in ROUTES]
+
+
+# What each call needs, where the handler does not check it itself: (service, permission, resource of the groups).
+# Permissions from each method's "IAM Permissions" in Compute Engine's reference
+# (https://cloud.google.com/compute/docs/reference/rest/v1) and Cloud TPU's roles page
+# (https://cloud.google.com/tpu/docs/tpu-iam-admin); calls on a project's resources are checked on that resource,
+# whose policy inherits the project's and the organization's.
+_C, _T = "compute.googleapis.com", "tpu.googleapis.com"
+
+
+def _project_res(a):
+    return f"projects/{a[0]}"
+
+
+def _zonal(kind):
+    return lambda a: f"projects/{a[0]}/zones/{a[1]}/{kind}/{a[2]}"
+
+
+def _regional(kind):
+    return lambda a: f"projects/{a[0]}/regions/{a[1]}/{kind}/{a[2]}"
+
+
+def _global(kind):
+    return lambda a: f"projects/{a[0]}/global/{kind}/{a[1]}"
+
+
+def _located(kind):
+    return lambda a: f"projects/{a[0]}/locations/{a[1]}/{kind}/{a[2]}"
+
+
+AUTH: dict[str, tuple[str, str, Callable[[tuple], str]]] = {
+    "insert_instance": (_C, "compute.instances.create", _project_res),
+    "bulk_insert": (_C, "compute.instances.create", _project_res),
+    "list_instances": (_C, "compute.instances.list", _project_res),
+    "get_instance": (_C, "compute.instances.get", _zonal("instances")),
+    "delete_instance": (_C, "compute.instances.delete", _zonal("instances")),
+    "start_instance": (_C, "compute.instances.start", _zonal("instances")),
+    "stop_instance": (_C, "compute.instances.stop", _zonal("instances")),
+    "zone_op": (_C, "compute.zoneOperations.get", _zonal("operations")),
+    "zone_op_wait": (_C, "compute.zoneOperations.get", _zonal("operations")),
+    "region_op": (_C, "compute.regionOperations.get", _regional("operations")),
+    "region_op_wait": (_C, "compute.regionOperations.get", _regional("operations")),
+    "global_op": (_C, "compute.globalOperations.get", _global("operations")),
+    "global_op_wait": (_C, "compute.globalOperations.get", _global("operations")),
+    "list_machine_types": (_C, "compute.machineTypes.list", _project_res),
+    "get_machine_type": (_C, "compute.machineTypes.get", _zonal("machineTypes")),
+    "list_accelerator_types": (_C, "compute.acceleratorTypes.list", _project_res),
+    "get_accelerator_type": (_C, "compute.acceleratorTypes.get", _zonal("acceleratorTypes")),
+    "list_disk_types": (_C, "compute.diskTypes.list", _project_res),
+    "get_disk_type": (_C, "compute.diskTypes.get", _zonal("diskTypes")),
+    "get_region": (_C, "compute.regions.get", lambda a: f"projects/{a[0]}/regions/{a[1]}"),
+    "list_subnetworks": (_C, "compute.subnetworks.list", _project_res),
+    "get_subnetwork": (_C, "compute.subnetworks.get", _regional("subnetworks")),
+    "set_pga": (_C, "compute.subnetworks.setPrivateIpGoogleAccess", _regional("subnetworks")),
+    "list_routers": (_C, "compute.routers.list", _project_res),
+    "get_router": (_C, "compute.routers.get", _regional("routers")),
+    "insert_firewall": (_C, "compute.firewalls.create", _project_res),
+    "list_firewalls": (_C, "compute.firewalls.list", _project_res),
+    "get_firewall": (_C, "compute.firewalls.get", _global("firewalls")),
+    "delete_firewall": (_C, "compute.firewalls.delete", _global("firewalls")),
+    "list_networks": (_C, "compute.networks.list", _project_res),
+    "get_network": (_C, "compute.networks.get", _global("networks")),
+    "effective_firewalls": (_C, "compute.networks.getEffectiveFirewalls", _global("networks")),
+    "list_images": (_C, "compute.images.list", _project_res),
+    "get_image": (_C, "compute.images.get", _global("images")),
+    "get_image_from_family": (_C, "compute.images.getFromFamily", _project_res),
+    "compute_project": (_C, "compute.projects.get", _project_res),
+    "xpn_host": (_C, "compute.projects.get", _project_res),
+    "create_tpu": (_T, "tpu.nodes.create", lambda a: f"projects/{a[0]}/locations/{a[1]}"),
+    "list_tpus": (_T, "tpu.nodes.list", lambda a: f"projects/{a[0]}/locations/{a[1]}"),
+    "get_tpu": (_T, "tpu.nodes.get", _located("nodes")),
+    "delete_tpu": (_T, "tpu.nodes.delete", _located("nodes")),
+    "create_qr": (_T, "tpu.queuedResources.create", lambda a: f"projects/{a[0]}/locations/{a[1]}"),
+    "list_qr": (_T, "tpu.queuedResources.list", lambda a: f"projects/{a[0]}/locations/{a[1]}"),
+    "get_qr": (_T, "tpu.queuedResources.get", _located("queuedResources")),
+    "delete_qr": (_T, "tpu.queuedResources.delete", _located("queuedResources")),
+    "list_tpu_acc": (_T, "tpu.acceleratortypes.list", lambda a: f"projects/{a[0]}/locations/{a[1]}"),
+    "get_tpu_acc": (_T, "tpu.acceleratortypes.get", _located("acceleratorTypes")),
+    "list_rv": (_T, "tpu.runtimeversions.list", lambda a: f"projects/{a[0]}/locations/{a[1]}"),
+    "get_rv": (_T, "tpu.runtimeversions.get", _located("runtimeVersions")),
+    "tpu_op": (_T, "tpu.operations.get", lambda a: a[0]),
+    "quota_infos": ("cloudquotas.googleapis.com", "cloudquotas.quotas.get", _project_res),
+}
+
+
+def _authorize(cloud: FakeCloud, handler: str, a: tuple) -> None:
+    """401 without a caller; 403 SERVICE_DISABLED where the API is off in the project; 403 without the permission."""
+    if cloud.caller is None:
+        raise unauthenticated()
+    rule = AUTH.get(handler)
+    if rule is None:
+        return  # the handler checks (IAM, Resource Manager, Organization Policy, OS Login, Service Usage)
+    service, permission, resource = rule
+    name = resource(a)
+    project = name.split("/")[1]
+    cloud.require_service(project, service)
+    cloud.require(permission, name)
 
 
 def _q(query: dict, key: str) -> str | None:
@@ -2785,6 +2828,7 @@ def _dispatch(cloud: FakeCloud, method: str, path: str, query: dict, body: dict)
             "list_subnetworks": lambda: c.list_subnetworks(a[0], a[1], query),
             "get_subnetwork": lambda: c.get_subnetwork(*a),
             "set_pga": lambda: c.set_private_ip_google_access(*a, body, rid),
+            "subnet_test": lambda: c.test_subnet_permissions(*a, body),
             "list_routers": lambda: c.list_routers(a[0], a[1], query),
             "get_router": lambda: c.get_router(*a),
             "insert_firewall": lambda: c.insert_firewall(a[0], body, rid),
@@ -2817,15 +2861,30 @@ def _dispatch(cloud: FakeCloud, method: str, path: str, query: dict, body: dict)
             "iam_create": lambda: c.iam_create_account(a[0], body),
             "iam_get_policy": lambda: c.iam_get_account_policy(*a),
             "iam_set_policy": lambda: c.iam_set_account_policy(*a, body),
+            "iam_test": lambda: c.iam_test_account_permissions(*a, body),
+            "su_batch_get": lambda: c.service_usage_batch_get(a[0], query),
+            "quota_infos": lambda: c.quota_infos(a[0], a[1], query),
+            "compute_project": lambda: c.get_compute_project(a[0]),
+            "xpn_host": lambda: c.get_xpn_host(a[0]),
+            "effective_firewalls": lambda: c.effective_firewalls(*a),
             "org_effective": lambda: c.orgpolicy_effective(*a),
             "oslogin_import": lambda: c.oslogin_import_key(a[0], query, body),
             "oslogin_profile": lambda: c.oslogin_get_profile(a[0], query),
             "oslogin_delete": lambda: c.oslogin_delete_key(*a),
         }
+        _authorize(cloud, h, a)
         return table[h]()
     if path.startswith("/compute/"):
         raise ApiError(404, f"The requested URL {path} was not found on this server.", "notFound")
     raise ApiError(404, f"Method not found: {method} {path}", grpc="NOT_FOUND")
+
+
+def _refused_as_api(fn, *args):
+    """fn(*args), with fake_identity's refusals in the ApiError shape every API here answers in."""
+    try:
+        return fn(*args)
+    except ApiRefusal as r:
+        raise ApiError(r.status, r.message, r.reason, grpc=r.grpc, details=r.details) from None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -2847,14 +2906,20 @@ class _Handler(BaseHTTPRequestHandler):
         if cloud.faults.latency_s:
             time.sleep(cloud.faults.latency_s)
         try:
-            cloud.maybe_fail_call(method, url.path)
-            try:
-                body = json.loads(raw) if raw else {}
-            except ValueError:
-                raise ApiError(400, "Invalid JSON payload received.", "parseError") from None
-            cloud.tick()
-            status, payload = 200, _dispatch(cloud, method, url.path, query, body)
-            cloud.tick()
+            if method == "POST" and url.path == "/token":  # the stand-in's OAuth 2.0 token endpoint
+                status, payload = 200, _refused_as_api(cloud.token_endpoint, raw)
+            else:
+                cloud.maybe_fail_call(method, url.path)
+                _refused_as_api(cloud.authenticate, self.headers.get("Authorization"), style)
+                with cloud.lock:
+                    cloud.callers.append((method, url.path, cloud.caller))
+                try:
+                    body = json.loads(raw) if raw else {}
+                except ValueError:
+                    raise ApiError(400, "Invalid JSON payload received.", "parseError") from None
+                cloud.tick()
+                status, payload = 200, _refused_as_api(_dispatch, cloud, method, url.path, query, body)
+                cloud.tick()
         except ApiError as exc:
             status, payload = exc.status, exc.payload(style)
         except ValueError as exc:

@@ -161,10 +161,12 @@ class GcsProxy:
     server certificate (``gcs-proxy-ca.pem`` is what ``CURL_CA_BUNDLE`` points at). ``token`` is
     the bearer token TensorFlow is told to send (``GOOGLE_AUTH_TOKEN_FOR_TESTING``); requests with
     another ``Authorization`` are refused, so a test also proves no real credential was used.
+    ``upstream_token``: forwarded requests carry it instead (a token the Cloud Storage stand-in issued for the VM's
+    account), so that an authorizing gate upstream (storage_gate.py) decides what TensorFlow may read as that account.
     """
 
     def __init__(self, emulator_endpoint: str, workdir: str | Path, *, host: str = "127.0.0.1", port: int = 0,
-                 token: str = DEFAULT_TOKEN):
+                 token: str = DEFAULT_TOKEN, upstream_token: str | None = None):
         parts = urlsplit(emulator_endpoint)
         if parts.scheme != "http" or not parts.hostname or not parts.port:
             raise ValueError(f"emulator_endpoint must look like http://HOST:PORT, not {emulator_endpoint!r}")
@@ -172,6 +174,7 @@ class GcsProxy:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.token = token
+        self.upstream_token = upstream_token
         self._bind = (host, port)
         self._lock = threading.Lock()
         self._requests: list[ProxiedRequest] = []
@@ -514,6 +517,8 @@ class _GcsHandler(BaseHTTPRequestHandler):
 
         bytes_in = len(body)
         target, send_headers = self.path, {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+        if proxy.upstream_token:
+            send_headers["Authorization"] = f"Bearer {proxy.upstream_token}"
         if kind == "upload" and self.command == "POST" and _param(query, "uploadType") == "media" and not body:
             # Translation 2: an empty media upload (TensorFlow's directory marker) as multipart.
             target, send_headers, body = _empty_media_as_multipart(path, query, send_headers, obj or "")

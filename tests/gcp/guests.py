@@ -30,6 +30,12 @@ def _metadata(resource: dict) -> dict[str, str]:
     return dict(md)  # a TPU node: a map
 
 
+def _account(resource: dict) -> str | None:
+    """The service account a VM (serviceAccounts[0]) or TPU node (serviceAccount) runs as."""
+    accounts = resource.get("serviceAccounts") or ([resource["serviceAccount"]] if resource.get("serviceAccount") else [])
+    return accounts[0].get("email") if accounts else None
+
+
 class _GuestPrograms:
     """One program per stand-in VM whose metadata holds `key`: a metadata server of its own, the program started
     with GCE_METADATA_HOST pointing at it and its output in `<workdir>/<VM>/<log_name>`, both ended with the VM.
@@ -39,8 +45,10 @@ class _GuestPrograms:
     key = ""
     log_name = ""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, cloud):
+        """`cloud`: the stand-in (fake_gce.FakeCloud) that issues each VM's tokens, for its service account."""
         self.workdir = Path(workdir)
+        self.cloud = cloud
         self.lock = threading.Lock()
         self.running: dict[str, tuple[MetadataServer, subprocess.Popen]] = {}
 
@@ -58,10 +66,16 @@ class _GuestPrograms:
         name = parts[-1]
         project = parts[parts.index("projects") + 1]
         zone = parts[parts.index("zones" if "zones" in parts else "locations") + 1]
-        mds = MetadataServer(attributes=attributes, project_id=project, instance_name=name, zone=zone).start()
+        account = _account(resource)
+        mds = MetadataServer(attributes=attributes, project_id=project, instance_name=name, zone=zone,
+                             numeric_project_id=self.cloud.project_number(project), service_account=account,
+                             token_issuer=self.cloud.issue_token).start()
         vm_dir = self.workdir / name
         vm_dir.mkdir(parents=True, exist_ok=True)
-        env = {**self.environment(vm_dir), "GCE_METADATA_HOST": f"127.0.0.1:{mds.port}"}
+        # Google's client libraries reach the metadata server at GCE_METADATA_HOST, and ask GCE_METADATA_IP whether
+        # they are on Compute Engine at all (google.auth.compute_engine._metadata).
+        where = f"127.0.0.1:{mds.port}"
+        env = {**self.environment(vm_dir), "GCE_METADATA_HOST": where, "GCE_METADATA_IP": where}
         log = open(vm_dir / self.log_name, "ab")
         proc = subprocess.Popen([*self.argv(vm_dir), f"{vm_dir}/"], env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
@@ -109,8 +123,8 @@ class GuestStarters(_GuestPrograms):
     key = STARTER_KEY
     log_name = "starter.log"
 
-    def __init__(self, workdir: Path, session_env: dict[str, str]):
-        super().__init__(workdir)
+    def __init__(self, workdir: Path, cloud, session_env: dict[str, str]):
+        super().__init__(workdir, cloud)
         self.session_env = dict(session_env)
 
     def argv(self, vm_dir: Path) -> list[str]:

@@ -175,8 +175,12 @@ class MetadataServer(ThreadedService):
         token_lifetime_s: int = 3599,
         host: str = "127.0.0.1",
         port: int = 0,
+        token_issuer: Callable[[str], str] | None = None,
     ):
+        """`token_issuer(account)`: where the VM's tokens come from (the Compute/TPU stand-in, whose APIs then know
+        who calls: fake_identity.IdentityApis.issue_token); without it the server makes and remembers its own."""
         self.host, self.port = host, port
+        self._token_issuer = token_issuer
         self.project_id = project_id
         self.service_account = service_account or f"{numeric_project_id}-compute@developer.gserviceaccount.com"
         self.token_lifetime_s = token_lifetime_s
@@ -234,6 +238,8 @@ class MetadataServer(ThreadedService):
 
     # ---- tokens ----------------------------------------------------------------------------
     def issue_token(self) -> str:
+        if self._token_issuer is not None:
+            return self._token_issuer(self.service_account)
         token = "ya29.dsctl-test-" + secrets.token_urlsafe(24)
         with self._lock:
             self._tokens[token] = time.time() + self.token_lifetime_s

@@ -99,6 +99,14 @@ def test_auto_profiles_on_the_vms_and_the_next_job_reads_the_cache_from_cloud_st
 
 
 def _client():
+    """The bucket as the stand-in project's owner sees it (through the storage gate)."""
+    from conftest import owner_storage
+
+    return owner_storage()
+
+
+def _raw_client():
+    """The emulator itself (STORAGE_EMULATOR_HOST set to it, no gate): for a test of TensorFlow's gs:// reads alone."""
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
@@ -162,9 +170,9 @@ def test_a_gs_cache_that_is_corrupt_or_half_written_is_never_read(gcs_emulator, 
         from dsctl.runtime.autocache import MARKER
 
         prefix = put["path"].removeprefix(f"gs://{BUCKET}/") + "/"
-        listed = json.loads(_client().bucket(BUCKET).blob(prefix + MARKER).download_as_bytes())["files"]
+        listed = json.loads(_raw_client().bucket(BUCKET).blob(prefix + MARKER).download_as_bytes())["files"]
         name = prefix + next(rel for rel in sorted(listed) if rel.endswith(".snapshot"))
-        blob = _client().bucket(BUCKET).blob(name)  # not a listed blob: its mediaLink names the real host
+        blob = _raw_client().bucket(BUCKET).blob(name)  # not a listed blob: its mediaLink names the real host
         data = bytearray(blob.download_as_bytes())
         data[len(data) // 2] ^= 0xFF
         blob.upload_from_string(bytes(data))
@@ -177,7 +185,7 @@ def test_a_gs_cache_that_is_corrupt_or_half_written_is_never_read(gcs_emulator, 
         half = _job(env, root, features=5)
         assert half["state"] == "fallback" and "no completion marker" in half["reason"], half["reason"]
         assert half["path"] != put["path"] and Counter(half["ids"]) == every
-        assert [b for b in _client().list_blobs(BUCKET, prefix=half["path"].removeprefix(f"gs://{BUCKET}/"))]
+        assert [b for b in _raw_client().list_blobs(BUCKET, prefix=half["path"].removeprefix(f"gs://{BUCKET}/"))]
         refused = list(proxy.refused)
     assert refused == []
 

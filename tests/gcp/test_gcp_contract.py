@@ -15,9 +15,7 @@ import sys
 
 import psutil
 import pytest
-from conftest import BUCKET, PROJECT, ZONE
-from google.auth.credentials import AnonymousCredentials
-from google.cloud import storage
+from conftest import BUCKET, PROJECT, ZONE, owner_storage
 
 from contract.suite import ProviderContract
 from dsctl.provisioners import Deployment
@@ -80,6 +78,5 @@ class TestGcpContract(ProviderContract):
                     running.append(f"pid {p.pid}: {cmd[:160]}")
             except psutil.Error:
                 pass
-        staged = [b.name for b in storage.Client(project=PROJECT, credentials=AnonymousCredentials())
-                  .list_blobs(BUCKET, prefix=f"dsctl/runs/{dep.run_id}/staging/")]
+        staged = [b.name for b in owner_storage().list_blobs(BUCKET, prefix=f"dsctl/runs/{dep.run_id}/staging/")]
         return billing + running + [f"staging object {name}" for name in staged]

@@ -23,7 +23,7 @@ import textwrap
 import time
 
 import pytest
-from conftest import BUCKET, PROJECT, ZONE, gcp_spec
+from conftest import BUCKET, CALLER, PROJECT, ZONE, gcp_spec
 
 from dsctl.orchestrator.run import JobRunner, RunFailed
 from dsctl.orchestrator.store import RunStore
@@ -44,10 +44,9 @@ def _run_failing(spec) -> tuple[JobRunner, str]:
 
 def staged(run_id: str) -> list[str]:
     """The run's staging objects still in the bucket."""
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import storage
+    from conftest import owner_storage
 
-    client = storage.Client(project=PROJECT, credentials=AnonymousCredentials())
+    client = owner_storage()
     return [b.name for b in client.list_blobs(BUCKET, prefix=f"dsctl/runs/{run_id}/staging/")]
 
 
@@ -55,7 +54,7 @@ def test_a_quota_too_small_for_the_workers_leaves_nothing_and_names_the_quota(cl
     cloud.set_quota("N2_CPUS", 24, region="us-central1")  # the dispatcher fits (8); 8 workers (64 CPUs) do not
     # The caller may not read the region's quotas (no compute.regions.get), so the check before anything is created
     # cannot see it (as with quota another run takes meanwhile): the create call meets it.
-    cloud.denied_permissions = {"compute.regions.get"}
+    cloud.deny(CALLER, "compute.regions.get", f"projects/{PROJECT}")
     spec = gcp_spec(tmp_path / "job", home=home, workers=8, trainer_machine="a2-highgpu-1g")
     runner, message = _run_failing(spec)
     # One paragraph: which quota, where, for what, how many, that it is not a rate limit, and what to do.
@@ -79,7 +78,10 @@ def test_a_quota_too_small_for_the_workers_leaves_nothing_and_names_the_quota(cl
 
 
 def test_a_tpu_quota_on_the_queued_request_is_named_and_not_retried(cloud, home, tmp_path):
+    """A TPU quota the check before anything is created could not read (no cloudquotas.quotas.get; or another run took
+    it meanwhile): the queued resource meets it, and that is named, not retried."""
     cloud.set_tpu_quota("TPUV2sPerProjectPerZoneForTPUAPI", 0, zone=ZONE)
+    cloud.deny(CALLER, "cloudquotas.quotas.get", f"projects/{PROJECT}")
     spec = gcp_spec(tmp_path / "job", home=home, workers=1, trainer_machine="tpu-v2-8")
     runner, message = _run_failing(spec)
     assert "TPUV2sPerProjectPerZoneForTPUAPI" in message and "not a passing rate limit" in message, message
@@ -149,12 +151,16 @@ def train_step(batch):
 
 
 @pytest.mark.slow
-def test_503_and_429_bursts_are_retried_and_the_job_succeeds(cloud, sshd, home, tmp_path):
-    """Also: the user's pipeline and model code (the spec's folder) reach the GPU trainer VM through GCS."""
-    # Every third call to one method and path starts two errors in a row, 503 and 429 bursts in turn: how many
-    # bursts a run meets depends on how often it calls, never on how fast it goes (its preflight, creation and
-    # teardown alone call several paths three times or more).
-    cloud.faults.burst_every, cloud.faults.burst_length, cloud.faults.burst_status = 3, 2, (503, 429)
+def test_transient_errors_on_every_api_are_retried_and_the_job_succeeds(cloud, sshd, home, tmp_path):
+    """Google's retryable answers (408, 429, 500, 502, 503, 504) on every API dsctl calls, Cloud Storage included:
+    each is retried, and the run goes on. Also: the user's pipeline and model code (the spec's folder) reach the GPU
+    trainer VM through GCS."""
+    # Every third call to one method and path starts two errors in a row, of each status in turn: how many bursts a
+    # run meets depends on how often it calls, never on how fast it goes (its checks, creation and teardown alone call
+    # several paths three times or more).
+    statuses = (503, 429, 500, 502, 504, 408)
+    cloud.faults.burst_every, cloud.faults.burst_length, cloud.faults.burst_status = 3, 2, statuses
+    cloud.faults.storage_bursts = True
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / "mypipe.py").write_text(USER_PIPELINE)
     (tmp_path / "job" / "mymodel.py").write_text(USER_MODEL)
@@ -165,7 +171,8 @@ def test_503_and_429_bursts_are_retried_and_the_job_succeeds(cloud, sshd, home, 
     summary = runner.run()
     assert RunStore().get(runner.run_id).status == "succeeded"
     assert summary["batches"] == 40
-    assert cloud.errors_by_status[503] >= 4 and cloud.errors_by_status[429] >= 4, cloud.errors_by_status
+    assert all(cloud.errors_by_status[status] >= 2 for status in statuses), cloud.errors_by_status
+    assert {"compute", "storage", "resourcemanager"} <= set(cloud.errors_by_api), cloud.errors_by_api
     gpu = [b for k, b in cloud.created if k == "instance" and b["labels"]["dsctl-role"] == "trainer"][0]
     assert gpu["guestAccelerators"] == [{"acceleratorType": f"zones/{ZONE}/acceleratorTypes/nvidia-tesla-a100",
                                          "acceleratorCount": 1}]
@@ -175,6 +182,26 @@ def test_503_and_429_bursts_are_retried_and_the_job_succeeds(cloud, sshd, home, 
     code = next((home / "vms" / runner.run_id).glob("*trainer-0/code"))
     assert sorted(p.name for p in code.iterdir()) == ["__pycache__", "job.yaml", "mymodel.py", "mypipe.py"]
     assert {p.name.split(".")[0] for p in (code / "__pycache__").iterdir()} == {"mymodel", "mypipe"}
+
+
+def test_each_api_retries_its_first_failed_call(cloud, home, tmp_path):
+    """The first call to each path of every API dsctl calls before and while it makes a run's accounts (Resource
+    Manager, Service Usage, IAM, Organization Policy, Compute Engine, Cloud Quotas, Cloud Storage) and registers an SSH
+    key (OS Login) fails once, with 500, 502, 504 and 408 in turn: each is retried; nothing reaches the user."""
+    from dsctl.provisioners.gcp import GcpProvisioner, accounts, oslogin
+    from dsctl.provisioners.gcp.keys import ensure_key_pair
+
+    cloud.secure_by_default = True
+    cloud.faults.first_call_statuses = (500, 502, 504, 408)
+    cloud.faults.storage_bursts = True
+    spec = load_spec(gcp_spec(tmp_path / "job", home=home, trainer_machine="tpu-v2-8")).spec
+    p = GcpProvisioner()
+    p.check(spec, 1, tmp_path / "job")
+    accounts.ensure(p._clients, p._findings.accounts, lambda kind, msg: None)
+    oslogin.register(p._clients, ensure_key_pair(tmp_path / "run", comment="t"), 600)
+    assert {"resourcemanager", "serviceusage", "iam", "orgpolicy", "compute", "cloudquotas", "storage",
+            "oslogin"} <= set(cloud.errors_by_api), cloud.errors_by_api
+    assert all(cloud.errors_by_status[s] >= 3 for s in (500, 502, 504, 408)), cloud.errors_by_status
 
 
 DRIVER = """

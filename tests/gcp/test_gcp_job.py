@@ -15,7 +15,7 @@ import signal
 import stat
 
 import pytest
-from conftest import BUCKET, PROJECT, gcp_spec
+from conftest import BUCKET, VM_ACCOUNT, gcp_spec
 
 from dsctl.orchestrator.run import JobRunner
 from dsctl.orchestrator.store import RunStore
@@ -100,11 +100,9 @@ def test_job_runs_on_the_stand_in_cloud_and_leaves_nothing(cloud, sshd, home, tm
     # Metrics and logs came home, and a copy went to Cloud Storage; the staging objects are gone.
     assert (runner.run_dir / "metrics" / "trainer-0.jsonl").stat().st_size > 0
     assert {p.name for p in (runner.run_dir / "logs").iterdir()} >= {"dispatcher-0.log", "worker-0.log", "worker-1.log"}
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import storage
+    from conftest import owner_storage
 
-    names = [b.name for b in storage.Client(project=PROJECT, credentials=AnonymousCredentials())
-             .list_blobs(BUCKET, prefix=f"dsctl/runs/{runner.run_id}/")]
+    names = [b.name for b in owner_storage().list_blobs(BUCKET, prefix=f"dsctl/runs/{runner.run_id}/")]
     assert f"dsctl/runs/{runner.run_id}/results/metrics/trainer-0.jsonl" in names
     assert not [n for n in names if "/staging/" in n]
 
@@ -176,7 +174,9 @@ def test_the_images_builtin_runs_on_the_cloud_with_its_data_in_cloud_storage(clo
               "batch_size: 4, epochs: 1, shuffle_buffer: 0}}")
     spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=2, trainer_machine="n2-standard-8",
                     pipeline=params, mode="distributed_epoch")
-    with GcsProxy(emulator_endpoint=gcs_emulator, workdir=tmp_path / "proxy") as proxy:
+    # Through the authorizing gate, as the workers' account: TensorFlow reads what that account may read.
+    with GcsProxy(emulator_endpoint=cloud.gate.endpoint, workdir=tmp_path / "proxy",
+                  upstream_token=cloud.issue_token(VM_ACCOUNT)) as proxy:
         sshd.set_env(proxy.env)  # every process started on a "VM" reaches Cloud Storage through the proxy
         try:
             first = JobRunner(load_spec(spec))
@@ -199,10 +199,9 @@ def test_the_images_builtin_runs_on_the_cloud_with_its_data_in_cloud_storage(clo
 
 
 def storage_client():
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import storage
+    from conftest import owner_storage
 
-    return storage.Client(project=PROJECT, credentials=AnonymousCredentials())
+    return owner_storage()
 
 
 @pytest.mark.timed

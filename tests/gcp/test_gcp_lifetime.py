@@ -74,11 +74,11 @@ def test_the_plan_prices_a_supervising_dispatcher_on_demand_and_says_so(no_crede
 
 @pytest.mark.parametrize("action, after", [("DELETE", None), ("STOP", "TERMINATED")])
 def test_the_stand_in_ends_a_vm_at_its_max_run_duration(cloud, action, after):
+    from conftest import credentials_of
     from google.api_core.client_options import ClientOptions
-    from google.auth.credentials import AnonymousCredentials
     from google.cloud import compute_v1 as c
 
-    api = c.InstancesClient(credentials=AnonymousCredentials(), client_options=ClientOptions(api_endpoint=cloud.endpoint),
+    api = c.InstancesClient(credentials=credentials_of(cloud), client_options=ClientOptions(api_endpoint=cloud.endpoint),
                             transport="rest")
     body = c.Instance(name="limited", machine_type=f"zones/{ZONE}/machineTypes/e2-small",
                       disks=[c.AttachedDisk(boot=True, auto_delete=True, initialize_params=c.AttachedDiskInitializeParams(
@@ -101,11 +101,11 @@ def test_the_stand_in_ends_a_vm_at_its_max_run_duration(cloud, action, after):
 
 
 def _tpu_node(cloud, name: str, metadata: dict) -> None:
+    from conftest import credentials_of
     from google.api_core.client_options import ClientOptions
-    from google.auth.credentials import AnonymousCredentials
     from google.cloud import tpu_v2
 
-    api = tpu_v2.TpuClient(credentials=AnonymousCredentials(), transport="rest",
+    api = tpu_v2.TpuClient(credentials=credentials_of(cloud), transport="rest",
                            client_options=ClientOptions(api_endpoint=cloud.endpoint))
     qr = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[tpu_v2.QueuedResource.Tpu.NodeSpec(
         parent=f"projects/{PROJECT}/locations/{ZONE}", node_id=name,
@@ -118,16 +118,22 @@ def _tpu_node(cloud, name: str, metadata: dict) -> None:
 
 def test_a_tpu_vms_watchdog_deletes_its_node_once_the_heartbeat_stops(cloud, tmp_path):
     """The real watchdog program, as a TPU VM runs it: through the TPU API (its queued resource, with force)."""
-    from google.cloud import storage
+    from conftest import owner_storage
 
     s = GcpSettings(project=PROJECT, zone=ZONE, bucket=BUCKET, heartbeat_limit_s=15).with_env_endpoints()
-    config = lifetime.watchdog_config(s, "run-1", tpu_node="tpu-1")
+    config = lifetime.watchdog_config(s, "run-1", tpus=True, tpu_node="tpu-1")
     assert config.tpu_node == f"projects/{PROJECT}/locations/{ZONE}/nodes/tpu-1"
-    heart = HeartbeatObject(storage.Client(project=PROJECT), BUCKET, "run-1")
+    heart = HeartbeatObject(owner_storage(), BUCKET, "run-1")
     heart.beat(1)
     _tpu_node(cloud, "tpu-1", {lifetime.WATCHDOG_KEY: config.to_json()})
+    # The TPU VM runs as the supervisor's account, with what dsctl grants it (accounts.py) and nothing more.
+    account = f"dsctl-supervisor@{PROJECT}.iam.gserviceaccount.com"
+    for role in ("roles/tpu.admin", "roles/compute.instanceAdmin.v1"):
+        cloud.grant(account, role, f"projects/{PROJECT}")
+    cloud.grant(account, "roles/storage.objectAdmin", f"projects/_/buckets/{BUCKET}")
     with MetadataServer(attributes={lifetime.WATCHDOG_KEY: config.to_json()}, project_id=PROJECT,
-                        instance_name="t1v-n-0123abcd-w-0", zone=ZONE) as mds:
+                        instance_name="t1v-n-0123abcd-w-0", zone=ZONE, service_account=account,
+                        token_issuer=cloud.issue_token) as mds:
         proc = subprocess.Popen([sys.executable, "-c", watchdog.PROGRAM], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True,
                                 env={**os.environ, "GCE_METADATA_HOST": f"127.0.0.1:{mds.port}"})
@@ -165,7 +171,7 @@ def _machines(cloud) -> dict:
 @pytest.mark.background
 @pytest.mark.parametrize("lost", ["supervisor killed", "supervisor's VM deleted"])
 def test_a_run_whose_supervisor_is_lost_ends_by_itself(cloud, sshd, home, tmp_path, lost):
-    guests = GuestWatchdogs(tmp_path / "guests")
+    guests = GuestWatchdogs(tmp_path / "guests", cloud)
     cloud.on_created.append(guests.created)
     cloud.on_deleted.append(guests.deleted)
     spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=1, trainer_machine="tpu-v2-8", epochs=None,
@@ -187,7 +193,10 @@ def test_a_run_whose_supervisor_is_lost_ends_by_itself(cloud, sshd, home, tmp_pa
         for kind, b in bodies:
             if kind == "instance":
                 assert b["scheduling"]["instanceTerminationAction"] == "DELETE" and b["scheduling"]["maxRunDuration"]
-        wait_for(lambda: len(guests.running) == 3, timeout=30, what="a watchdog on each VM and the TPU VM")
+        # A watchdog on the dispatcher VM and on the TPU VM: the VMs whose account may end the run's VMs (the worker's
+        # may delete nothing).
+        wait_for(lambda: len(guests.running) == 2, timeout=30, what="a watchdog on the dispatcher and the TPU VM")
+        assert not [n for n in guests.running if "-worker-" in n]
         time.sleep(LIMIT_S + 5)  # longer than the limit: the supervisor's heartbeat keeps every machine
         assert _machines(cloud) == {"instances": 2, "tpus": 1}
 
@@ -207,13 +216,15 @@ def test_a_run_whose_supervisor_is_lost_ends_by_itself(cloud, sshd, home, tmp_pa
             wait_for(died, timeout=10, what="the supervisor to die with its VM")
         check_s = lifetime.check_every_s(LIMIT_S)
         wait_for(lambda: _machines(cloud) == {"instances": 0, "tpus": 0}, timeout=LIMIT_S + 2 * check_s + 30,
-                 interval=0.5, what="every VM and the TPU VM to delete itself")
+                 interval=0.5, what="the watchdogs to delete every VM of the run and the TPU VM")
         took = time.monotonic() - lost_at
         # The last beat came at most one beat before the loss; a watchdog notices at most one check late.
         assert took <= LIMIT_S + 2 * check_s + 8, f"{took:.1f} s"
         assert not [p for p in psutil.process_iter(["cmdline"]) if "dsctl.cli.main" in (p.info["cmdline"] or [])
                     and any(run_id in part or str(home) in part for part in p.info["cmdline"])], "nobody runs dsctl"
-        assert processes_under(home) == []
+        # A deleted VM's processes end with it (the stand-in ends them as it reaps the VM, on whichever thread made
+        # the call that reaped it).
+        wait_for(lambda: processes_under(home) == [], timeout=15, what="the deleted VMs' processes to end")
         # What no watchdog deletes (its firewall rules bill nothing) `dsctl down` finds and deletes.
         down = subprocess.run([sys.executable, "-m", "dsctl.cli.main", "down", run_id], capture_output=True, text=True,
                               timeout=300, env=env)
@@ -277,8 +288,9 @@ def test_a_supervisor_that_cannot_delete_a_vm_keeps_its_own_and_says_what_is_lef
 @pytest.mark.background
 def test_a_run_supervised_here_whose_dsctl_is_killed_ends_by_itself(cloud, sshd, home, tmp_path):
     """gcp.supervisor: here: the attached `dsctl up` supervises the run and beats for it; kill -9 of it (a laptop
-    that dies) leaves every VM and the TPU VM to delete itself within the limit, with nobody running dsctl."""
-    guests = GuestWatchdogs(tmp_path / "guests")
+    that dies) leaves the watchdogs of the dispatcher VM and the TPU VM to delete every VM of the run within the limit,
+    with nobody running dsctl."""
+    guests = GuestWatchdogs(tmp_path / "guests", cloud)
     cloud.on_created.append(guests.created)
     cloud.on_deleted.append(guests.deleted)
     spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=1, trainer_machine="tpu-v2-8", epochs=None,
@@ -289,7 +301,7 @@ def test_a_run_supervised_here_whose_dsctl_is_killed_ends_by_itself(cloud, sshd,
         up = subprocess.Popen([sys.executable, "-m", "dsctl.cli.main", "up", str(spec), "--yes"],
                               stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: len(guests.running) == 3, timeout=60, what="a watchdog on each VM and the TPU VM")
+        wait_for(lambda: len(guests.running) == 2, timeout=60, what="a watchdog on the dispatcher and the TPU VM")
         booted = time.monotonic()
         run_id = next((home / "runs").glob("*/state.json")).parent.name
         wait_for(lambda: RunStore().windows(run_id), timeout=120, what="the run to train")
@@ -301,10 +313,10 @@ def test_a_run_supervised_here_whose_dsctl_is_killed_ends_by_itself(cloud, sshd,
         up.wait(30)
         killed = time.monotonic()
         wait_for(lambda: _machines(cloud) == {"instances": 0, "tpus": 0}, timeout=LIMIT_S + 2 * check_s + 30,
-                 interval=0.5, what="every VM and the TPU VM to delete itself")
+                 interval=0.5, what="the watchdogs to delete every VM of the run and the TPU VM")
         took = time.monotonic() - killed
         assert took <= LIMIT_S + 2 * check_s + 8, f"{took:.1f} s"
-        assert processes_under(home) == []
+        wait_for(lambda: processes_under(home) == [], timeout=15, what="the deleted VMs' processes to end")
         # What no watchdog deletes (its firewall rules bill nothing) `dsctl down` finds and deletes.
         assert cloud.counts()["firewalls"] > 0
         down = _dsctl("down", run_id)

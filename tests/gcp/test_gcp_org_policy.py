@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from conftest import PROJECT, gcp_spec
+from conftest import CALLER, PROJECT, credentials_of, gcp_spec
 from fake_gce import FakeCloud, FakeGce
 from google.api_core import exceptions as gx
 
@@ -91,11 +91,12 @@ def test_the_known_constraints_each_say_what_they_forbid_and_a_fix():
 @pytest.fixture
 def compute():
     from google.api_core.client_options import ClientOptions
-    from google.auth.credentials import AnonymousCredentials
     from google.cloud import compute_v1
 
-    with FakeGce(FakeCloud()) as server:
-        kw = dict(credentials=AnonymousCredentials(), client_options=ClientOptions(api_endpoint=server.endpoint))
+    cloud = FakeCloud()
+    cloud.define_project(PROJECT, owners=(CALLER,))
+    with FakeGce(cloud) as server:
+        kw = dict(credentials=credentials_of(cloud), client_options=ClientOptions(api_endpoint=server.endpoint))
         yield server.cloud, Instances(compute_v1.InstancesClient(**kw), compute_v1.ZoneOperationsClient(**kw))
 
 
@@ -203,7 +204,7 @@ def _up_refused_by_a_policy_it_could_not_read(cloud, home, tmp_path, constraint:
     """`dsctl up --yes` where `constraint` has `rules` and the caller may not read policies: exit 2, no traceback,
     no VM made, everything made deleted; the one-paragraph message."""
     cloud.set_org_policy(constraint, rules)
-    cloud.orgpolicy_denied = True
+    cloud.deny(CALLER, "orgpolicy.policy.get", f"projects/{PROJECT}")
     spec = gcp_spec(tmp_path / "job", home=home, workers=2, trainer_machine="n2-standard-8")
     proc = dsctl("up", spec, "--yes")
     message = " ".join(proc.stderr.split())

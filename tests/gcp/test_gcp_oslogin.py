@@ -10,7 +10,7 @@ caller only while the run lasts.
 from __future__ import annotations
 
 import pytest
-from conftest import CALLER, PROJECT, VM_ACCOUNT, gcp_spec
+from conftest import CALLER, PROJECT, gcp_spec
 
 from dsctl.orchestrator.run import JobRunner
 from dsctl.orchestrator.store import RunStore
@@ -38,7 +38,8 @@ def test_a_run_goes_end_to_end_with_os_login_enforced_and_no_external_addresses(
     cloud.set_private_google_access(PROJECT, REGION, "default", True)  # the VMs reach Cloud Storage without NAT
     spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=2, trainer_machine="tpu-v2-8", epochs=1,
                     elements=256, gcp={"public_ips": "false"})
-    keys: dict[str, list[int]] = {CALLER: [], VM_ACCOUNT: []}  # how many keys each account had, at each change
+    supervisor = f"dsctl-supervisor@{PROJECT}.iam.gserviceaccount.com"  # the dispatcher VM's account (accounts.py)
+    keys: dict[str, list[int]] = {CALLER: [], supervisor: []}  # how many keys each account had, at each change
 
     def seen() -> None:
         for account, counts in keys.items():
@@ -63,7 +64,7 @@ def test_a_run_goes_end_to_end_with_os_login_enforced_and_no_external_addresses(
         md = _metadata(node)
         assert md.get("enable-oslogin") == "TRUE" and "ssh-keys" not in md, md
 
-    # The supervisor registered its own key, for the VMs' account; this machine never had one a VM would take.
-    assert max(keys[VM_ACCOUNT]) >= 1 and keys[CALLER] and max(keys[CALLER]) == 0, keys
+    # The supervisor registered its own key, for its own account; this machine never had one a VM would take.
+    assert max(keys[supervisor]) >= 1 and keys[CALLER] and max(keys[CALLER]) == 0, keys
     assert not (home / "runs" / runner.run_id / "ssh").exists(), "no SSH key of the run on the user's machine"
     assert cloud.oslogin_keys(sshd.user) == []

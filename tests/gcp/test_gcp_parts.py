@@ -17,8 +17,9 @@ import time
 import zipfile
 
 import pytest
-from conftest import PROJECT, ZONE, gcp_spec
+from conftest import CALLER, PROJECT, ZONE, changes, credentials_of, gcp_spec
 from fake_gce import matches, parse_filter
+from metadata_server import MetadataServer
 
 from dsctl.orchestrator.run import JobRunner
 from dsctl.specs import SpecError, load_spec, load_spec_text
@@ -162,9 +163,9 @@ def test_request_bodies_gpu_spot_public_ips_subnetwork_service_account():
     from dsctl.provisioners.gcp import compute
     from dsctl.provisioners.gcp.settings import GcpSettings
 
-    s = GcpSettings(project="p", zone="us-central1-b", subnetwork="sub", public_ips=True, service_account="none")
+    s = GcpSettings(project="p", zone="us-central1-b", subnetwork="sub", public_ips=True)
     vm = compute.VmConfig(machine="a2-highgpu-2g", labels={"dsctl-run": "r"}, tag="t", metadata={"ssh-keys": "u:k"},
-                          image="gpu-img")
+                          image="gpu-img", service_account="dsctl-supervisor@p.iam.gserviceaccount.com")
     body = c.Instance.to_dict(compute.instance_body(s, "n", vm))
     assert body["guest_accelerators"] == [{"accelerator_type": "zones/us-central1-b/acceleratorTypes/nvidia-tesla-a100",
                                            "accelerator_count": 2}]
@@ -172,7 +173,13 @@ def test_request_bodies_gpu_spot_public_ips_subnetwork_service_account():
     assert body["disks"][0]["initialize_params"]["source_image"] == "gpu-img"
     assert body["network_interfaces"][0]["access_configs"][0]["type_"] == "ONE_TO_ONE_NAT"
     assert body["network_interfaces"][0]["subnetwork"] == "projects/p/regions/us-central1/subnetworks/sub"
-    assert not body.get("service_accounts")
+    assert body["service_accounts"] == [{"email": "dsctl-supervisor@p.iam.gserviceaccount.com",
+                                         "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}]
+    assert not body.get("shielded_instance_config")  # its image does not support Shielded VM (vm.shielded False)
+    shielded = c.Instance.to_dict(compute.instance_body(s, "n", compute.VmConfig(
+        machine="n2-standard-8", labels={}, tag="t", metadata={}, image="img", shielded=True)))
+    assert shielded["shielded_instance_config"] == {"enable_secure_boot": True, "enable_vtpm": True,
+                                                    "enable_integrity_monitoring": True}
     # Bulk insert: bare names in instanceProperties (machine, GPU and disk types), all or nothing.
     bulk = c.BulkInsertInstanceResource.to_dict(compute.bulk_body(s, ["w-0", "w-1"], vm))
     assert (int(bulk["count"]), int(bulk["min_count"]), sorted(bulk["per_instance_properties"])) == (2, 2, ["w-0", "w-1"])
@@ -480,8 +487,9 @@ def test_confirm_asks_only_for_gcp_and_never_without_a_terminal(cloud, home, tmp
 
 
 def _only_reads(cloud) -> bool:
-    """Every call so far was a read: GETs, and Resource Manager's testIamPermissions (a POST that changes nothing)."""
-    return all(m == "GET" or p.endswith(":testIamPermissions") for m, p in cloud.calls)
+    """Every call so far was a read: GETs, testIamPermissions and policy reads (POSTs that change nothing), and the
+    exchange of the caller's refresh token."""
+    return not changes(cloud)
 
 
 def test_down_by_label_needs_project_and_zone(cloud, monkeypatch):
@@ -524,7 +532,7 @@ def test_cli_down_finds_a_run_by_label_without_local_state(cloud, home):
     assert again.returncode == 0 and "nothing found" in again.stdout
 
 
-def test_fetch_on_the_vm_unpacks_the_code_and_refuses_paths_outside_it(cloud, tmp_path):
+def test_fetch_on_the_vm_unpacks_the_code_and_refuses_paths_outside_it(cloud, tmp_path, request):
     """The command trainers run to get the spec and code from Cloud Storage (here: the emulator)."""
     import io
     import sys
@@ -550,7 +558,11 @@ def test_fetch_on_the_vm_unpacks_the_code_and_refuses_paths_outside_it(cloud, tm
     dest = tmp_path / "vm dir"
     cmd = remote.fetch(sys.executable, BUCKET, staging.staging_prefix, str(dest), ["spec.json", "code.tar.gz"],
                        settings.storage_host)
-    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60)
+    # On the VM it calls as the VM's account, with a token from the VM's metadata server.
+    mds = MetadataServer(project_id=PROJECT, service_account=CALLER, token_issuer=cloud.issue_token).start()
+    request.addfinalizer(mds.stop)
+    env = {**os.environ, "GCE_METADATA_HOST": f"127.0.0.1:{mds.port}"}
+    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     assert (dest / "spec.json").read_text() == '{"name": "x"}'
     assert sorted(str(p.relative_to(dest / "code")) for p in (dest / "code").rglob("*")) == ["job.yaml", "pkg", "pkg/mod.py"]
@@ -564,7 +576,7 @@ def test_fetch_on_the_vm_unpacks_the_code_and_refuses_paths_outside_it(cloud, tm
     staging.upload("evil.tar.gz", buf.getvalue())
     out = subprocess.run(["bash", "-c", remote.fetch(sys.executable, BUCKET, staging.staging_prefix, str(dest),
                                                        ["evil.tar.gz"], settings.storage_host)],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode != 0 and "refusing archive member" in out.stderr
     assert not (dest / "escaped.txt").exists()
 
@@ -578,7 +590,7 @@ def test_fetch_on_the_vm_unpacks_the_code_and_refuses_paths_outside_it(cloud, tm
     staging.upload("wh/a.whl", good)
     fetch = lambda: subprocess.run(["bash", "-c", remote.fetch(  # noqa: E731
         sys.executable, BUCKET, staging.staging_prefix + "wh/", str(tmp_path / "wh"), [], settings.storage_host,
-        manifest=True)], capture_output=True, text=True, timeout=60)
+        manifest=True)], capture_output=True, text=True, timeout=60, env=env)
     out = fetch()
     assert out.returncode == 0 and json.loads(out.stdout)["bytes"] > len(good)
     assert (tmp_path / "wh" / "a.whl").read_bytes() == good
@@ -612,11 +624,10 @@ def test_staging_gives_every_vm_kind_its_wheelhouse_and_the_vms_read_access(clou
     uploaded once (manifest last) to a shared content-addressed folder, the bucket readable by the VMs' service
     account, and a startup script per kind pointing at them. `down` deletes the run's staging, not the caches."""
     from conftest import BUCKET
-    from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
     from dsctl.provisioners import Deployment
-    from dsctl.provisioners.gcp import GcpProvisioner, stage, state, vms
+    from dsctl.provisioners.gcp import GcpProvisioner, accounts, stage, state, vms
 
     monkeypatch.setenv("DSCTL_WHEELHOUSE_CACHE", str(tmp_path / "wheelhouses"))
     spec = load_spec(gcp_spec(tmp_path / "job", home=home, gcp={"bootstrap": "true", "python": "null"})).spec
@@ -630,8 +641,10 @@ def test_staging_gives_every_vm_kind_its_wheelhouse_and_the_vms_read_access(clou
     for kind in kinds.kinds.values():
         _fake_wheelhouse(tmp_path / "wheelhouses", kind)
     events = []
-    stage.software(ctx, spec, {"cpu", "tpu"}, p._findings.service_account, lambda kind, msg: events.append(msg))
-    client = storage.Client(project=PROJECT, credentials=AnonymousCredentials())
+    stage.bucket(ctx)
+    accounts.ensure(ctx.clients, p._findings.accounts, lambda kind, msg: events.append(msg))
+    stage.software(ctx, spec, {"cpu", "tpu"}, lambda kind, msg: events.append(msg))
+    client = storage.Client(project=PROJECT, credentials=credentials_of(cloud))
     blobs = [b.name for b in client.list_blobs(BUCKET)]
     staged = state.of(dep).software
     assert f"dsctl/runs/boot-0001/staging/{staged.wheel}" in blobs
@@ -639,11 +652,12 @@ def test_staging_gives_every_vm_kind_its_wheelhouse_and_the_vms_read_access(clou
         prefix = staged.wheelhouses[kind]
         assert prefix.startswith("dsctl/wheelhouses/") and f"{prefix}MANIFEST.json" in blobs
         assert f"{prefix}pip-26.0-py3-none-any.whl" in blobs
-    # The VMs' service account (dsctl's own, which the caller may create here) may read the bucket.
-    assert p._findings.service_account == f"dsctl-vms@{PROJECT}.iam.gserviceaccount.com"
+    # The VMs' accounts (dsctl's own, which the caller may create here) read the bucket: granted on the bucket.
+    workers = accounts.own_account("workers", PROJECT)
+    assert p._findings.accounts.email("workers") == workers
     policy = client.bucket(BUCKET).get_iam_policy(requested_policy_version=3)
     readers = {m for b in policy.bindings if b["role"] == "roles/storage.objectViewer" for m in b["members"]}
-    assert readers == {f"serviceAccount:{p._findings.service_account}"}, readers
+    assert readers == {f"serviceAccount:{workers}"}, readers
 
     md = vms.metadata(ctx, "tpu")
     script = md["startup-script"]
@@ -660,8 +674,7 @@ def test_staging_gives_every_vm_kind_its_wheelhouse_and_the_vms_read_access(clou
     q = GcpProvisioner()
     q.check(spec, 1, tmp_path / "job")
     more = []
-    stage.software(q._context(again, spec), spec, {"cpu", "tpu"}, q._findings.service_account,
-                   lambda kind, msg: more.append(msg))
+    stage.software(q._context(again, spec), spec, {"cpu", "tpu"}, lambda kind, msg: more.append(msg))
     assert sum("already there" in m for m in more) == 2
 
     p.down(dep, lambda *a: None)

@@ -8,7 +8,7 @@ with internal addresses only, and what the network's own firewall rules would ha
 from __future__ import annotations
 
 import pytest
-from conftest import PROJECT, ZONE, gcp_spec
+from conftest import CALLER, PROJECT, ZONE, act_as, changes, gcp_spec
 
 from dsctl.orchestrator.run import JobRunner
 from dsctl.specs import SpecError, load_spec
@@ -53,18 +53,24 @@ def test_internal_only_vms_need_a_way_to_cloud_storage(cloud, home, tmp_path):
     assert cloud.counts() == NOTHING
 
 
-def test_missing_permissions_are_named_before_anything_is_created(cloud, home, tmp_path):
+def test_missing_permissions_are_named_before_anything_is_created(cloud, home, tmp_path, monkeypatch):
+    """Someone an administrator gave Compute Instance Admin, Service Account User and Storage Admin on the project,
+    but not TPU Admin: a TPU run is refused, naming the TPU permissions and the role that has them."""
     from dsctl.provisioners.gcp.preflight import required_permissions
 
     spec = gcp_spec(tmp_path / "job", home=home, trainer_machine="tpu-v2-8")
-    wanted = required_permissions(load_spec(spec).spec, public_ips=True)
-    assert "tpu.queuedResources.create" in wanted and "compute.subnetworks.useExternalIp" in wanted
-    cloud.granted_permissions = set(wanted) - {"compute.firewalls.create", "tpu.queuedResources.create"}
+    wanted = required_permissions(load_spec(spec).spec)
+    assert "tpu.queuedResources.create" in wanted and "compute.instances.setServiceAccount" in wanted
+    for role in ("roles/compute.instanceAdmin.v1", "roles/compute.securityAdmin", "roles/iam.serviceAccountUser",
+                 "roles/storage.admin", "roles/compute.osLogin", "roles/iam.serviceAccountAdmin",
+                 "roles/resourcemanager.projectIamAdmin", "roles/browser", "roles/serviceusage.serviceUsageConsumer"):
+        cloud.grant("user:engineer@example.com", role, f"projects/{PROJECT}")
+    act_as(monkeypatch, cloud, "engineer@example.com", tmp_path)
     message = _refusal(spec)
-    assert "lack 2 permission(s)" in message and "compute.firewalls.create" in message
-    assert "tpu.queuedResources.create" in message and "TPU Admin" in message and "Compute Security Admin" in message
-    assert cloud.counts() == NOTHING
-    cloud.granted_permissions = set(wanted)
+    assert "engineer@example.com" in message and "tpu.queuedResources.create" in message
+    assert "roles/tpu.admin" in message and f"project {PROJECT}" in message
+    assert cloud.counts() == NOTHING and not changes(cloud)
+    cloud.grant("user:engineer@example.com", "roles/tpu.admin", f"projects/{PROJECT}")
     _check(spec)
 
 
@@ -147,137 +153,230 @@ def test_a_run_refused_by_preflight_records_nothing_billable(cloud, home, tmp_pa
     with pytest.raises(SpecError):
         JobRunner(load_spec(spec)).run()
     assert cloud.counts() == NOTHING
-    assert not [c for c in cloud.calls if c[0] in ("POST", "DELETE", "PATCH") and not c[1].endswith(":testIamPermissions")]
+    assert not changes(cloud)
+
+
+def _own_accounts(loaded, spec_path):
+    """dsctl's own accounts made and granted, as `dsctl up` does before any VM: (provisioner, supervisor, workers)."""
+    from dsctl.provisioners.gcp import GcpProvisioner, accounts
+
+    p = GcpProvisioner()
+    p.check(loaded, 2, spec_path.parent)
+    accounts.ensure(p._clients, p._findings.accounts, lambda kind, msg: None)
+    emails = p._clients.settings.vm_accounts
+    return p, emails[accounts.SUPERVISOR], emails[accounts.WORKERS]
 
 
 @pytest.mark.parametrize("autoscale, tpu", [(False, False), (True, True)])
-def test_the_supervisor_checks_its_own_permissions_before_it_touches_anything(cloud, home, tmp_path, autoscale, tpu):
-    """On the dispatcher VM, the run's supervisor acts as the VMs' service account: what it lacks is named,
-    with the roles that grant it, before it starts, stops or deletes anything."""
+def test_the_supervisor_checks_its_own_permissions_on_each_resource(cloud, home, tmp_path, autoscale, tpu, monkeypatch):
+    """On the dispatcher VM the supervisor calls as its own account. With exactly what dsctl granted it (roles on the
+    project, Service Account User on the workers' account and on its own, Storage Object Admin on the bucket) it
+    passes: a project-level test could not see the grants on the account and the bucket. What it lacks is named on
+    the resource it is granted on, with the command that grants it, before it starts, stops or deletes anything."""
     from dsctl.provisioners import Deployment
     from dsctl.provisioners.gcp import GcpDeployment, GcpError, GcpProvisioner
-    from dsctl.provisioners.gcp.preflight import supervisor_permissions
-    from dsctl.provisioners.gcp.settings import resolve
+    from dsctl.provisioners.gcp.preflight import supervisor_needs
 
     extra = "\nautoscale: {policy: cachew, max_workers: 4}\n" if autoscale else ""
     path = gcp_spec(tmp_path / "job", home=home, trainer_machine="tpu-v2-8" if tpu else "n2-standard-8",
                     mode="parallel_epochs", epochs=None)
     path.write_text(path.read_text() + extra)
-    spec = load_spec(path).spec
-    wanted = supervisor_permissions(spec, public_ips=True)
+    loaded = load_spec(path).spec
+    p, supervisor, workers = _own_accounts(loaded, path)
+    needs = supervisor_needs(loaded, p._clients.settings)
+    wanted = [perm for perms in needs.values() for perm in perms]
     assert ("compute.instances.create" in wanted) == autoscale and ("tpu.nodes.delete" in wanted) == tpu
-    assert "compute.instances.start" in wanted and "storage.objects.create" in wanted
+    assert {w.kind for w in needs} == {"project", "bucket", "account"}
     dep = Deployment(run_id="perm-run", provider="gcp", run_dir=str(tmp_path / "run"))
     (tmp_path / "run").mkdir()
-    dep.state = GcpDeployment(settings=resolve(spec))
-    cloud.granted_permissions = set(wanted)
-    GcpProvisioner().check_supervisor(dep, spec)  # everything granted: nothing to say
-    cloud.granted_permissions = set(wanted) - {"compute.instances.start", "storage.objects.create"}
+    dep.state = GcpDeployment(settings=p._clients.settings)
+    act_as(monkeypatch, cloud, supervisor, tmp_path)  # on the dispatcher VM: its own account calls
+    GcpProvisioner().check_supervisor(dep, loaded)  # everything granted, each where it lives: nothing to say
+    # The grant on the workers' account, and the one on the bucket, are each missed, and named where they live.
+    cloud.revoke(supervisor, "roles/iam.serviceAccountUser", f"projects/{PROJECT}/serviceAccounts/{workers}")
+    cloud.revoke(supervisor, "roles/storage.objectAdmin", f"projects/_/buckets/{p._clients.settings.bucket}")
     with pytest.raises(GcpError) as info:
-        GcpProvisioner().check_supervisor(dep, spec)
-    message = str(info.value)
-    assert "lacks 2 permission(s)" in message and "compute.instances.start" in message
-    assert "roles/compute.instanceAdmin.v1" in message and "gcp.supervisor: here" in message
-    # The roles named are the VMs' roles as serviceaccount.py lists them, OS Login among them (SSH to the workers).
-    assert "roles/compute.osLogin" in message and "roles/iam.serviceAccountUser" in message
+        GcpProvisioner().check_supervisor(dep, loaded)
+    message = " ".join(str(info.value).split())
+    assert f"iam.serviceAccounts.actAs on service account {workers}" in message
+    assert f"on bucket gs://{p._clients.settings.bucket}" in message and "storage.objects.create" in message
+    assert (f"gcloud iam service-accounts add-iam-policy-binding {workers} --member=serviceAccount:{supervisor} "
+            "--role=roles/iam.serviceAccountUser") in message
+    assert (f"gcloud storage buckets add-iam-policy-binding gs://{p._clients.settings.bucket} "
+            f"--member=serviceAccount:{supervisor} --role=roles/storage.objectAdmin") in message
+    assert "gcp.supervisor: here" in message and "compute." not in message.split("lacks", 1)[1].split("Grant")[0]
     assert cloud.counts() == NOTHING
 
 
-# -- the VMs' service account (serviceaccount.py) and the organization's policies (orgpolicy.py) -----------------------
+def test_the_supervisor_waits_for_the_grants_dsctl_just_made(cloud, home, tmp_path, monkeypatch):
+    """Grants take a while to be in effect (the stand-in: grant_delay_s). Right after dsctl granted them, the
+    supervisor's first check would fail; it probes again until they are, and says it waits."""
+    import time
+
+    from dsctl.provisioners import Deployment
+    from dsctl.provisioners.gcp import GcpDeployment, GcpProvisioner
+
+    cloud.grant_delay_s = 3.0
+    path = gcp_spec(tmp_path / "job", home=home, trainer_machine="n2-standard-8")
+    loaded = load_spec(path).spec
+    granted = time.time()
+    p, supervisor, _ = _own_accounts(loaded, path)
+    dep = Deployment(run_id="wait-run", provider="gcp", run_dir=str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    dep.state = GcpDeployment(settings=p._clients.settings, granted_at=granted)
+    act_as(monkeypatch, cloud, supervisor, tmp_path)
+    events = []
+    GcpProvisioner().check_supervisor(dep, loaded, lambda kind, msg: events.append(msg))
+    assert time.time() - granted >= 3.0 and any("waiting for the grants" in e for e in events), events
+
+
+# -- the VMs' service accounts (accounts.py) and the organization's policies (orgpolicy.py) -------------------------
 def _cpu_spec(tmp_path, home, **gcp):
     return gcp_spec(tmp_path / "job", home=home, trainer_machine="n2-standard-8", gcp=gcp or None)
 
 
-def _creates(cloud) -> list:
-    """Every call that would change the project: creates of VMs, rules, TPUs, accounts, and policy writes."""
-    return [c for c in cloud.calls if c[0] in ("POST", "DELETE", "PATCH") and not c[1].endswith(
-        (":testIamPermissions", ":getIamPolicy"))]
+def _engineer(cloud, monkeypatch, tmp_path, *extra: str) -> None:
+    """A caller with what runs need on the project, but who may not make service accounts or change the project's
+    policy (roles an administrator gave): the case where dsctl cannot make its own accounts."""
+    for role in ("roles/compute.instanceAdmin.v1", "roles/compute.securityAdmin", "roles/iam.serviceAccountUser",
+                 "roles/storage.admin", "roles/compute.osLogin", "roles/viewer", *extra):
+        cloud.grant("user:engineer@example.com", role, f"projects/{PROJECT}")
+    act_as(monkeypatch, cloud, "engineer@example.com", tmp_path)
 
 
-def test_a_default_account_without_roles_is_refused_when_dsctl_may_not_make_its_own(cloud, home, tmp_path):
+def test_a_default_account_without_roles_is_refused_when_dsctl_may_not_make_its_own(cloud, home, tmp_path, monkeypatch):
     """Secure by default (organizations since May 2024): the Compute Engine default account has no role. A caller
-    who may not create service accounts is told, before anything is created, which roles and how to grant them."""
-    from dsctl.provisioners.gcp.preflight import required_permissions
-    from dsctl.provisioners.gcp.serviceaccount import default_account, roles_for
+    who may not create service accounts is told, before anything is created, which roles on which resource, and the
+    commands that grant each there."""
+    from dsctl.provisioners.gcp.accounts import default_account
 
     cloud.secure_by_default = True
     spec = _cpu_spec(tmp_path, home)
-    cloud.granted_permissions = set(required_permissions(load_spec(spec).spec, public_ips=True)) | {
-        "resourcemanager.projects.getIamPolicy"}
+    _engineer(cloud, monkeypatch, tmp_path)
     message = _refusal(spec)
     account = default_account(cloud.project_number(PROJECT))
-    assert f"the run's VMs would run as {account} (the Compute Engine default account)" in message
-    for role in roles_for(load_spec(spec).spec):
-        if role.name != "roles/iam.serviceAccountUser":  # its own policy is not readable to this caller
-            assert role.name in message
-            assert (f"gcloud projects add-iam-policy-binding {PROJECT} --member=serviceAccount:{account} "
-                    f"--role={role.name}") in message
+    assert f"the run's supervisor and workers VMs would run as {account} (the Compute Engine default account)" in message
+    member = f"--member=serviceAccount:{account}"
+    for command in (f"gcloud projects add-iam-policy-binding {PROJECT} {member} --role=roles/compute.instanceAdmin.v1",
+                    f"gcloud storage buckets add-iam-policy-binding gs://dsctl-test-staging {member} "
+                    "--role=roles/storage.objectAdmin",
+                    f"gcloud iam service-accounts add-iam-policy-binding {account} {member} "
+                    "--role=roles/iam.serviceAccountUser"):
+        assert command in message
     assert "roles/tpu.admin" not in message  # a CPU trainer: no TPU role asked for
     assert "iam.serviceAccounts.create" in message and "gcp.service_account" in message
-    assert cloud.counts() == NOTHING and not _creates(cloud)
-    # Granted the roles (as the message says), the same account passes.
-    for role in roles_for(load_spec(spec).spec):
-        cloud.project_policies[PROJECT]["bindings"].append({"role": role.name, "members": [f"serviceAccount:{account}"]})
+    assert cloud.counts() == NOTHING and not changes(cloud)
+    # Granted what the message says, each where it says, the same account passes.
+    for role in ("roles/compute.instanceAdmin.v1", "roles/compute.securityAdmin", "roles/compute.osLogin"):
+        cloud.grant(f"serviceAccount:{account}", role, f"projects/{PROJECT}")
+    cloud.grant(f"serviceAccount:{account}", "roles/storage.objectAdmin", "projects/_/buckets/dsctl-test-staging")
+    cloud.grant(f"serviceAccount:{account}", "roles/iam.serviceAccountUser",
+                f"projects/{PROJECT}/serviceAccounts/{account}")
     _check(spec)
     # An account the spec names is checked the same way, and never changed by dsctl.
-    cloud.granted_permissions = None
     named = _cpu_spec(tmp_path / "named", home, service_account=f"ml-runner@{PROJECT}.iam.gserviceaccount.com")
     message = _refusal(named)
-    assert f"ml-runner@{PROJECT}.iam.gserviceaccount.com (the account gcp.service_account names)" in message
-    assert "roles/compute.instanceAdmin.v1" in message and not _creates(cloud)
+    assert f"ml-runner@{PROJECT}.iam.gserviceaccount.com (gcp.service_account)" in message
+    assert "roles/compute.instanceAdmin.v1" in message and not changes(cloud)
 
 
-def test_dsctl_makes_its_own_account_once_with_exactly_the_roles_and_the_vms_carry_it(cloud, home, tmp_path):
-    from dsctl.provisioners.gcp import GcpProvisioner, compute, serviceaccount
+def test_dsctl_makes_its_own_accounts_once_each_with_exactly_its_grants(cloud, home, tmp_path):
+    """The supervisor's account gets its roles on the project, Service Account User on the workers' account and its
+    own, Storage Object Admin on the bucket; the workers' account gets Storage Object Viewer on the bucket and nothing
+    at the project. The VMs run as them; a second run changes nothing; a TPU run adds TPU Admin, only that."""
+    from dsctl.provisioners.gcp import GcpProvisioner, accounts, compute
     from dsctl.provisioners.gcp.clients import Clients
 
     cloud.secure_by_default = True
     spec = _cpu_spec(tmp_path, home)
     loaded = load_spec(spec).spec
-    own = serviceaccount.own_account(PROJECT)
     p = GcpProvisioner()
     p.check(loaded, 1, spec.parent)
-    assert p._findings.service_account == own and p._findings.account.create
-    assert any(f"dsctl's own service account {own} (dsctl makes it now" in n for n in p._findings.notes)
-    assert not _creates(cloud)  # check only reads: the account is made in `up`, after the plan was confirmed
+    supervisor, workers = accounts.own_account("supervisor", PROJECT), accounts.own_account("workers", PROJECT)
+    assert [(q.email, q.create) for q in p._findings.accounts.plans] == [(supervisor, True), (workers, True)]
+    assert not changes(cloud)  # check only reads: the accounts are made in `up`, after the plan was confirmed
     events = []
-    serviceaccount.ensure(p._clients, p._findings.account, lambda kind, msg: events.append(msg))
-    wanted = {r.name for r in serviceaccount.roles_for(loaded)}
-    project_roles = wanted - {serviceaccount.ACTING_AS_ITSELF}
-    assert cloud.roles_of(PROJECT, own) == project_roles
-    assert cloud.account_policies[own]["bindings"] == [{"role": serviceaccount.ACTING_AS_ITSELF,
-                                                        "members": [f"serviceAccount:{own}"]}]
-    assert [kind for kind, _ in cloud.created] == ["service_account"]
-    assert p._clients.settings.service_account == own and any("created the VMs' service account" in e for e in events)
-    # The VMs are created with it.
+    accounts.ensure(p._clients, p._findings.accounts, lambda kind, msg: events.append(msg))
+    bucket = f"projects/_/buckets/{p._clients.settings.bucket}"
+    assert cloud.roles_of(PROJECT, supervisor) == {"roles/compute.instanceAdmin.v1", "roles/compute.securityAdmin",
+                                                   "roles/compute.osLogin"}
+    assert cloud.roles_on(f"projects/{PROJECT}/serviceAccounts/{workers}", supervisor) == {"roles/iam.serviceAccountUser"}
+    assert cloud.roles_on(f"projects/{PROJECT}/serviceAccounts/{supervisor}", supervisor) == {
+        "roles/iam.serviceAccountUser"}
+    assert cloud.roles_on(bucket, supervisor) == {"roles/storage.objectAdmin"}
+    assert cloud.roles_of(PROJECT, workers) == set() and cloud.roles_on(bucket, workers) == {"roles/storage.objectViewer"}
+    assert [kind for kind, _ in cloud.created] == ["service_account", "service_account"]
+    assert any("created the supervisor VMs' service account" in e for e in events)
+    # The VMs are created with them.
     vm = compute.VmConfig(machine="e2-standard-2", labels={}, tag="t", metadata={},
-                          image="projects/debian-cloud/global/images/family/debian-12")
+                          image="projects/debian-cloud/global/images/family/debian-12", service_account=workers)
     compute.insert(Clients(p._clients.settings), "sa-probe", vm)
-    assert cloud.get_instance(PROJECT, ZONE, "sa-probe")["serviceAccounts"][0]["email"] == own
-    # A second run finds the account and its roles: nothing is made or granted again.
-    before = len(_creates(cloud))
+    assert cloud.get_instance(PROJECT, ZONE, "sa-probe")["serviceAccounts"][0]["email"] == workers
+    # A second run finds the accounts and their roles: nothing is made or granted again.
+    before = len(changes(cloud))
     q = GcpProvisioner()
     q.check(loaded, 1, spec.parent)
-    assert not q._findings.account.create and not q._findings.account.grant
-    serviceaccount.ensure(q._clients, q._findings.account, lambda kind, msg: None)
-    assert len(_creates(cloud)) == before and [kind for kind, _ in cloud.created].count("service_account") == 1
+    assert not any(a.create or a.grant for a in q._findings.accounts.plans)
+    accounts.ensure(q._clients, q._findings.accounts, lambda kind, msg: None)
+    assert len(changes(cloud)) == before and [kind for kind, _ in cloud.created].count("service_account") == 2
     # A TPU run adds the one role it needs more, and only that.
     tpu = load_spec(gcp_spec(tmp_path / "tpu", home=home, trainer_machine="tpu-v2-8")).spec
     r = GcpProvisioner()
     r.check(tpu, 1, spec.parent)
-    assert [g.name for g in r._findings.account.grant] == ["roles/tpu.admin"]
-    serviceaccount.ensure(r._clients, r._findings.account, lambda kind, msg: None)
-    assert cloud.roles_of(PROJECT, own) == project_roles | {"roles/tpu.admin"}
+    assert [(g.role, g.scope) for a in r._findings.accounts.plans for g in a.grant] == [("roles/tpu.admin", "project")]
+    accounts.ensure(r._clients, r._findings.accounts, lambda kind, msg: None)
+    assert cloud.roles_of(PROJECT, supervisor) >= {"roles/tpu.admin"} and cloud.roles_of(PROJECT, workers) == set()
 
 
-def test_organization_policies_refuse_before_anything_is_created(cloud, home, tmp_path):
+def test_the_workers_account_may_read_the_runs_objects_and_nothing_else(cloud, home, tmp_path, monkeypatch):
+    """Asked of the stand-in as the workers' account: it reads the run's objects, and may not list, create or delete
+    VMs, touch firewall rules, or read another bucket's objects."""
+    from google.api_core import exceptions as gx
+    from google.cloud import compute_v1 as c
+
+    from dsctl.provisioners.gcp.clients import Clients
+
+    spec = _cpu_spec(tmp_path, home)
+    loaded = load_spec(spec).spec
+    p, _, workers = _own_accounts(loaded, spec)
+    settings = p._clients.settings
+    owner = Clients(settings)
+    owner.storage.bucket(settings.bucket).blob("dsctl/runs/r/staging/spec.json").upload_from_string(b"{}")
+    owner.storage.create_bucket("someone-elses-data", location=settings.region)
+    owner.storage.bucket("someone-elses-data").blob("secret").upload_from_string(b"x")
+    from dsctl.provisioners.gcp import compute
+
+    compute.insert(owner, "bystander", compute.VmConfig(machine="e2-standard-2", labels={}, tag="t", metadata={},
+                                                        image="projects/debian-cloud/global/images/family/debian-12"))
+    act_as(monkeypatch, cloud, workers, tmp_path)
+    worker = Clients(settings)
+    assert worker.storage.bucket(settings.bucket).blob("dsctl/runs/r/staging/spec.json").download_as_bytes() == b"{}"
+    with pytest.raises(gx.Forbidden):
+        worker.storage.bucket("someone-elses-data").blob("secret").download_as_bytes()
+    with pytest.raises(gx.Forbidden):
+        worker.storage.bucket(settings.bucket).blob("dsctl/runs/r/staging/spec.json").upload_from_string(b"evil")
+    with pytest.raises(gx.Forbidden):
+        list(worker.instances.list(project=PROJECT, zone=ZONE))
+    with pytest.raises(gx.Forbidden):
+        worker.instances.delete(project=PROJECT, zone=ZONE, instance="bystander")
+    with pytest.raises(gx.Forbidden):
+        compute.insert(worker, "evil", compute.VmConfig(machine="e2-standard-2", labels={}, tag="t", metadata={},
+                                                        image="projects/debian-cloud/global/images/family/debian-12"))
+    with pytest.raises(gx.Forbidden):
+        list(worker.firewalls.list(request=c.ListFirewallsRequest(project=PROJECT)))
+    with pytest.raises(gx.Forbidden):
+        worker.firewalls.delete(project=PROJECT, firewall="default-allow-ssh")
+    assert cloud.counts()["instances"] == 1
+
+
+def test_organization_policies_refuse_before_anything_is_created(cloud, home, tmp_path, monkeypatch):
     from dsctl.provisioners.gcp import GcpProvisioner
 
     spec = _cpu_spec(tmp_path, home)
     cloud.set_org_policy("compute.vmExternalIpAccess", [{"denyAll": True}])
     message = _refusal(spec)
     assert "constraints/compute.vmExternalIpAccess" in message and "gcp.public_ips: false" in message
-    assert "job.yaml:" in message and cloud.counts() == NOTHING and not _creates(cloud)
+    assert "job.yaml:" in message and cloud.counts() == NOTHING and not changes(cloud)
     # A list of allowed instances cannot name VMs that do not exist yet: still refused; allowAll passes.
     cloud.set_org_policy("compute.vmExternalIpAccess", [{"values": {"allowedValues": [
         f"projects/{PROJECT}/zones/{ZONE}/instances/bastion"]}}])
@@ -292,11 +391,13 @@ def test_organization_policies_refuse_before_anything_is_created(cloud, home, tm
     assert "gcp.image" in message and cloud.counts() == NOTHING
     cloud.set_org_policy("compute.trustedImageProjects", [{"values": {"allowedValues": ["is:projects/debian-cloud"]}}])
     _check(spec)
-    # A caller who may not read the policies: a note in the plan, and the run goes on.
-    cloud.orgpolicy_denied = True
+    # A caller who may not read the policies: a warning in the plan, and the run goes on.
+    cloud.set_org_policy("compute.trustedImageProjects", None)
+    _engineer(cloud, monkeypatch, tmp_path, "roles/iam.serviceAccountAdmin", "roles/resourcemanager.projectIamAdmin")
+    cloud.revoke("user:engineer@example.com", "roles/viewer", f"projects/{PROJECT}")
     p = GcpProvisioner()
     p.check(load_spec(spec).spec, 1, spec.parent)
-    assert any("organization's policies could not be read" in n for n in p._findings.notes)
+    assert any("organization's policies could not be read" in n and n.startswith("WARNING") for n in p._findings.notes)
 
 
 def test_a_policy_against_new_service_accounts_falls_back_to_checking_the_default_account(cloud, home, tmp_path):
@@ -304,7 +405,7 @@ def test_a_policy_against_new_service_accounts_falls_back_to_checking_the_defaul
     cloud.set_org_policy("iam.disableServiceAccountCreation", [{"enforce": True}])
     message = _refusal(_cpu_spec(tmp_path, home))
     assert "constraints/iam.disableServiceAccountCreation" in message and "-compute@developer" in message
-    assert not _creates(cloud)
+    assert not changes(cloud)
 
 
 # -- Compute Engine quota in the region (quota.py) ------------------------------------------------------------------
@@ -320,7 +421,7 @@ def test_vcpu_quota_is_checked_for_the_whole_run_before_anything_is_created(clou
     assert "IAM & Admin > Quotas" in message
     assert (f"gcloud quotas preferences create --service=compute.googleapis.com --project={PROJECT} "
             f"--quota-id=N2-CPUS-per-project-region --dimensions=region={REGION} --preferred-value=32") in message
-    assert cloud.counts() == NOTHING and not _creates(cloud)
+    assert cloud.counts() == NOTHING and not changes(cloud)
     # Enough: it passes. What other VMs of the project use is not free: refused again, the usage named.
     from dsctl.provisioners.gcp import GcpProvisioner, compute
     from dsctl.provisioners.gcp.clients import Clients
@@ -385,8 +486,14 @@ def test_gpu_quota_by_type_and_spot_vms_on_preemptible_quota(cloud, home, tmp_pa
     assert "N2_CPUS:" not in str(info.value)
     cloud.set_quota("PREEMPTIBLE_CPUS", 32, region=REGION)
     p = handed_over()
-    # A TPU trainer's quota is Cloud TPU's: not read beforehand, and the plan says so.
-    assert any("TPU quota is Cloud TPU's" in n for n in p._findings.notes)
+    # A TPU trainer's quota is Cloud TPU's, read from Cloud Quotas (limits only: the plan says its usage is not read);
+    # a limit too small for the TPU VM is refused before anything is made.
+    assert any("TPU quota TPUV2sPerProjectPerZoneForTPUAPI in zone" in n and "not read" in n for n in p._findings.notes)
+    cloud.set_tpu_quota("TPUV2sPerProjectPerZoneForTPUAPI", 0, zone=ZONE)
+    with pytest.raises(SpecError, match=r"need 8 TensorCores of TPU quota TPUV2sPerProjectPerZoneForTPUAPI in zone "
+                                        rf"{ZONE}, and project {PROJECT}'s limit there is 0") as info:
+        handed_over()
+    assert "--service=tpu.googleapis.com" in str(info.value) and info.value.field == "trainer.machine"
     assert cloud.counts() == NOTHING
 
 
@@ -403,7 +510,7 @@ def test_what_the_quota_check_cannot_tell_is_a_note_not_a_guess(cloud, home, tmp
     with pytest.raises(SpecError, match=r"NVIDIA_H100_GPUS: 8 needed"):
         GcpProvisioner().check(load_spec(a3).spec, 2, a3.parent)
     # Quotas the caller may not read (compute.regions.get): a note, and the run goes on.
-    cloud.denied_permissions = {"compute.regions.get"}
+    cloud.deny(CALLER, "compute.regions.get", f"projects/{PROJECT}")
     q = GcpProvisioner()
     q.check(load_spec(a3).spec, 2, a3.parent)
     assert any(f"quotas of region {REGION} could not be read" in n for n in q._findings.notes)
@@ -417,4 +524,4 @@ def test_vms_without_a_service_account_are_refused(cloud, home, tmp_path):
     assert "\n" not in message and "job.yaml:" in message and "gcp.service_account" in message
     assert "watchdog" in message and "no maxRunDuration" in message and "Nothing was created" in message
     assert "Leave gcp.service_account out" in message
-    assert cloud.counts() == NOTHING and not _creates(cloud)
+    assert cloud.counts() == NOTHING and not changes(cloud)

@@ -61,8 +61,8 @@ def gone(pid: int) -> bool:
 
 
 def test_a_worker_vm_stopped_mid_job_is_started_again_and_the_job_finishes(cloud, sshd, home, tmp_path):
+    from conftest import credentials_of
     from google.api_core.client_options import ClientOptions
-    from google.auth.credentials import AnonymousCredentials
     from google.cloud import compute_v1
 
     spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=2, trainer_machine="n2-standard-8", epochs=1,
@@ -73,7 +73,7 @@ def test_a_worker_vm_stopped_mid_job_is_started_again_and_the_job_finishes(cloud
     wait_for(lambda: training(run_dir), timeout=120, what="the trainer's first window")
     victim = Deployment.load(run_dir).by_role("worker")[1]
     # As a preemption does: through the API, the VM stops; its processes and SSH sessions die with it.
-    api = compute_v1.InstancesClient(credentials=AnonymousCredentials(),
+    api = compute_v1.InstancesClient(credentials=credentials_of(cloud),
                                      client_options=ClientOptions(api_endpoint=cloud.endpoint))
     api.stop_unary(project=PROJECT, zone=ZONE, instance=victim.state.vm.name)
     wait_for(lambda: gone(victim.state.remote_pid), timeout=10, what="the stopped VM's worker to die")

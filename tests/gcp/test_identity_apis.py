@@ -7,7 +7,7 @@ stand-in; the stand-in refuses what Google's documentation says the real APIs re
 from __future__ import annotations
 
 import pytest
-from conftest import CALLER, PROJECT
+from conftest import CALLER, PROJECT, act_as
 
 from dsctl.specs import SpecError
 
@@ -76,13 +76,14 @@ def test_credentials_that_name_their_account_win():
     assert _from_credentials(AnonymousCredentials()) is None
 
 
-def test_os_login_keys_through_the_real_client(cloud):
+def test_os_login_keys_through_the_real_client(cloud, monkeypatch, tmp_path):
     from google.api_core import exceptions as gx
     from google.cloud.oslogin_v1 import common
 
     clients = _clients()
     assert clients.caller() == CALLER
-    getattr(cloud, "posix_usernames", {}).clear()  # the usernames Google derives, not those set for the test sshd
+    cloud.posix_usernames.clear()  # the usernames Google derives, not those set for the test sshd
+    monkeypatch.setattr(cloud, "every_posix_username", None)
     reply = clients.oslogin.import_ssh_public_key(parent=f"users/{CALLER}", project_id=PROJECT,
                                                   ssh_public_key=common.SshPublicKey(key=PUBLIC_KEY))
     account = reply.login_profile.posix_accounts[0]
@@ -103,13 +104,18 @@ def test_os_login_keys_through_the_real_client(cloud):
         key=PUBLIC_KEY, expiration_time_usec=1))
     assert cloud.oslogin_keys("tester_example_com") == []
     sa = clients.iam.create_service_account(PROJECT, "robot-one", "Robot", "")
-    reply = clients.oslogin.import_ssh_public_key(parent=f"users/{sa.email}",
-                                                  ssh_public_key=common.SshPublicKey(key=PUBLIC_KEY))
+    # A profile is its owner's: nobody else registers keys in it ("must be the authenticated user").
+    with pytest.raises(gx.Forbidden):
+        clients.oslogin.import_ssh_public_key(parent=f"users/{sa.email}", ssh_public_key=common.SshPublicKey(
+            key=PUBLIC_KEY))
+    act_as(monkeypatch, cloud, sa.email, tmp_path)
+    reply = _clients().oslogin.import_ssh_public_key(parent=f"users/{sa.email}",
+                                                     ssh_public_key=common.SshPublicKey(key=PUBLIC_KEY))
     assert reply.login_profile.posix_accounts[0].username == f"sa_{sa.unique_id}"
     assert cloud.oslogin_keys(f"sa_{sa.unique_id}") == [PUBLIC_KEY]
 
 
-def test_service_accounts_and_policies_as_the_apis_refuse_them(cloud):
+def test_service_accounts_and_policies_as_the_apis_refuse_them(cloud, monkeypatch, tmp_path):
     from google.api_core import exceptions as gx
 
     clients = _clients()
@@ -137,14 +143,29 @@ def test_service_accounts_and_policies_as_the_apis_refuse_them(cloud):
     fresh.bindings.add(role="roles/viewer", members=[f"serviceAccount:ghost-acct@{PROJECT}.iam.gserviceaccount.com"])
     with pytest.raises(gx.BadRequest, match="does not exist"):
         clients.projects.set_iam_policy(request={"resource": f"projects/{PROJECT}", "policy": fresh})
-    cloud.granted_permissions = {"resourcemanager.projects.getIamPolicy"}
+    # Someone who may read the policy and nothing else.
+    reader = cloud.add_custom_role(PROJECT, "policyReader", ["resourcemanager.projects.getIamPolicy"])
+    cloud.grant("user:auditor@example.com", reader, f"projects/{PROJECT}")
+    act_as(monkeypatch, cloud, "auditor@example.com", tmp_path)
+    limited = _clients()
+    assert limited.projects.get_iam_policy(request={"resource": f"projects/{PROJECT}"}).bindings
     with pytest.raises(gx.Forbidden, match="iam.serviceAccounts.create"):
-        clients.iam.create_service_account(PROJECT, "other-one", "x", "")
+        limited.iam.create_service_account(PROJECT, "other-one", "x", "")
     with pytest.raises(gx.Forbidden, match="setIamPolicy"):
-        clients.projects.set_iam_policy(request={"resource": f"projects/{PROJECT}", "policy": fresh})
+        limited.projects.set_iam_policy(request={"resource": f"projects/{PROJECT}", "policy": fresh})
+    # A call with no token at all is not anyone: 401, as is a token the service did not issue.
+    import urllib.error
+    import urllib.request
+
+    for headers in ({}, {"Authorization": "Bearer ya29.forged"}):
+        request = urllib.request.Request(f"{cloud.endpoint}/v3/projects/{PROJECT}:getIamPolicy", data=b"{}",
+                                         headers=headers, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(request, timeout=10)
+        assert info.value.code == 401
 
 
-def test_effective_organization_policies(cloud):
+def test_effective_organization_policies(cloud, monkeypatch, tmp_path):
     from google.api_core import exceptions as gx
 
     clients = _clients()
@@ -153,6 +174,8 @@ def test_effective_organization_policies(cloud):
     cloud.set_org_policy("compute.vmExternalIpAccess", [{"denyAll": True}])
     rules = clients.orgpolicy.get_effective_policy(name=name).spec.rules
     assert len(rules) == 1 and rules[0].deny_all
-    cloud.orgpolicy_denied = True
+    # Someone without orgpolicy.policy.get (Compute Admin holds none of it) may not read them.
+    cloud.grant("user:operator@example.com", "roles/compute.admin", f"projects/{PROJECT}")
+    act_as(monkeypatch, cloud, "operator@example.com", tmp_path)
     with pytest.raises(gx.Forbidden):
-        clients.orgpolicy.get_effective_policy(name=name)
+        _clients().orgpolicy.get_effective_policy(name=name)

@@ -11,10 +11,10 @@ import time
 import uuid
 
 import pytest
+from conftest import credentials_of
 from fake_gce import FakeCloud, FakeGce, Faults, Timing
 from google.api_core import exceptions as gx
 from google.api_core.client_options import ClientOptions
-from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1 as c
 from google.cloud import resourcemanager_v3 as rm
 from google.cloud import tpu_v2
@@ -26,12 +26,15 @@ DLVM = "projects/deeplearning-platform-release/global/images/family/common-cu124
 NET = f"projects/{P}/global/networks/default"
 
 
+OWNER = "owner@example.com"  # the stand-in project's owner, whom these clients call as
+
+
 class Api:
-    """The clients production code builds: endpoint override, anonymous credentials, REST transport."""
+    """The clients production code builds: endpoint override, REST transport, a token the stand-in issued."""
 
     def __init__(self, cloud: FakeCloud, endpoint: str):
         self.cloud, self.endpoint = cloud, endpoint
-        kw = dict(credentials=AnonymousCredentials(), client_options=ClientOptions(api_endpoint=endpoint))
+        kw = dict(credentials=credentials_of(cloud, OWNER), client_options=ClientOptions(api_endpoint=endpoint))
         self.instances = c.InstancesClient(**kw)
         self.zone_ops = c.ZoneOperationsClient(**kw)
         self.region_ops = c.RegionOperationsClient(**kw)
@@ -102,6 +105,7 @@ class Api:
 def api():
     cloud = FakeCloud(Faults(), Timing(op_s=0.02, provisioning_s=0.03, staging_s=0.03, stopping_s=0.05,
                                        tpu_creating_s=0.05, qr_waiting_s=0.05))
+    cloud.define_project(P, owners=(OWNER,))
     with FakeGce(cloud) as server:
         yield Api(cloud, server.endpoint)
 
@@ -382,8 +386,8 @@ def test_spot_vms_use_preemptible_quota_when_the_project_has_it(api):
 
 
 def test_regions_get_needs_compute_regions_get(api):
-    api.cloud.denied_permissions = {"compute.regions.get"}
-    with pytest.raises(gx.Forbidden):
+    api.cloud.deny(OWNER, "compute.regions.get", f"projects/{P}")  # a deny policy: whatever the owner's roles
+    with pytest.raises(gx.Forbidden, match="compute.regions.get"):
         api.regions.get(project=P, region=REGION)
 
 
@@ -865,22 +869,43 @@ def test_resource_manager_projects_get(api):
     assert proj.project_id == P and proj.state.name == "ACTIVE" and proj.name.startswith("projects/")
     number = proj.name.split("/")[1]
     assert number.isdigit() and api.projects.get_project(name=proj.name).project_id == P
-    api.cloud.hidden_projects.add("someone-elses")
-    with pytest.raises(gx.Forbidden):  # 403 PERMISSION_DENIED
+    with pytest.raises(gx.Forbidden):  # a project the caller holds no role on: 403 PERMISSION_DENIED
         api.projects.get_project(name="projects/someone-elses")
 
 
-def test_resource_manager_test_iam_permissions(api):
+def test_resource_manager_test_iam_permissions_answers_from_the_project_and_above_only(api):
+    """What the caller holds on the project: its roles there (and the organization's), never a role granted on a
+    service account or a bucket below it; grants take effect after the propagation delay."""
     asked = ["compute.instances.create", "tpu.nodes.create", "iam.serviceAccounts.actAs"]
     got = api.projects.test_iam_permissions(request={"resource": f"projects/{P}", "permissions": asked})
-    assert list(got.permissions) == asked
-    api.cloud.granted_permissions = {"compute.instances.create"}
-    got = api.projects.test_iam_permissions(request={"resource": f"projects/{P}", "permissions": asked})
-    assert list(got.permissions) == ["compute.instances.create"]
-    api.cloud.granted_permissions = set()
-    assert not api.projects.test_iam_permissions(request={"resource": f"projects/{P}", "permissions": asked}).permissions
+    assert list(got.permissions) == asked  # the owner
+    dev = "dev@example.com"
+    as_dev = rm.ProjectsClient(transport="rest", credentials=credentials_of(api.cloud, dev),
+                               client_options=ClientOptions(api_endpoint=api.endpoint))
+
+    def tested() -> list[str]:
+        return list(as_dev.test_iam_permissions(request={"resource": f"projects/{P}", "permissions": asked}).permissions)
+
+    assert tested() == []
+    api.cloud.grant(dev, "roles/iam.serviceAccountUser", f"projects/{P}/serviceAccounts/runner@{P}.iam.gserviceaccount.com")
+    assert tested() == []  # granted on an account: not seen at the project
+    api.cloud.grant(dev, "roles/compute.instanceAdmin.v1", "organizations/123456789012")
+    assert tested() == ["compute.instances.create"]  # inherited from the organization
+    api.cloud.grant_delay_s = 60.0
+    api.cloud.grant(dev, "roles/tpu.admin", f"projects/{P}", delayed=True)
+    assert tested() == ["compute.instances.create"]  # not yet in effect
     with pytest.raises(gx.BadRequest):
         api.projects.test_iam_permissions(request={"resource": f"projects/{P}", "permissions": ["compute.*"]})
+
+
+def test_an_api_that_is_off_answers_service_disabled_in_googles_error_shape(api):
+    api.cloud.disable_service(P, "compute.googleapis.com")
+    with pytest.raises(gx.Forbidden) as info:
+        api.regions.get(project=P, region=REGION)
+    assert info.value.reason == "SERVICE_DISABLED" and info.value.metadata["service"] == "compute.googleapis.com"
+    assert "Compute Engine API has not been used in project" in info.value.message
+    api.cloud.enable_service(P, "compute.googleapis.com")
+    assert api.regions.get(project=P, region=REGION).name == REGION
 
 
 # =============================================================================================================

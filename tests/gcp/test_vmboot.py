@@ -590,15 +590,22 @@ def test_the_startup_scripts_watchdog_deletes_its_vm_once_the_heartbeat_stops(ro
     sw = software.resolve(spec, local_tensorflow_version())
     limit = 15.0
     cloud = FakeCloud(Faults(), Timing(op_s=0.05, provisioning_s=0.1, staging_s=0.1, stopping_s=0.1))
-    with BootedVm(tmp_path / "vm", bucket=BUCKET) as vm, FakeGce(cloud, host=vm.host_ip) as api:
+    # The VM runs as the supervisor's account with what dsctl grants it on the project (accounts.py): its watchdog
+    # calls the Compute API with that account's token from the VM's metadata server.
+    account = "dsctl-supervisor@dsctl-test.iam.gserviceaccount.com"
+    cloud.define_project("dsctl-test", owners=("owner@example.com",))
+    cloud.grant(account, "roles/compute.instanceAdmin.v1", "projects/dsctl-test")
+    with BootedVm(tmp_path / "vm", bucket=BUCKET, identity=cloud, service_account=account) as vm, \
+            FakeGce(cloud, host=vm.host_ip) as api, cloud.acting_as("owner@example.com"):
         cloud.insert_instance(vm.project, vm.zone, {
             "name": vm.name, "machineType": f"zones/{vm.zone}/machineTypes/e2-standard-4",
             "disks": [{"boot": True, "autoDelete": True, "initializeParams": {
                 "sourceImage": "projects/debian-cloud/global/images/family/debian-12"}}],
-            "networkInterfaces": [{"network": "global/networks/default"}]}, None)
+            "networkInterfaces": [{"network": "global/networks/default"}],
+            "serviceAccounts": [{"email": account}]}, None)
         settings = GcpSettings(project=vm.project, zone=vm.zone, bucket=BUCKET, heartbeat_limit_s=limit,
                                storage_host=vm.gcs_endpoint, compute_endpoint=api.endpoint)
-        config = lifetime.watchdog_config(settings, "run-1")
+        config = lifetime.watchdog_config(settings, "run-1", tpus=False)
         heart = HeartbeatObject(vm.storage_client(), BUCKET, "run-1")
         heart.beat(1)
         vm.metadata.set_attribute(lifetime.WATCHDOG_KEY, config.to_json())

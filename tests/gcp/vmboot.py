@@ -1152,7 +1152,10 @@ class BootedVm:
                  name: str = "dsctl-vm", project: str = "dsctl-test", zone: str = "us-central1-b",
                  machine_type: str = "e2-standard-4", gcs_requires_token: bool = True,
                  allow_host_ports: Iterable[int] = (), binds: Mapping[str | os.PathLike, str] | None = None,
-                 keep_files: bool = False, rootfs: str | os.PathLike | None = None):
+                 keep_files: bool = False, rootfs: str | os.PathLike | None = None,
+                 identity=None, service_account: str | None = None):
+        """`identity`: the Compute stand-in (fake_gce.FakeCloud) whose APIs the VM calls: the VM's metadata server then
+        issues its tokens, for `service_account`, and its Cloud Storage accepts the tokens that stand-in issued."""
         if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name):
             raise ValueError(f"instance name {name!r} is not a valid Compute Engine name")
         self.workdir = Path(workdir)
@@ -1167,6 +1170,7 @@ class BootedVm:
             if "=" in src or "=" in dst or not dst.startswith("/") or not Path(src).exists():
                 raise ValueError(f"bind {src} -> {dst}: need an existing host path and an absolute VM path, no '='")
         self._keep_files = keep_files
+        self._identity, self._service_account = identity, service_account
         self.rootfs: Path | None = Path(rootfs) if rootfs else None
         self.boot_seconds: float | None = None
         self.upper_on: str | None = None
@@ -1312,10 +1316,15 @@ class BootedVm:
             attributes=self._metadata_init, project_attributes=self._project_metadata_init,
             project_id=self.project, instance_name=self.name, zone=self.zone, machine_type=self.machine_type,
             network_ip=slot.vm_ip, gateway_ip=slot.gateway_ip, subnet_mask="255.255.255.252", mtu=VM_MTU,
-            host=METADATA_IP, port=80).start(prepare_thread=enter_gw)
+            host=METADATA_IP, port=80, service_account=self._service_account,
+            token_issuer=self._identity.issue_token if self._identity is not None else None
+        ).start(prepare_thread=enter_gw)
+        identity = self._identity
+        valid = ((lambda token: identity.account_of(token) is not None) if identity is not None
+                 else self.metadata.token_is_valid)
         self.storage = GcsEmulator(
             host=slot.gateway_ip, default_bucket=self.bucket,
-            token_is_valid=self.metadata.token_is_valid if self._gcs_requires_token else None,
+            token_is_valid=valid if self._gcs_requires_token else None,
             gated_clients=[slot.vm_ip]).start(prepare_thread=enter_gw)
         fqdn = f"{self.name}.{self.zone}.c.{self.project}.internal"
         self.dns = DnsStandIn(METADATA_IP, {"metadata.google.internal": METADATA_IP, "metadata": METADATA_IP,
