@@ -19,6 +19,7 @@ from typing import Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .autocache import AutocacheSpec
+from .pipeline_options import PipelineOptions, check_order
 
 ProcessingMode = Literal[
     "parallel_epochs",  # = ShardingPolicy.OFF: every worker produces the whole dataset
@@ -258,6 +259,10 @@ class PipelineSpec(Strict):
     builtin: BuiltinPipeline | None = None
     entrypoint: str | None = Field(None, description="'module:function' returning a tf.data.Dataset")
     params: dict = Field(default_factory=dict)
+    options: PipelineOptions | None = Field(None, description="tf.data Options dsctl sets on the pipeline "
+                                                                 "(dsctl profile recommends them)")
+    order: dict[str, list[str]] | None = Field(None, description="for each reorderable section "
+                                                                 "(dsctl.reorderable), the order its steps run in")
 
     @field_validator("entrypoint")
     @classmethod
@@ -265,6 +270,11 @@ class PipelineSpec(Strict):
         if v is not None and not ENTRYPOINT_RE.match(v):
             raise ValueError(f"entrypoint must look like 'package.module:function', got {v!r}")
         return v
+
+    @field_validator("order")
+    @classmethod
+    def _order(cls, v: dict[str, list[str]] | None) -> dict[str, list[str]] | None:
+        return check_order(v)
 
 
 GCP_PROJECT_RE = re.compile(r"^([a-z0-9.-]+:)?[a-z][a-z0-9-]{4,28}[a-z0-9]$")  # with a legacy domain: prefix
