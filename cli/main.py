@@ -19,6 +19,7 @@ from .cost import cost_app
 from .errors import err_console, fail, run_app
 from .experiments import experiments_app
 from .live import LiveView
+from .profile import profile
 from .render import (
     console,
     job_length,
@@ -47,6 +48,7 @@ app.add_typer(cost_app, name="cost")
 app.add_typer(experiments_app, name="experiments")
 app.command("sweep")(sweep)
 app.command("check")(check)
+app.command("profile")(profile)
 
 
 def _version(value: bool) -> None:
