@@ -19,7 +19,7 @@ from .cost import cost_app
 from .errors import err_console, fail, run_app
 from .experiments import experiments_app
 from .live import LiveView
-from .profile import profile
+from .profile import profile, show_recorded_profile
 from .render import (
     console,
     job_length,
@@ -235,7 +235,7 @@ def runs(ctx: typer.Context, limit: int = typer.Option(20, "--limit", "-n"),
         return
     from dsctl.orchestrator.store import RunStore
 
-    records = RunStore().list(limit=limit)
+    records = RunStore().list(limit=limit, kinds=("job", "sweep", "profile"))
     if json_out:
         print_json([r.as_dict() for r in records])
     elif not records:
@@ -270,6 +270,9 @@ def runs_show(
     if json_out:
         print_json({**record.as_dict(), "resumed_by": resumed_by, "windows": store.windows(record.id),
                     "events": store.events(record.id)})
+        return
+    if record.kind == "profile":  # a profile is its own table (cli/profile.py)
+        show_recorded_profile(record)
         return
     table = sweep_table(record) if record.kind == "sweep" else summary_table(record, resumed_by)
     if record.summary.get("summary_source") == "windows":

@@ -162,8 +162,10 @@ def show(p: Profile) -> None:
             lines.append(f"    apply: {rec.apply}")
             if rec.note:
                 lines.append(f"    note: {rec.note}")
-    elif p.rows:
-        lines.append("recommendations: none found that this profile could measure.")
+    elif p.recommended:
+        lines.append("recommendations: none: no sequential map bounds throughput, nothing runs in the reader's thread "
+                     "worth a prefetch, no autocache hint saves enough CPU within the storage given, and every "
+                     "reorderable section is in AutoOrder's order.")
     if p.steps:
         lines.append("reorderable steps, each alone on one sample (measured here): " + "; ".join(
             f"{s.section}.{s.step}: bytes ×{s.byte_ratio:.3g}, keeps {s.keep:.0%}, {_ms(s.cpu_s_per_element)} CPU/elem"
@@ -175,3 +177,14 @@ def show(p: Profile) -> None:
     console.print(Group(*out))
     for line in lines:
         console.print(line, markup=False, highlight=False)
+
+
+def show_recorded_profile(record) -> None:
+    """`dsctl runs show` of a profile run: the profile as `dsctl profile` printed it, or how it ended."""
+    from dsctl.orchestrator.profiling.record import is_profile
+
+    if is_profile(record.summary):
+        show(Profile.from_dict(record.summary))
+    else:
+        console.print(f"profile {record.id} ({record.status}): {record.error or 'it recorded no profile'}",
+                      markup=False, highlight=False)

@@ -36,6 +36,9 @@ def sweep(
     calibration: Path | None = typer.Option(None, "--calibration", metavar="FILE",
                                             help="with --simulate: predict every count from measured rates in FILE, "
                                                  "run nothing"),
+    from_profile: str | None = typer.Option(None, "--profile", metavar="RUN|FILE",
+                                            help="with --simulate: predict every count from a profile (`dsctl profile`: "
+                                                 "one worker's rate from CPU per batch), run nothing"),
     json_out: bool = typer.Option(False, "--json", help="print the sweep record as JSON"),
     strategy: str = typer.Option("in-place", "--strategy", hidden=True, help="in-place | restart"),
 ) -> None:
@@ -46,6 +49,9 @@ def sweep(
     counts = parse_worker_counts(workers)
     if calibration is not None and not simulate:
         raise SpecError("--calibration predicts a sweep without running it; add --simulate.", field="--calibration")
+    if from_profile is not None and (not simulate or calibration is not None):
+        raise SpecError("--profile predicts a sweep from a profile without running it: add --simulate, and give it "
+                        "instead of --calibration, not with it.", field="--profile")
     if strategy not in ("in-place", "restart"):
         raise SpecError(f"--strategy must be in-place or restart, got '{strategy}'.", field="--strategy")
     options = SweepOptions(counts=counts, window=Window.parse(window), warmup_s=warmup, simulate=simulate,
@@ -63,6 +69,10 @@ def sweep(
             # entrypoints are imported and checked in a (contained) child process; a sweep repeats the pipeline, so
             # it reads no epochs (mode None)
             loaded = load_job(spec, mode=None)
+        if from_profile is not None:
+            from dsctl.orchestrator.profiling.uses import profile_calibration
+
+            options.calibration = profile_calibration(from_profile, loaded)
         runner = SweepRunner(loaded, options, attach=attach)
         (err_console if json_out else console).print(sweep_plan_line(*runner.plan(), options.asked), markup=False)
         with LiveView(enabled=not json_out) as view:

@@ -95,7 +95,7 @@ class ProfilerProcess:
         record = self._wait_for(lambda r: r.get("id") == rid and r.get("event") in ("result", "error"), limit_s, cmd)
         if record["event"] == "error":
             if record.get("kind") == "user":
-                raise SpecError(f"pipeline: {record['message']}", field="pipeline")
+                raise SpecError(record["message"], field="pipeline")
             raise RunFailed(f"the profiling process failed: {record['message']} (its log: {self.log})")
         return record["data"]
 
@@ -111,7 +111,7 @@ class ProfilerProcess:
             if self._proc.poll() is not None:
                 raise RunFailed(self._died(what))
             if time.monotonic() > deadline:
-                raise SpecError(f"pipeline: the pipeline gave no answer within {limit_s:.0f} s while dsctl profiled it "
+                raise SpecError(f"the pipeline gave no answer within {limit_s:.0f} s while dsctl profiled it "
                                 f"({what}); it may wait for something that never comes (a file, the network) or loop. "
                                 f"The profiling process was stopped; its log: {self.log}", field="pipeline")
             time.sleep(POLL_S)

@@ -160,6 +160,7 @@ class Profile:
     service: ServiceView | None = None
     chart: str | None = None
     notes: list[str] = field(default_factory=list)
+    recommended: bool = True  # candidate changes were looked for and measured (not --no-recommend)
 
     @property
     def bounding(self) -> OpRow | None:
@@ -197,7 +198,7 @@ class Profile:
                                     for r in d["recommendations"]],
                    steps=[StepRow(**s) for s in d.get("steps", [])],
                    service=ServiceView(**d["service"]) if d.get("service") else None,
-                   chart=d.get("chart"), notes=list(d.get("notes", [])))
+                   chart=d.get("chart"), notes=list(d.get("notes", [])), recommended=d.get("recommended", True))
 
 
 def is_profile(d: Any) -> bool:

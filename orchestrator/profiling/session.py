@@ -153,7 +153,8 @@ class ProfileSession:
         profile = Profile(job=self.spec.name, spec_path=self.loaded.source.path, run_id=self.run_id,
                           created_at=time.time(), seconds=self.opt.seconds, element=structure.element,
                           finite=structure.finite, rows=rows, rate=rate, prediction=prediction,
-                          recommendations=recommendations, steps=steps, service=service, notes=notes)
+                          recommendations=recommendations, steps=steps, service=service, notes=notes,
+                          recommended=self.opt.recommend)
         profile.chart = str(plot_profile(profile, self.run_dir / "profile.png"))
         (self.run_dir / "profile.json").write_text(json.dumps(profile.to_dict(), indent=1))
         return profile
@@ -276,9 +277,9 @@ class ProfileSession:
         worker = s.get("worker_cpu_seconds_per_batch")
         return ServiceView(run_id=runner.run_id, batches_per_s=bps, worker_cpu_s_per_batch=worker,
                            overhead=worker / cpu_s_per_batch if worker and cpu_s_per_batch else None,
-                           trainer_view="the trainer's own autotune model holds one DataService node: through the "
-                                        "service a trainer sees the service, not the pipeline; the table above is "
-                                        "what a worker runs")
+                           trainer_view="a trainer's own autotune model stops at the service (one DataService node "
+                                        "for the whole pipeline), so the table above, from the profiling process, "
+                                        "is what the worker runs")
 
 
 def _with(rec: Recommendation, **changes) -> Recommendation:

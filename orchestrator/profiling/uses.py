@@ -39,7 +39,8 @@ def load_profile(ref: str, store: RunStore | None = None) -> Profile:
 def calibration_from(profile: Profile, *, trainers: int, trainer_vcpus: int) -> Calibration:
     """The sweep's throughput model calibrated from a profile instead of a measured sweep point: one worker's
     predicted rate per trainer as the 1-worker point, the job's consumption rate as ideal, and the colocated
-    rate the trainer's own cores would give (its cores ÷ CPU per batch, at most ideal)."""
+    rate the trainer's own cores would give (its cores ÷ CPU per batch, and the pipeline's sequential limits, at
+    most ideal)."""
     pred = profile.prediction
     if pred.target_bps is None:
         raise SpecError(f"profile {profile.run_id} has no consumption rate for the trainers (its model takes no time "
@@ -47,11 +48,15 @@ def calibration_from(profile: Profile, *, trainers: int, trainer_vcpus: int) -> 
     trainers = max(1, trainers)  # a sweep's rates are per trainer; the profile's target is all trainers'
     ideal = pred.target_bps / trainers
     per_worker = pred.per_worker_bps / trainers
-    colocated = min(ideal, trainer_vcpus / profile.rate.cpu_s_per_batch) if profile.rate.cpu_s_per_batch > 0 else ideal
+    # colocated: the pipeline on the trainer's own cores, with the same sequential limits as a worker
+    limits = [b.bps for b in pred.bounds if b.what != "CPU"]
+    if profile.rate.cpu_s_per_batch > 0:
+        limits.append(trainer_vcpus / profile.rate.cpu_s_per_batch)
+    colocated = min([ideal, *limits])
     return Calibration(colocated=colocated, ideal=ideal, points={1: min(per_worker, ideal)},
                        source=(f"profile {profile.run_id}: 1 worker predicted from CPU per batch measured here "
                                f"({profile.rate.cpu_s_per_batch * 1e3:.3g} ms) on {pred.worker_machine}; ideal "
-                               f"{pred.target_source}; colocated predicted from the trainer's {trainer_vcpus} cores"))
+                               f"{pred.target_source}; colocated predicted on the trainer's {trainer_vcpus} cores"))
 
 
 def latest_for(loaded: LoadedSpec, store: RunStore | None = None) -> Profile | None:
@@ -76,3 +81,16 @@ def start_workers(loaded: LoadedSpec, min_workers: int, max_workers: int,
     n = min(max(profile.prediction.workers, min_workers), max_workers)
     return n, (f"starting at {n} worker(s): profile {profile.run_id} predicted {profile.prediction.workers} for "
                f"{profile.prediction.target_bps:.3g} batches/s")
+
+
+def profile_calibration(ref: str, loaded: LoadedSpec, store: RunStore | None = None) -> Calibration:
+    """`dsctl sweep --simulate --profile REF`: the sweep's calibration from a recorded profile (or its file)."""
+    from dsctl.costmodel.machines import shape
+
+    profile = load_profile(ref, store)
+    spec = loaded.spec
+    try:
+        vcpus = shape(spec.trainer.machine).vcpus
+    except SpecError:  # a trainer that is this machine (trainer.machine: local)
+        vcpus = profile.rate.cores_here
+    return calibration_from(profile, trainers=spec.trainer.count, trainer_vcpus=vcpus)

@@ -188,6 +188,6 @@ def py_function_use(ds) -> str | None:
     for fn in graph.library.function:
         for node in fn.node_def:
             if node.op in PY_FUNCTION_OPS:
-                name = re.sub(r"^__inference_Dataset_|_\d+$", "", fn.signature.name)
-                return f"{node.op} in {name}"
+                m = re.match(r"__inference_Dataset_(map|filter|flat_map|interleave|[a-z_]+?)_(.+)_\d+$", fn.signature.name)
+                return f"{node.op} in {m.group(1)}({m.group(2)})" if m else f"{node.op} in {fn.signature.name}"
     return None

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import traceback
@@ -33,6 +34,16 @@ from pathlib import Path
 from .record import Hint, SectionInfo, Structure, Variant, to_json, variant_from
 
 WARMUP_S = 2.0
+
+
+def op_message(exc) -> str:
+    """A TensorFlow error's message without its wrapping: function nodes, op names, trailing `name:`."""
+    text = " ".join(str(getattr(exc, "message", exc)).split())
+    node = re.search(r"\[\[\{\{node ([^}]+)\}\}\]\]", text)
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*|\[\[\{\{node [^}]*\}\}\]\]|\[Op:[^\]]*\]|\s*name:\s*$", "", text).strip()
+    text = re.sub(r"Error in user-defined function passed to (\w+?)Dataset:\d+ transformation with iterator: \S+: ",
+                  lambda m: f"in the function of a {m.group(1).lower()}: ", text)
+    return (text[:500] + (f" (in op {node.group(1)})" if node else "")).strip()
 
 
 class UserError(Exception):
@@ -173,8 +184,7 @@ class Profiler:
             raise UserError("the pipeline produced no element: it is empty (a filter that keeps nothing, no input "
                             "files, a take(0)), so there is nothing to profile.") from None
         except tf.errors.OpError as exc:
-            message = " ".join(str(exc.message).split())[:600]
-            raise UserError(f"the pipeline failed while dsctl ran it: {type(exc).__name__}: {message}") from None
+            raise UserError(f"the pipeline failed while dsctl ran it: {type(exc).__name__}: {op_message(exc)}") from None
         finally:
             shutil.rmtree(self.cache_root, ignore_errors=True)
         return to_json(m)
