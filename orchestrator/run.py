@@ -179,6 +179,9 @@ class JobRunner:
         self.supervisor = Supervisor(self.provisioner, dep, self.spec.service.fault_tolerant, self._event)
         for warning in warnings:
             self._event("warning", warning.render())
+        note = getattr(getattr(self.policy, "config", None), "start_note", None)
+        if note:  # autoscale.start: profile, and what it found
+            self._event("autoscale", note)
         return dep
 
     def supervise_until_stopped(self) -> None:

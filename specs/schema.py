@@ -147,6 +147,9 @@ class AutoscaleSpec(Strict):
 
     policy: Literal["cachew", "cpu"] = "cachew"
     min_workers: int = Field(1, ge=1, le=MAX_WORKERS, description="the job starts here")
+    start: Literal["min", "profile"] = Field(
+        "min", description="min: start at min_workers; profile: at the worker count the newest `dsctl profile` of this "
+                           "job's pipeline predicted (within min_workers..max_workers)")
     max_workers: int = Field(8, ge=1, le=MAX_WORKERS)
     settings: dict = Field(default_factory=dict, description="policy constants, e.g. threshold, pause_batches")
 

@@ -112,7 +112,7 @@ class CachewPolicy:
 
     @property
     def initial_workers(self) -> int:
-        return self.config.min_workers
+        return self.config.initial
 
     @property
     def phase(self) -> Phase:
