@@ -10,10 +10,8 @@ forever, and the process, with all it started, is ended whatever happens (`close
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -30,7 +28,6 @@ from ..tail import JsonlTail
 
 STARTUP_S = 120.0  # importing TensorFlow and building the pipeline (a builtin's files made the first time)
 POLL_S = 0.05
-PR_SET_PDEATHSIG = 1
 
 Listener = Callable[[dict], None]
 
@@ -60,26 +57,15 @@ class ProfilerProcess:
 
     def start(self) -> None:
         self.results.write_text("")
-        group, why = containment.for_check()
-        if group is None and why:
+
+        def uncontained(why: str) -> None:
             notices.warning(f"the profiling process is stopped by process group only (a process the pipeline starts "
                             f"in a session of its own outlives it): {why}.")
-        self._group = group
-        join = group.joiner() if group is not None else None
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-        parent = os.getpid()
-
-        def before_exec() -> None:  # system calls only
-            if join is not None:
-                join()
-            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if os.getppid() != parent:
-                os._exit(1)
 
         with open(self.log, "ab") as log:
-            self._proc = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=log, stderr=log,
-                                          start_new_session=True, preexec_fn=before_exec,
-                                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+            self._proc, self._group = containment.start_contained(
+                self._argv, uncontained, stdin=subprocess.PIPE, stdout=log, stderr=log,
+                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
         self._wait_for(lambda r: r.get("event") == "ready", STARTUP_S, "start")
 
     def ask(self, cmd: str, limit_s: float, **fields) -> dict:
@@ -129,20 +115,14 @@ class ProfilerProcess:
     def close(self) -> None:
         """End the process and everything it started; safe to call twice."""
         proc, self._proc = self._proc, None
-        if proc is not None:
+        group, self._group = self._group, None
+        if proc is not None and proc.stdin is not None:
             try:
-                if proc.stdin is not None:
-                    proc.stdin.close()
+                proc.stdin.close()
             except OSError:
                 pass
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
-        group, self._group = self._group, None
-        if group is not None:
-            try:
-                group.end()
-            except (OSError, TimeoutError) as exc:
-                raise DsctlError(f"the profiling process's cgroup {group.path} could not be emptied: {exc}") from None
+        try:
+            containment.end_contained(proc, group)
+        except (OSError, TimeoutError) as exc:
+            where = group.path if group is not None else "its process group"
+            raise DsctlError(f"the profiling process could not be ended ({where}): {exc}") from None
