@@ -125,7 +125,7 @@ def _exited(t: Trainer, log: str | None) -> str:
     how = t.ending or (exits.describe(code) if code < LOST else f"exited with code {code}")
     if t.end is not None and t.end.get("reason") in CLEAN_ENDS:
         how = f"ended its loop ({t.end.get('reason')}, {t.end.get('batches', 0)} batches) but then {how}"
-    return how + (f"; see {log}" if log else "")
+    return f"it {how}" + (f"; see {log}" if log else "")
 
 
 def judge(trainers: list[Trainer], count: int, steps: int | None = None, down: DownRequest | None = None,

@@ -104,10 +104,9 @@ def test_a_command_that_fails_fails_the_run_with_its_last_lines(cloud, sshd, hom
         runner.run()
     record = RunStore().get(runner.run_id)
     assert record.status == "failed"
-    error = record.error
-    assert "\n" not in error
-    assert "`python train.py --lr fast` exited with code 3 before reading any batch" in error
-    assert "loading the model" in error and "ValueError: the learning rate 'fast' is not a number" in error
+    paragraph, *lines = record.error.split("\n")  # one paragraph, then the program's last lines as lines
+    assert "`python train.py --lr fast` exited with code 3 before reading any batch" in paragraph
+    assert "  | loading the model" in lines and "  | ValueError: the learning rate 'fast' is not a number" in lines
     [tpu] = [body["tpu"]["nodeSpec"][0]["node"] for kind, body in cloud.created if kind == "queued_resource"]
     assert tpu["runtimeVersion"] == "tpu-ubuntu2204-base"
     assert cloud.counts() == {"instances": 0, "firewalls": 0, "tpus": 0}
