@@ -5,7 +5,7 @@ Hooked to the Compute/TPU stand-in (fake_gce.FakeCloud.on_created / on_deleted):
 created with a dsctl-watchdog metadata attribute, a metadata server of its own (metadata_server.py, on
 loopback, serving that VM's attributes, name, zone and project) and the REAL watchdog program, run with
 GCE_METADATA_HOST pointing at it, as that VM's process. Its command line names the VM's directory, so the
-stand-in's deletion hook (conftest.kill_vm_processes) ends it as deleting the VM would; its metadata server
+stand-in's deletion hook (conftest.vm_process_killer) ends it as deleting the VM would; its metadata server
 stops then too. The boot path itself (systemd unit or nohup'd loop) is tested in a booted VM (test_vmboot.py).
 """
 
@@ -40,7 +40,7 @@ class _GuestPrograms:
     """One program per stand-in VM whose metadata holds `key`: a metadata server of its own, the program started
     with GCE_METADATA_HOST pointing at it and its output in `<workdir>/<VM>/<log_name>`, both ended with the VM.
     The program's last argument names the VM's directory (`/<name>/`), so the stand-in's deletion hook
-    (conftest.kill_vm_processes) ends it, and what it started there, as deleting the VM would."""
+    (conftest.vm_process_killer) ends it, and what it started there, as deleting the VM would."""
 
     key = ""
     log_name = ""

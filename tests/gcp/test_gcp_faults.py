@@ -212,8 +212,7 @@ JobRunner(load_spec(sys.argv[1]), run_id=sys.argv[2]).run()   # what `dsctl up J
 """
 
 
-def _start_then_kill(spec, home, cloud) -> str:
-    run_id = "killed-up-0001"
+def _start_then_kill(spec, home, cloud, run_id: str) -> str:
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(spec), run_id], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
     try:
@@ -232,7 +231,7 @@ def _start_then_kill(spec, home, cloud) -> str:
 def test_kill_9_then_down_by_label_with_no_local_state(cloud, sshd, home, tmp_path):
     spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=1, trainer_machine="tpu-v2-8",
                     epochs=None, steps=10**6)
-    run_id = _start_then_kill(spec, home, cloud)
+    run_id = _start_then_kill(spec, home, cloud, "killed-label-0001")
     shutil.rmtree(home / "runs" / run_id)  # no local state at all
     found = find_by_label(PROJECT, ZONE, run_id)
     assert (len(found.instances), len(found.tpus), found.firewalls) == (2, 1, [f"dsctl-{run_id}-svc",
@@ -248,7 +247,7 @@ def test_kill_9_then_down_by_label_with_no_local_state(cloud, sshd, home, tmp_pa
 def test_kill_9_then_dsctl_down_from_state(cloud, sshd, home, tmp_path):
     spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=1, trainer_machine="tpu-v2-8",
                     epochs=None, steps=10**6)
-    run_id = _start_then_kill(spec, home, cloud)
+    run_id = _start_then_kill(spec, home, cloud, "killed-state-0001")
     proc = dsctl("down", run_id, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert cloud.counts() == NOTHING and staged(run_id) == []
