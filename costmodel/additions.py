@@ -9,7 +9,7 @@ inside it: the paper's figures stay reproducible, and what the bill will also sa
 
 What a run created (`Created`) is the spec's gcp.public_ips, gcp.boot_disk_gb and gcp.boot_disk_type and how
 many VMs of each role it had. TPU VMs (Cloud TPU) are treated so:
-  - external IPv4: a TPU VM gets an external address unless gcp.public_ips is false (provisioners/gcp/tpu.py
+  - external IPv4: a TPU VM gets an external address unless gcp.public_ips is false (providers/gcp/tpu.py
     asks for one with enable_external_ips). Google's IP pricing does not single out TPU VMs, so the address is
     charged as any VM's, at the rate of how the TPU VM is bought (Spot or standard): if Google does not bill it,
     this overstates the cost by $0.005/h per TPU VM, beside a TPU VM's dollars per hour.
@@ -20,7 +20,7 @@ Over the job's time t (Equation 1's): addresses for the VM-hours held (a stopped
 address back), disks for every VM for all of t (a stopped VM's disk still bills). Start-up and teardown are
 left out, as they are from Equation 1.
 
-Pure arithmetic: the plan (provisioners/gcp/plan.py) and `dsctl cost` (orchestrator/pricing.py, cli/cost.py)
+Pure arithmetic: the plan (providers/gcp/plan.py) and `dsctl cost` (orchestrator/pricing.py, cli/cost.py)
 say where the numbers come from.
 """
 

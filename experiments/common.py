@@ -235,7 +235,7 @@ def run_job(loaded: LoadedSpec, *, mode: str = "service", workers: int | None = 
 
 
 def run_concurrently(jobs: list[Callable[[threading.Event], JobOutcome]]) -> list[JobOutcome]:
-    """Run jobs in threads (each builds its own JobRunner, store and provisioner inside its thread);
+    """Run jobs in threads (each builds its own JobRunner, store and provider inside its thread);
     Ctrl-C stops them all, each tearing down its own deployment, then re-raises."""
     stop = threading.Event()
     results: list[JobOutcome | None] = [None] * len(jobs)

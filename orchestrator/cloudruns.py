@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeGuard
 
-from dsctl.provisioners import Deployment, HandsOff, get_provider
+from dsctl.providers import Deployment, HandsOff, get_provider
 
 from . import cloudrecord
 from .store import RunStore, dsctl_home
@@ -55,12 +55,12 @@ def refresh(store: RunStore, dep: Deployment, events: Callable[[str, str], None]
     """Bring a supervised run's record up to date here; once it has ended, confirm nothing of it is left. What its
     supervisor could not delete (cloudrecord.LEFT_BEHIND: its own VM stays too) is shown, not deleted, by a look
     (`dsctl status`, `runs show`): `dsctl down RUN` deletes it, as does the attached `dsctl up` (take_down_left)."""
-    provisioner = get_provider(dep.provider)
-    assert isinstance(provisioner, HandsOff), f"provider {dep.provider} supervises no run on the cloud"
-    objects = provisioner.run_objects(dep)
+    provider = get_provider(dep.provider)
+    assert isinstance(provider, HandsOff), f"provider {dep.provider} supervises no run on the cloud"
+    objects = provider.run_objects(dep)
     latest = sync(store, objects, dep.run_id, Path(dep.run_dir))
     if ended(latest) and dep.status != "down" and (take_down_left or cloudrecord.left_behind(objects) is None):
-        provisioner.down(dep, events)  # its supervisor deleted everything but its own VM, which goes now
+        provider.down(dep, events)  # its supervisor deleted everything but its own VM, which goes now
     return latest
 
 

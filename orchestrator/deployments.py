@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from dsctl.provisioners import (
+from dsctl.providers import (
     STATE_FILE,
     Contains,
     Contents,
@@ -38,9 +38,9 @@ from dsctl.provisioners import (
     get_provider,
     providers_with,
 )
-from dsctl.provisioners.containment import Containment
-from dsctl.provisioners.processes import is_ours, run_processes, stop_groups
-from dsctl.provisioners.state import DeploymentState
+from dsctl.providers.containment import Containment
+from dsctl.providers.processes import is_ours, run_processes, stop_groups
+from dsctl.providers.state import DeploymentState
 from dsctl.specs import LoadedSpec, SpecError
 
 from . import boards, closing, cloudrecord, cloudruns, endings, imports, reconcile
@@ -153,17 +153,17 @@ def take_down(dep: Deployment, store: RunStore | None = None) -> list[tuple[str,
                 records.notices.warning(f"run {dep.run_id}: its cgroup {group.path} could not be ended ({exc}); "
                                         f"`dsctl down {dep.run_id}` tries again")
     else:
-        provisioner = get_provider(dep.provider)
-        if isinstance(provisioner, HandsOff) and provisioner.handed_off(dep):
+        provider = get_provider(dep.provider)
+        if isinstance(provider, HandsOff) and provider.handed_off(dep):
             # Its supervisor tears it down and records why; whatever it leaves is deleted below either way.
             try:
                 store = store or RunStore()
-                cloudruns.stop(store, provisioner.run_objects(dep), dep.run_id, "dsctl down",
-                               supervising=lambda: provisioner.supervisor_status(dep) == "running")
+                cloudruns.stop(store, provider.run_objects(dep), dep.run_id, "dsctl down",
+                               supervising=lambda: provider.supervisor_status(dep) == "running")
             except Exception:  # noqa: BLE001 - the record is a convenience; deleting the VMs is not
                 pass
         try:
-            provisioner.down(dep, lambda kind, msg: said.append((kind, msg)))
+            provider.down(dep, lambda kind, msg: said.append((kind, msg)))
         except OSError as exc:
             if exc.errno not in UNWRITABLE:
                 raise

@@ -29,7 +29,7 @@ from dsctl.costmodel import (
 )
 from dsctl.costmodel.estimate import usage_from_spec
 from dsctl.costmodel.storage import GB, storage_cost, storage_month_cost
-from dsctl.provisioners.registry import provider_class
+from dsctl.providers.registry import provider_class
 from dsctl.specs import JobSpec, SpecError
 
 from .store import RunRecord

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dsctl.provisioners import Deployment, HandsOff, ProcessRef, Provider, TrainerLaunch, get_provider
+from dsctl.providers import Deployment, HandsOff, ProcessRef, Provider, TrainerLaunch, get_provider
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 from dsctl.specs.epochs import epoch_findings
 
@@ -94,7 +94,7 @@ class JobRunner:
         self.store = store or RunStore()
         self._own_store = store is None  # a store lent by a sweep is the sweep's to move (imports.rebuild)
         self.listener = listener or (lambda p: None)
-        self.provisioner: Provider = get_provider(self.spec.provider)
+        self.provider: Provider = get_provider(self.spec.provider)
         self.run_id = run_id or new_run_id(self.spec.name)
         self.run_dir = dsctl_home() / "runs" / self.run_id
         # Checkpoints: this run's own folder, and the run it restores from (dsctl up --resume).
@@ -137,7 +137,7 @@ class JobRunner:
         if self.mode == "service":
             most = max(self.workers, self.spec.autoscale.max_workers if self.policy and self.spec.autoscale else 0)
             try:
-                self.provisioner.check(self.spec, most, self.loaded.base_dir)
+                self.provider.check(self.spec, most, self.loaded.base_dir)
             except SpecError as exc:
                 raise self.loaded.locate(exc) from None
         # How this run reads its epochs with the workers it has (a repeated pipeline has none): refused, or warned.
@@ -176,7 +176,7 @@ class JobRunner:
                                      log=str(self.run_dir / "up.log"))
         dep.save()
         self.deployment = dep
-        self.supervisor = Supervisor(self.provisioner, dep, self.spec.service.fault_tolerant, self._event)
+        self.supervisor = Supervisor(self.provider, dep, self.spec.service.fault_tolerant, self._event)
         for warning in warnings:
             self._event("warning", warning.render())
         return dep
@@ -187,14 +187,14 @@ class JobRunner:
         from .handles import serve_control
 
         dep = self.deployment
-        control = serve_control(self.provisioner, self.supervisor, dep, self._event)
+        control = serve_control(self.provider, self.supervisor, dep, self._event)
         try:
             while True:
                 self.supervisor.poll()
                 control.serve_pending()
                 time.sleep(0.1)
         except KeyboardInterrupt:
-            self.provisioner.down(dep, self._event)
+            self.provider.down(dep, self._event)
 
     def run(self, keep_up: bool = False) -> dict:
         """Run to the end; returns the summary. Raises RunFailed, SpecError or KeyboardInterrupt."""
@@ -228,12 +228,12 @@ class JobRunner:
     @property
     def hands_off(self) -> bool:
         """Whether this run is supervised on one of its machines (the provider can, and the spec asks for it)."""
-        return isinstance(self.provisioner, HandsOff) and self.provisioner.hands_off(self.spec, self.mode)
+        return isinstance(self.provider, HandsOff) and self.provider.hands_off(self.spec, self.mode)
 
     @property
     def _cloud(self) -> HandsOff:
-        assert isinstance(self.provisioner, HandsOff), f"provider {self.provisioner.name} cannot hand a run off"
-        return self.provisioner
+        assert isinstance(self.provider, HandsOff), f"provider {self.provider.name} cannot hand a run off"
+        return self.provider
 
     def hand_off(self, attached: bool = False, wait_s: float | None = None, poll_s: float = 1.0) -> dict:
         """`dsctl up --detach` on a provider that supervises runs itself: provision from here, hand the job to
@@ -249,7 +249,7 @@ class JobRunner:
         try:
             with outcome.classify(self.run_id):
                 self._phase("provisioning")
-                self.provisioner.up(self.spec, dep, self.workers, self._event)  # the machines only: see launch_servers
+                self.provider.up(self.spec, dep, self.workers, self._event)  # the machines only: see launch_servers
                 dep.status = "up"
                 dep.save()
                 self._phase("handing over")
@@ -325,7 +325,7 @@ class JobRunner:
                 self._phase("stopping")
                 cloudruns.stop(self.store, objects, self.run_id, "the attached `dsctl up` (Ctrl-C)")
             finally:
-                self.provisioner.down(dep, self._event)  # whatever the supervisor left, or all of it after a 2nd Ctrl-C
+                self.provider.down(dep, self._event)  # whatever the supervisor left, or all of it after a 2nd Ctrl-C
             raise
         except TimeoutError as exc:
             raise RunFailed(str(exc), self.run_id) from None
@@ -339,7 +339,7 @@ class JobRunner:
     def run_adopted(self, dep: Deployment) -> dict:
         """On the supervising VM: the job of a deployment provisioned elsewhere and handed over, to its end."""
         self.deployment = dep
-        self.supervisor = Supervisor(self.provisioner, dep, self.spec.service.fault_tolerant, self._event)
+        self.supervisor = Supervisor(self.provider, dep, self.spec.service.fault_tolerant, self._event)
         started = self.store.recorded(self.run_id).created_at
         outcome = Outcome()
         try:
@@ -347,7 +347,7 @@ class JobRunner:
                 self._cloud.adopt(dep, self.spec)
                 self._phase("provisioning")
                 self._cloud.launch_servers(dep, self._event)
-                self.provisioner.wait_ready(dep, self._event)
+                self.provider.wait_ready(dep, self._event)
                 self._start_trainers(dep)
                 self._phase("training")
                 self._train(dep)
@@ -358,18 +358,18 @@ class JobRunner:
     def _provision_and_train(self, dep: Deployment) -> None:
         if self.mode == "service":
             self._phase("provisioning")
-            self.provisioner.up(self.spec, dep, self.workers, self._event)
+            self.provider.up(self.spec, dep, self.workers, self._event)
         profiling = caching.needs_profile(self.spec, self.mode)  # autocache: profile first, then train
         # Trainers start while the servers import TensorFlow; their clients wait for the dispatcher.
         if not profiling:
             self._start_trainers(dep)
         if self.mode == "service":
-            self.provisioner.wait_ready(dep, self._event)
+            self.provider.wait_ready(dep, self._event)
             dep.status = "up"
             dep.save()
         if profiling:
             context = RunContext(loaded=self.loaded, spec=self.spec, mode=self.mode, run_id=self.run_id,
-                                 run_dir=self.run_dir, store=self.store, provider=self.provisioner,
+                                 run_dir=self.run_dir, store=self.store, provider=self.provider,
                                  supervisor=self.supervisor, event=self._event, phase=self._phase)
             self.trainer_spec_json, self.autocache_summary = caching.profile_and_decide(context, dep)
             self._start_trainers(dep)
@@ -393,14 +393,14 @@ class JobRunner:
         except Exception:  # noqa: BLE001 - a live view that cannot draw must not stop the teardown
             pass
         if keep_up and status == "succeeded":
-            self.provisioner.stop_trainers(dep)
+            self.provider.stop_trainers(dep)
             dep.nodes = [n for n in dep.nodes if n.role != "trainer"]
             dep.save()
             return
         try:
-            self.provisioner.down(dep, self._event)
+            self.provider.down(dep, self._event)
         except KeyboardInterrupt:  # a second Ctrl-C: finish the teardown, then stop
-            self.provisioner.down(dep, self._event)
+            self.provider.down(dep, self._event)
             raise
 
     def _keep_store(self) -> None:
@@ -490,7 +490,7 @@ class JobRunner:
             checkpoint_dir=self.checkpoint_dir, restore_from=self.resume.restore_from if self.resume else None,
             command=bool(self.spec.trainer.command),
         )
-        self.provisioner.start_trainers(dep, launch, self._event)
+        self.provider.start_trainers(dep, launch, self._event)
 
     def _train(self, dep: Deployment) -> None:
         tails = {i: JsonlTail(path) for i, path in trainer_metrics(dep).items()}
@@ -536,7 +536,7 @@ class JobRunner:
             if now - last_sample >= SAMPLE_S:
                 last_sample = now
                 self._keep_store()
-                samples = self.provisioner.sample(dep)
+                samples = self.provider.sample(dep)
                 self.store.add_utilization(self.run_id, time.time(), samples)
                 self._board_warning(self.board.samples(samples))
                 workers = [x.cpu_cores for x in samples if x.role == "worker"]
@@ -603,7 +603,7 @@ class JobRunner:
         if decision.action == "hold" or decision.target == self.workers:
             return
         self._event("autoscale", f"{decision.action} → {decision.target} worker(s): {decision.reason}")
-        self.provisioner.scale_workers(self.deployment, decision.target, self._event)
+        self.provider.scale_workers(self.deployment, decision.target, self._event)
         self.workers = decision.target
         self.progress.workers_wanted = self.progress.workers_ready = decision.target
 

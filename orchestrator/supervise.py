@@ -9,7 +9,7 @@ lasted gcp.max_duration_s. Its record is published every PUBLISH_S (cloudrecord.
 dsctl reads it, the user's machine no longer needed. Its own VM is deleted last, after the final
 record is published: until then it is the one machine still billing. It is kept when anything else
 of the run is left (cloudrecord.LEFT_BEHIND says what): the supervisor's heartbeat ends with this
-process, and every VM of the run then deletes itself (provisioners/gcp/watchdog.py).
+process, and every VM of the run then deletes itself (providers/gcp/watchdog.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from dsctl.provisioners import Deployment, HandsOff
+from dsctl.providers import Deployment, HandsOff
 from dsctl.specs import load_spec_text
 
 from . import cloudrecord
@@ -116,7 +116,7 @@ def supervise(run_dir: Path) -> int:
     dep.run_dir = str(run_dir)  # the state was written on the user's machine, where the run dir is elsewhere
     runner = JobRunner(_loaded(run_dir), run_id=row["id"], store=store, workers=handoff["workers"],
                        autoscale=handoff.get("autoscale"), resume=Resume.from_dict(handoff.get("resume")))
-    cloud = runner.provisioner
+    cloud = runner.provider
     assert isinstance(cloud, HandsOff), f"provider {cloud.name} supervises no run on the cloud"
     objects = cloud.run_objects(dep)
     try:

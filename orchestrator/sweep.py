@@ -21,7 +21,7 @@ from typing import Any
 
 from dsctl.costmodel import RunUsage, ThroughputModel, load_catalog, price
 from dsctl.costmodel.estimate import usage_from_spec
-from dsctl.provisioners import Capacity, Deployment, Provider, TrainerLaunch, get_provider
+from dsctl.providers import Capacity, Deployment, Provider, TrainerLaunch, get_provider
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 from dsctl.specs.calibration import Calibration
 
@@ -97,7 +97,7 @@ class SweepRunner:
         self.store = store or RunStore()
         self.listener = listener or (lambda p: None)
         self.attach = attach
-        self._provisioner: Provider | None = None
+        self._provider: Provider | None = None
         self.sweep_id = new_run_id(self.spec.name + "-sweep")
         self.run_dir = dsctl_home() / "runs" / self.sweep_id
         self.out_dir = options.out_dir or self.run_dir
@@ -110,11 +110,11 @@ class SweepRunner:
         self._attached: AttachedDeployment | None = None
 
     @property
-    def provisioner(self) -> Provider:
+    def provider(self) -> Provider:
         """Created on first use: a sweep predicted from a calibration file provisions nothing."""
-        if self._provisioner is None:
-            self._provisioner = get_provider(self.spec.provider)
-        return self._provisioner
+        if self._provider is None:
+            self._provider = get_provider(self.spec.provider)
+        return self._provider
 
     # -- planning ---------------------------------------------------------------------
     def plan(self) -> tuple[list[int], list[int]]:
@@ -128,13 +128,13 @@ class SweepRunner:
         counts = sorted(self.opt.counts)
         if self.opt.calibration is not None:
             return [], counts
-        if not isinstance(self.provisioner, Capacity) or self.attach is not None:
+        if not isinstance(self.provider, Capacity) or self.attach is not None:
             return counts, []  # a place without a bound measures every count
-        capacity = self.provisioner.capacity(self.spec.trainer.count)
+        capacity = self.provider.capacity(self.spec.trainer.count)
         fits = [c for c in counts if c <= capacity]
         if not self.opt.simulate:
             try:
-                self.provisioner.check(self.spec, counts[-1], self.loaded.base_dir)
+                self.provider.check(self.spec, counts[-1], self.loaded.base_dir)
             except SpecError as exc:
                 raise self.loaded.locate(exc) from None
             return counts, []
@@ -288,12 +288,12 @@ class SweepRunner:
                          labels={"dsctl-run": self.sweep_id, "dsctl-job": self.spec.name})
         dep.save()
         self._phase("provisioning", workers)
-        self.provisioner.up(self.spec, dep, workers, self._event)
-        self.provisioner.wait_ready(dep, self._event)
+        self.provider.up(self.spec, dep, workers, self._event)
+        self.provider.wait_ready(dep, self._event)
         dep.status = "up"
         dep.save()
-        return OwnedDeployment(self.provisioner, dep,
-                               Supervisor(self.provisioner, dep, self.spec.service.fault_tolerant, self._event))
+        return OwnedDeployment(self.provider, dep,
+                               Supervisor(self.provider, dep, self.spec.service.fault_tolerant, self._event))
 
     def _measure_point(self, handle, tails: dict[int, JsonlTail], workers: int, mode: str):
         """Discard the warm-up after a change, then record one window as a point run."""

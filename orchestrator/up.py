@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from dsctl.errors import DsctlError, signum_of
-from dsctl.provisioners import HandsOff, Plans, get_provider
+from dsctl.providers import HandsOff, Plans, get_provider
 from dsctl.specs import LoadedSpec, SpecError
 
 from .outcome import Interrupted

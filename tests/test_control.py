@@ -23,7 +23,7 @@ import pytest
 from dsctl.orchestrator.control import ControlClient, ControlError, ControlServer, DeploymentBusy, SweepLock, control_dir
 from dsctl.orchestrator.handles import AttachedDeployment, _AbandonedSweeps
 from dsctl.orchestrator.outcome import RunFailed
-from dsctl.provisioners import Deployment, Node, ProcessRef
+from dsctl.providers import Deployment, Node, ProcessRef
 from helpers import wait_for
 
 CALLER = """
@@ -39,7 +39,7 @@ except ControlError as exc:
 SWEEP = """
 import sys, time
 from dsctl.orchestrator.handles import AttachedDeployment
-from dsctl.provisioners import Deployment
+from dsctl.providers import Deployment
 AttachedDeployment.claim(Deployment.load(sys.argv[1]), "sweep-killed")
 print("held", flush=True)
 time.sleep(600)
@@ -296,7 +296,7 @@ def test_a_sweep_that_cannot_put_the_deployment_back_leaves_that_to_the_monitor(
 
 
 class FakeHandle:
-    """The monitor's own deployment, as _AbandonedSweeps acts on it (the provisioner is tested elsewhere)."""
+    """The monitor's own deployment, as _AbandonedSweeps acts on it (the provider is tested elsewhere)."""
 
     def __init__(self, run_dir: Path, workers: int):
         self.dep, self.workers, self.calls = Deployment.load(run_dir), workers, []

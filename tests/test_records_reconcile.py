@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dsctl.orchestrator.store import RunStore
-from dsctl.provisioners import Deployment
+from dsctl.providers import Deployment
 from helpers import dsctl, processes_under, stepped_job, wait_for
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dsctl.orchestrator.checkpoints import latest
-from dsctl.provisioners import Deployment
+from dsctl.providers import Deployment
 from helpers import EXAMPLES, dsctl, processes_under, wait_for, write_spec
 
 STEPS, EVERY = 120, 20

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from dsctl.orchestrator.store import RunStore
-from dsctl.provisioners import Deployment, containment
+from dsctl.providers import Deployment, containment
 from helpers import dsctl, processes_under, wait_for, write_spec
 
 pytestmark = pytest.mark.slow

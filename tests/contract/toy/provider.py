@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsctl.provisioners import Deployment, EventSink, Node, Poll, ServerExit, TrainerLaunch, TrainerState, register
-from dsctl.provisioners.processes import is_ours, reap, stop_groups
-from dsctl.provisioners.state import DeploymentState, NodeState, from_dict
+from dsctl.providers import Deployment, EventSink, Node, Poll, ServerExit, TrainerLaunch, TrainerState, register
+from dsctl.providers.processes import is_ours, reap, stop_groups
+from dsctl.providers.state import DeploymentState, NodeState, from_dict
 from dsctl.runtime.readiness import pick_service_port, read_json
 from dsctl.runtime.sampler import ProcessSampler, Sample
 

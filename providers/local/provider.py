@@ -107,7 +107,7 @@ def local_capacity(trainers: int) -> int:
 
 
 @register
-class LocalProvisioner:
+class LocalProvider:
     name: ClassVar[str] = "local"
     codec: ClassVar[StateCodec] = LocalCodec()
     stands_in: ClassVar[bool] = True  # its processes stand for the machine types the spec names
@@ -123,7 +123,7 @@ class LocalProvisioner:
         self._port_waits: dict[int, dict] = {}  # worker index -> its wait for a port another process holds
         self._watches: dict[int, exits.Watch] = {}  # pid -> a process spawned here (no launcher): its memory cgroups
         self._endings: dict[int, str] = {}  # pid -> how a process spawned here ended (judged once)
-        self._hangs = HangWatch()  # servers that stopped answering (provisioners/local/hangs.py)
+        self._hangs = HangWatch()  # servers that stopped answering (providers/local/hangs.py)
 
     # -- checks -----------------------------------------------------------------
     def capacity(self, trainers: int) -> int:

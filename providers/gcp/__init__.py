@@ -1,6 +1,6 @@
 """Google Cloud provider: Compute Engine VMs for the service, TPU or GPU VMs for trainers, GCS, SSH.
 
-    provisioner.py  GcpProvisioner: the provider contract and its capabilities, delegating to the modules below
+    provider.py  GcpProvider: the provider contract and its capabilities, delegating to the modules below
     state.py        what a deployment keeps on Google Cloud (typed, in the run's state file; old files converted)
     context.py      one deployment as every step works on it: settings, API clients, SSH, built once
     vms.py          the run's VMs: recorded, created, bootstrapped, version-checked; deleted, confirmed
@@ -10,7 +10,7 @@
     handoff.py      a run handed to a supervisor on its dispatcher VM (HandsOff)
     teardown.py     `down`: stopped, brought home, deleted and confirmed gone
     plan.py         what `dsctl up --dry-run` shows, and the question before anything bills (Plans)
-    sweep.py        a run's resources and record found by label, with no local state (FindsByLabel)
+    bylabel.py      a run's resources and record found by label, with no local state (FindsByLabel)
     threads.py      doing one thing to many VMs at once, and their events told on the orchestrator's thread
     resources.py    parallel create (one bulk insert for workers), wait for RUNNING, confirmed delete
     compute.py, tpu.py, firewall.py, storage.py   one Google Cloud API each (storage.py: also the spec's folder
@@ -25,11 +25,11 @@ Nothing here imports the Google Cloud libraries at import time (they take about 
 each module imports them where it calls them. Importing this package registers the provider.
 """
 
+from .bylabel import down_by_label, find_by_label
 from .errors import GcpError
 from .plan import Plan, plan
-from .provisioner import GcpProvisioner
+from .provider import GcpProvider
 from .state import GcpCodec, GcpDeployment, GcpNode, Vm
-from .sweep import down_by_label, find_by_label
 
-__all__ = ["GcpCodec", "GcpDeployment", "GcpError", "GcpNode", "GcpProvisioner", "Plan", "Vm", "down_by_label",
+__all__ = ["GcpCodec", "GcpDeployment", "GcpError", "GcpNode", "GcpProvider", "Plan", "Vm", "down_by_label",
            "find_by_label", "plan"]

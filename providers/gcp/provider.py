@@ -1,4 +1,4 @@
-"""The gcp provider: the provider contract (provisioners/contract.py) on Compute Engine VMs, TPU VMs, Cloud Storage
+"""The gcp provider: the provider contract (providers/contract.py) on Compute Engine VMs, TPU VMs, Cloud Storage
 and SSH, with three capabilities: HandsOff (a run supervised on its dispatcher VM), Plans (the machines priced, and
 a question, before anything bills) and FindsByLabel (a run's resources found and deleted with no local state).
 
@@ -36,7 +36,7 @@ from dsctl.specs.schema import JobSpec
 from ..contract import CheckResult, EventSink, HandOffLimits, Poll, TrainerLaunch, TrainerState, Where
 from ..registry import register
 from ..state import Deployment, Node, StateCodec
-from . import accounts, context, handoff, preflight, processes, restore, stage, sweep, teardown, vms
+from . import accounts, bylabel, context, handoff, preflight, processes, restore, stage, teardown, vms
 from .clients import Clients
 from .context import Context
 from .data import root as data_root
@@ -53,7 +53,7 @@ from .threads import parallel
 
 
 @register
-class GcpProvisioner:
+class GcpProvider:
     name: ClassVar[str] = "gcp"
     codec: ClassVar[StateCodec] = GcpCodec()
     stands_in: ClassVar[bool] = False  # its machines are the machine types the spec names
@@ -373,23 +373,23 @@ class GcpProvisioner:
                 echo: Callable[[str], None]) -> bool:
         return ask_first(spec, workers, yes=yes, ask=ask, echo=echo)
 
-    # -- FindsByLabel: a run's resources with no local state (sweep.py) -------------------------------------------
+    # -- FindsByLabel: a run's resources with no local state (bylabel.py) -------------------------------------------
     def looks_there(self, where: Where) -> bool:
-        return sweep.looks_there(where)
+        return bylabel.looks_there(where)
 
     def down_by_label(self, run_id: str, where: Where, log: Callable[[str], None]) -> str:
-        found = sweep.down_where(run_id, where, log)
+        found = bylabel.down_where(run_id, where, log)
         return "nothing found on Google Cloud." if found.empty else f"deleted {found.summary()}"
 
     def run_objects_by_label(self, run_id: str, where: Where) -> RunObjects:
-        return sweep.record_where(run_id, where)
+        return bylabel.record_where(run_id, where)
 
 
 # What the orchestrator calls: a Google Cloud answer none of them expected is one paragraph naming the call.
 for _name in ("check", "up", "wait_ready", "scale_workers", "start_trainers", "restart", "stop_trainers", "down",
               "hand_off", "adopt", "check_supervisor", "launch_servers", "delete_self", "confirm", "check_place",
               "down_by_label", "run_objects_by_label", "supervisor_status"):
-    setattr(GcpProvisioner, _name, explained(getattr(GcpProvisioner, _name)))
+    setattr(GcpProvider, _name, explained(getattr(GcpProvider, _name)))
 
 
 def _cache_mb(spec: JobSpec) -> int:

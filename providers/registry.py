@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .contract import Provider
     from .state import StateCodec
 
-SHIPPED = {"local": "dsctl.provisioners.local", "gcp": "dsctl.provisioners.gcp"}
+SHIPPED = {"local": "dsctl.providers.local", "gcp": "dsctl.providers.gcp"}
 _CLASSES: dict[str, type[Provider]] = {}
 P = TypeVar("P", bound="type[Provider]")
 

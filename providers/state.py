@@ -46,7 +46,7 @@ class ProcessRef:
 
 
 class NodeState:
-    """Base of a provider's own record of a node (e.g. provisioners/local/state.py LocalNode)."""
+    """Base of a provider's own record of a node (e.g. providers/local/state.py LocalNode)."""
 
 
 class DeploymentState:
@@ -121,7 +121,7 @@ class Deployment:
 
 
 class StateCodec(Protocol):
-    """How a provider's own state is read back from a state file (provisioners/<provider>/state.py)."""
+    """How a provider's own state is read back from a state file (providers/<provider>/state.py)."""
 
     def node_state(self, data: dict) -> NodeState: ...
 

@@ -3,7 +3,7 @@
 One SSH command per VM reports each of its processes (remote.status); trainers' new metrics lines
 are then copied into the local files the orchestrator tails, and when a trainer has exited its
 last metrics, ids and log are fetched BEFORE its exit is published, so nothing it wrote is missed.
-The provisioner's poll(), sample() and wait_ready() read the latest snapshot and never block on SSH.
+The provider's poll(), sample() and wait_ready() read the latest snapshot and never block on SSH.
 
 How often each VM is read (the loop runs every INTERVAL_S; each reading costs the supervisor and the
 VM a command over SSH, so the servers' readings are held to a budget that does not grow with the run):
