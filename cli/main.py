@@ -6,6 +6,7 @@ import os
 import shlex
 import time
 from pathlib import Path
+from typing import cast
 
 import typer
 from rich.markup import escape
@@ -128,17 +129,19 @@ def up(
     detached_child: bool = typer.Option(False, "--detached-child", hidden=True),
 ) -> None:
     """Provision the service, run the trainers, measure, record the run, tear everything down."""
-    from dsctl.orchestrator.up import MODES, UpOptions
+    from dsctl.orchestrator.up import UpOptions
     from dsctl.orchestrator.up import up as run_up
+    from dsctl.specs.schema import MODES, Mode
 
     if mode not in MODES:
         fail(f"--mode must be one of {', '.join(MODES)}, got '{mode}'.", EXIT_BAD_INPUT)
+    run_mode = cast(Mode, mode)
     if autoscale is not None and autoscale not in ("cachew", "cpu"):
         fail(f"--autoscale must be cachew or cpu, got '{autoscale}'.", EXIT_BAD_INPUT)
-    loaded = load_job(spec, autoscale=autoscale, workers=workers, mode=mode)
+    loaded = load_job(spec, autoscale=autoscale, workers=workers, mode=run_mode)
     warn(loaded.warnings)
     talk = _Talk(json_out)
-    options = UpOptions(path=spec, workers=workers, mode=mode, detach=detach, autoscale=autoscale, dry_run=dry_run,
+    options = UpOptions(path=spec, workers=workers, mode=run_mode, detach=detach, autoscale=autoscale, dry_run=dry_run,
                         yes=yes, resume=resume, run_id=run_id, detached_child=detached_child)
     try:
         result = run_up(loaded, options, talk, on_sigterm=stop_on_signals)

@@ -33,6 +33,7 @@ from dsctl.orchestrator.preflight import load_job
 from dsctl.orchestrator.run import JobRunner, Progress
 from dsctl.orchestrator.store import RunStore, dsctl_home
 from dsctl.specs import LoadedSpec
+from dsctl.specs.schema import Mode
 
 Log = Callable[[str], None]
 
@@ -187,7 +188,7 @@ def write_spec(out_dir: Path, name: str, text: str) -> LoadedSpec:
 @dataclass
 class JobOutcome:
     run_id: str
-    mode: str
+    mode: Mode
     summary: dict
     trainer_results: dict[int, dict]
     run_dir: Path
@@ -200,7 +201,7 @@ class StopRequested(KeyboardInterrupt):
     """Raised inside a JobRunner (through its listener) to make it tear down as on Ctrl-C."""
 
 
-def run_job(loaded: LoadedSpec, *, mode: str = "service", workers: int | None = None, duration_s: float | None = None,
+def run_job(loaded: LoadedSpec, *, mode: Mode = "service", workers: int | None = None, duration_s: float | None = None,
             repeat: bool = True, parent_id: str | None = None, stop: threading.Event | None = None,
             log: Log | None = None, label: str = "", **extra) -> JobOutcome:
     """One JobRunner run, recorded as a point of the experiment; returns its summary and per-trainer results.

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from dsctl.providers import EventSink, Provider
 from dsctl.specs import JobSpec, LoadedSpec
+from dsctl.specs.schema import Mode
 
 from .store import RunStore
 from .supervision import Supervisor
@@ -22,7 +23,7 @@ from .supervision import Supervisor
 class RunContext:
     loaded: LoadedSpec
     spec: JobSpec  # the run's (its autoscale policy may have changed the client's buffer: not always loaded.spec)
-    mode: str
+    mode: Mode
     run_id: str
     run_dir: Path
     store: RunStore

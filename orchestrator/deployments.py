@@ -36,18 +36,19 @@ from dsctl.providers import (
     Where,
     containment,
     get_provider,
+    load_deployment,
     providers_with,
 )
 from dsctl.providers.containment import Containment
 from dsctl.providers.processes import is_ours, run_processes, stop_groups
-from dsctl.providers.state import DeploymentState
+from dsctl.providers.state import DeploymentState, DeploymentStatus
 from dsctl.specs import LoadedSpec, SpecError
 
 from . import boards, closing, cloudrecord, cloudruns, endings, imports, reconcile
 from . import store as records
 from .store import RunStore, StoreError, dsctl_home
 
-UNREADABLE = "state unreadable"  # the status of a deployment rebuilt from its processes
+UNREADABLE: DeploymentStatus = "state unreadable"  # the status of a deployment rebuilt from its processes
 NAME_MAX = 255  # bytes in one file name on the file systems dsctl runs on: a longer run id names no run dir
 # What keeps `down` from writing a deployment's state once everything is stopped: said, not raised.
 UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
@@ -80,7 +81,7 @@ def active_deployments() -> list[Deployment]:
 def load_or_recover(run_dir: Path) -> Deployment:
     """The deployment in `run_dir`'s state file or, if that cannot be read, one rebuilt from its cgroup and processes."""
     try:
-        return Deployment.load(run_dir)
+        return load_deployment(run_dir)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return recovered(run_dir)
 
@@ -139,7 +140,7 @@ def take_down(dep: Deployment, store: RunStore | None = None) -> list[tuple[str,
     attached_sweep = _sweep_on(dep)  # read before the deployment goes: who was measuring on it
     if dep.monitor is not None:
         stop_groups([dep.monitor], grace_s=20.0)  # a detached monitor tears down its own deployment on SIGTERM
-        dep = Deployment.load(dep.run_dir)
+        dep = load_deployment(dep.run_dir)
     if dep.status == UNREADABLE:
         stop_groups(dep.nodes)
         # Its cgroup's path was in the state file: found by the run's name, and ended with what is left in it

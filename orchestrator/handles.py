@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from dsctl.providers import Deployment, EventSink, Provider, TrainerLaunch, TrainerState
+from dsctl.providers import Deployment, EventSink, Provider, TrainerLaunch, TrainerState, load_deployment
 from dsctl.runtime.sampler import Sample
 
 from .control import ControlClient, ControlServer, DeploymentBusy, SweepLock, process_alive, serving
@@ -99,7 +99,7 @@ class AttachedDeployment:
 
     @property
     def workers(self) -> int:
-        return len(Deployment.load(self.dep.run_dir).by_role("worker"))
+        return len(load_deployment(self.dep.run_dir).by_role("worker"))
 
     def scale(self, workers: int, events: EventSink) -> None:
         self.client.call("scale", answer_s=STARTS_S, workers=workers)
@@ -139,7 +139,7 @@ def _serving(dep: Deployment) -> bool:
     is given a few seconds to start, so a sweep right after `dsctl logs RUN --follow` is not refused."""
     deadline = time.monotonic() + SERVING_GRACE_S
     while not serving(dep.run_dir):
-        state = Deployment.load(dep.run_dir)
+        state = load_deployment(dep.run_dir)
         if state.status != "up" or state.by_role("trainer") or time.monotonic() > deadline:
             return False
         time.sleep(0.1)

@@ -19,6 +19,7 @@ from pathlib import Path
 from dsctl.providers import Deployment, HandsOff, ProcessRef, Provider, TrainerLaunch, get_provider
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 from dsctl.specs.epochs import epoch_findings
+from dsctl.specs.schema import Mode
 
 from . import caching, endings, imports, reconcile
 from .accelerators import trainer_accelerators
@@ -76,7 +77,7 @@ def new_run_id(name: str) -> str:
 class JobRunner:
     """Runs one measurement of one spec in one mode and records it."""
 
-    def __init__(self, loaded: LoadedSpec, *, mode: str = "service", workers: int | None = None,
+    def __init__(self, loaded: LoadedSpec, *, mode: Mode = "service", workers: int | None = None,
                  store: RunStore | None = None, listener: Listener | None = None, kind: str = "job",
                  parent_id: str | None = None, run_id: str | None = None, detached: bool = False,
                  duration_s: float | None = None, repeat: bool = False, record_steps: bool = False,

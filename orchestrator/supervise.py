@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from dsctl.providers import Deployment, HandsOff
+from dsctl.providers import HandsOff, load_deployment
 from dsctl.specs import load_spec_text
 
 from . import cloudrecord
@@ -112,7 +112,7 @@ def supervise(run_dir: Path) -> int:
     store = RunStore()
     if store.get(row["id"]) is None:
         store.put_run_row({**row, "run_dir": str(run_dir)})
-    dep = Deployment.load(run_dir)
+    dep = load_deployment(run_dir)
     dep.run_dir = str(run_dir)  # the state was written on the user's machine, where the run dir is elsewhere
     runner = JobRunner(_loaded(run_dir), run_id=row["id"], store=store, workers=handoff["workers"],
                        autoscale=handoff.get("autoscale"), resume=Resume.from_dict(handoff.get("resume")))

@@ -24,6 +24,7 @@ from dsctl.costmodel.estimate import usage_from_spec
 from dsctl.providers import Capacity, Deployment, Provider, TrainerLaunch, get_provider
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 from dsctl.specs.calibration import Calibration
+from dsctl.specs.schema import Mode
 
 from . import closing
 from .accelerators import trainer_accelerators
@@ -201,7 +202,7 @@ class SweepRunner:
         yield
         self.timings[phase] = time.monotonic() - t0
 
-    def _measure_baselines(self, measure: Callable[[str], dict]) -> None:
+    def _measure_baselines(self, measure: Callable[[Mode], dict]) -> None:
         """The colocated and ideal baselines not already known (e.g. from a calibration), each measured once."""
         with self._timed("baselines_s"):
             for mode in ("colocated", "ideal"):
@@ -237,7 +238,7 @@ class SweepRunner:
         with self._timed("deployment_s"):
             handle = self._deployment(counts[0])
         try:
-            def measure_baseline(mode: str) -> dict:
+            def measure_baseline(mode: Mode) -> dict:
                 tails = self._start_trainers(handle, mode)
                 measured = self._baseline_from(self._measure_point(handle, tails, 0, mode))
                 handle.stop_trainers()
@@ -256,7 +257,7 @@ class SweepRunner:
             self._phase("tearing down")
             handle.release(self._event)
 
-    def _start_trainers(self, handle, mode: str) -> dict[int, JsonlTail]:
+    def _start_trainers(self, handle, mode: Mode) -> dict[int, JsonlTail]:
         """Trainers that read until stopped, in `mode`, on the sweep's deployment."""
         launch = TrainerLaunch(
             mode=mode, spec_json=self.run_dir / "spec.json", metrics_dir=self.run_dir / "metrics" / mode,
@@ -295,7 +296,7 @@ class SweepRunner:
         return OwnedDeployment(self.provider, dep,
                                Supervisor(self.provider, dep, self.spec.service.fault_tolerant, self._event))
 
-    def _measure_point(self, handle, tails: dict[int, JsonlTail], workers: int, mode: str):
+    def _measure_point(self, handle, tails: dict[int, JsonlTail], workers: int, mode: Mode):
         """Discard the warm-up after a change, then record one window as a point run."""
         point_id = new_run_id(f"{self.spec.name}-{mode if workers == 0 else f'w{workers}'}")
         start = time.time() + self.opt.warmup_s

@@ -24,13 +24,12 @@ from typing import Protocol
 from dsctl.errors import DsctlError, signum_of
 from dsctl.providers import HandsOff, Plans, get_provider
 from dsctl.specs import LoadedSpec, SpecError
+from dsctl.specs.schema import Mode
 
 from .outcome import Interrupted
 from .resume import Resume, plan_resume
 from .run import JobRunner, Progress, new_run_id
 from .store import RunRecord, RunStore, dsctl_home
-
-MODES = ("service", "colocated", "ideal")
 
 
 class Conversation(Protocol):
@@ -53,7 +52,7 @@ class Conversation(Protocol):
 class UpOptions:
     path: Path  # the spec file (a detached `dsctl up` reads it again)
     workers: int | None = None
-    mode: str = "service"
+    mode: Mode = "service"
     detach: bool = False
     autoscale: str | None = None
     dry_run: bool = False

@@ -29,11 +29,10 @@ from .contract import (
     TrainerState,
     Where,
 )
-from .registry import get_provider, providers_with, register
+from .registry import get_provider, load_deployment, providers_with, register
 from .state import STATE_FILE, Deployment, Node, ProcessRef
 
 __all__ = ["Capacity", "CheckResult", "ChecksPlace", "Contains", "Contents", "Deployment", "EventSink", "FindsByLabel",
-           "HandOffLimits", "HandsOff",
-           "MachineBack", "MachineLost", "Node", "Outage", "Plans", "Poll", "ProcessRef", "Provider", "RunObjects",
-           "STATE_FILE", "ServerExit", "TrainerLaunch", "TrainerState", "Where", "get_provider", "providers_with",
-           "register"]
+           "HandOffLimits", "HandsOff", "MachineBack", "MachineLost", "Node", "Outage", "Plans", "Poll", "ProcessRef",
+           "Provider", "RunObjects", "STATE_FILE", "ServerExit", "TrainerLaunch", "TrainerState", "Where", "get_provider",
+           "load_deployment", "providers_with", "register"]

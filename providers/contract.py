@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal, Protocol, runtime_checkable
 
+from dsctl.costmodel.machines import Accelerator
 from dsctl.runtime.sampler import Sample
 from dsctl.specs import SpecError
-from dsctl.specs.schema import JobSpec
+from dsctl.specs.schema import JobSpec, Mode
 
 from .state import Deployment, Node, StateCodec
 
@@ -46,7 +47,7 @@ EventSink = Callable[[str, str], None]  # (kind, message), e.g. ("worker-restart
 class TrainerLaunch:
     """What to run on the trainer machines for one measurement."""
 
-    mode: str  # service | colocated | ideal
+    mode: Mode
     spec_json: Path
     metrics_dir: Path
     base_dir: Path
@@ -59,7 +60,7 @@ class TrainerLaunch:
     window_s: float | None = None  # metrics window override (sweeps align measurements to short windows)
     record_steps: bool = False  # per-batch timings and token counts, for modelling synchronous training
     cpus: list[int] | None = None  # pin trainer processes to these cores (local provider)
-    accelerator: str = "none"  # none | gpu | tpu: what the trainer machine has, for the keras model's strategy
+    accelerator: Accelerator = "none"  # what the trainer machine has, for the keras model's strategy
     accelerators: int = 0  # how many (GPUs, TPU devices) per trainer machine
     # The run's checkpoint folder, and the one of the run it resumes (a local path or gs://);
     # each trainer is given its own folder below them (trainer_checkpoint_dir).

@@ -9,11 +9,13 @@ local runs never need it). A provider written elsewhere (a test's toy, a plugin)
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
+
+from .state import Deployment, StateCodec
 
 if TYPE_CHECKING:
     from .contract import Provider
-    from .state import StateCodec
 
 SHIPPED = {"local": "dsctl.providers.local", "gcp": "dsctl.providers.gcp"}
 _CLASSES: dict[str, type[Provider]] = {}
@@ -46,6 +48,12 @@ def codec_of(name: str) -> StateCodec | None:
     """How the named provider's state is read back; None for a provider this dsctl does not have."""
     cls = provider_class(name)
     return cls.codec if cls is not None else None
+
+
+def load_deployment(run_dir: str | Path) -> Deployment:
+    """The deployment in `run_dir`'s state file, its provider's own state typed by that provider's codec (and a state
+    file written before the typed state converted by it): what `dsctl down` in a new process reads."""
+    return Deployment.load(run_dir, codec_of)
 
 
 def names() -> list[str]:

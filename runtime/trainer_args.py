@@ -12,8 +12,9 @@ import os
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
+from dsctl.specs.schema import MODES
+
 ENV_VAR = "DSCTL_TRAINER"
-MODES = ("service", "colocated", "ideal")
 
 
 @dataclass(frozen=True)

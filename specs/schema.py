@@ -26,6 +26,10 @@ ProcessingMode = Literal[
     "off", "dynamic", "file", "data", "file_or_data", "hint",
 ]
 PROCESSING_MODES = get_args(ProcessingMode)
+# How a run reads its pipeline: through the tf.data service, in the trainer process (the paper's baseline), or
+# ideal input that never stalls (§4.1).
+Mode = Literal["service", "colocated", "ideal"]
+MODES: tuple[Mode, ...] = get_args(Mode)
 BuiltinPipeline = Literal["synthetic", "images", "text"]
 BUILTIN_PIPELINES = get_args(BuiltinPipeline)
 ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")

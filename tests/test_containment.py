@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dsctl.providers import Deployment
+from dsctl.providers import Deployment, load_deployment
 from dsctl.providers.containment import (
     CHECK_PREFIX,
     CONTAINMENT_ENV,
@@ -241,7 +241,7 @@ def test_the_run_says_whether_its_processes_are_contained(home, tmp_path, monkey
     p = LocalProvider()
     try:
         p.up(loaded.spec, dep, 1, lambda kind, message: events.append((kind, message)))
-        again = Deployment.load(run_dir)  # what `dsctl down` in a new process reads
+        again = load_deployment(run_dir)  # what `dsctl down` in a new process reads
         group = container_of(again.state)
         if how == "auto":
             assert group is not None and group.path.name == "dsctl-run-contained-1"
@@ -320,7 +320,7 @@ def test_a_daemon_of_a_users_script_is_counted_and_stopped_by_down_after_its_run
     try:
         wait_for(lambda: started.exists() and len(daemons(mark)) == 2, timeout=120, what="the script's daemons")
         [run_dir] = (home / "runs").iterdir()
-        dep = wait_for(lambda: (d := Deployment.load(run_dir)).by_role("trainer")[0].pid and d, timeout=30,
+        dep = wait_for(lambda: (d := load_deployment(run_dir)).by_role("trainer")[0].pid and d, timeout=30,
                        what="the trainer's pid in the state file")
         [trainer] = dep.by_role("trainer")
         up.kill()

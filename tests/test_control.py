@@ -23,7 +23,7 @@ import pytest
 from dsctl.orchestrator.control import ControlClient, ControlError, ControlServer, DeploymentBusy, SweepLock, control_dir
 from dsctl.orchestrator.handles import AttachedDeployment, _AbandonedSweeps
 from dsctl.orchestrator.outcome import RunFailed
-from dsctl.providers import Deployment, Node, ProcessRef
+from dsctl.providers import Deployment, Node, ProcessRef, load_deployment
 from helpers import wait_for
 
 CALLER = """
@@ -40,7 +40,7 @@ SWEEP = """
 import sys, time
 from dsctl.orchestrator.handles import AttachedDeployment
 from dsctl.providers import Deployment
-AttachedDeployment.claim(Deployment.load(sys.argv[1]), "sweep-killed")
+AttachedDeployment.claim(load_deployment(sys.argv[1]), "sweep-killed")
 print("held", flush=True)
 time.sleep(600)
 """
@@ -299,7 +299,7 @@ class FakeHandle:
     """The monitor's own deployment, as _AbandonedSweeps acts on it (the provider is tested elsewhere)."""
 
     def __init__(self, run_dir: Path, workers: int):
-        self.dep, self.workers, self.calls = Deployment.load(run_dir), workers, []
+        self.dep, self.workers, self.calls = load_deployment(run_dir), workers, []
 
     def stop_trainers(self):
         self.calls.append("stop_trainers")

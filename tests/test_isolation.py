@@ -28,7 +28,7 @@ import psutil
 import pytest
 
 from dsctl.orchestrator.store import RunStore
-from dsctl.providers import Deployment
+from dsctl.providers import Deployment, load_deployment
 from dsctl.providers.local.provider import LocalProvider
 from dsctl.providers.processes import is_ours
 from dsctl.runtime.readiness import read_json
@@ -80,7 +80,7 @@ def _deployment_with(home: Path, role: str, skip: set[str] = frozenset()) -> Dep
             if run_dir.name in skip:
                 continue
             try:
-                dep = Deployment.load(run_dir)
+                dep = load_deployment(run_dir)
             except (OSError, ValueError):
                 continue
             if dep.by_role(role) and all(n.pid for n in dep.by_role(role)):
@@ -92,7 +92,7 @@ def _deployment_with(home: Path, role: str, skip: set[str] = frozenset()) -> Dep
 def _training(run_dir: Path) -> Deployment:
     metrics = run_dir / "metrics" / "trainer-0.jsonl"
     wait_for(lambda: metrics.exists() and '"window"' in metrics.read_text(), timeout=150, what="training to start")
-    return Deployment.load(run_dir)
+    return load_deployment(run_dir)
 
 
 def _isolation(dep: Deployment) -> dict:

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dsctl.providers import Deployment, ProcessRef
+from dsctl.providers import ProcessRef, load_deployment
 from dsctl.providers.local.state import Isolation, LocalDeployment, LocalNode
 
 RUN = "legacy-local-0001"
@@ -40,7 +40,7 @@ def legacy_run(home: Path, pids: dict[str, psutil.Process] | None = None) -> Pat
 
 def test_an_old_local_state_file_reads_as_typed_state(tmp_path):
     run_dir = legacy_run(tmp_path)
-    dep = Deployment.load(run_dir)
+    dep = load_deployment(run_dir)
     assert [(n.role, n.index) for n in dep.nodes] == [("dispatcher", 0), ("worker", 0), ("worker", 1), ("trainer", 0)]
     assert all(isinstance(n.state, LocalNode) for n in dep.nodes)
     assert dep.monitor == ProcessRef(pid=381502, pgid=381502, create_time=1764146912.41, log=f"{run_dir}/up.log")
@@ -64,7 +64,7 @@ def test_an_old_local_state_file_reads_as_typed_state(tmp_path):
     # Saved again, it is in today's form, and reads back the same.
     dep.save()
     assert '"extra"' not in (run_dir / "state.json").read_text()
-    assert Deployment.load(run_dir) == dep
+    assert load_deployment(run_dir) == dep
 
 
 @pytest.mark.integration
@@ -87,7 +87,7 @@ def test_dsctl_down_of_an_old_local_state_file_stops_every_process_it_names(home
         assert said == [f"{RUN}: down"]
         for key, proc in procs.items():
             assert not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE, f"{key} (pid {proc.pid}) still runs"
-        dep = Deployment.load(run_dir)
+        dep = load_deployment(run_dir)
         assert dep.status == "down"
     finally:
         for p in popens.values():

@@ -24,7 +24,7 @@ from .keys import KeyPair, ensure_key_pair, key_dir, load_key_pair
 from .resources import Fleet
 from .settings import GcpSettings, check_credentials
 from .ssh import Ssh
-from .state import GcpDeployment, of
+from .state import GcpDeployment, GcpNode, of
 from .watch import Watcher
 
 
@@ -89,7 +89,7 @@ class Context:
     def fleet(self, events: EventSink, *, cancellable: bool = True) -> Fleet:
         """The run's resources through the APIs; a deletion is not cancellable (it must finish)."""
         tpus = any(vm.kind == "tpu" for vm in self.state.trainer_vms.values()) or any(
-            getattr(n.state, "vm", None) is not None and n.state.vm.kind == "tpu" for n in self.dep.nodes)
+            isinstance(n.state, GcpNode) and n.state.vm.kind == "tpu" for n in self.dep.nodes)
         return Fleet(self.clients, self.dep.run_id, self.cancel if cancellable else None,
                      log=lambda msg: events("cloud", msg), tpus=tpus)
 

@@ -9,6 +9,9 @@ the way Compute Engine does. It imports nothing of this provider, so every modul
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+VmKind = Literal["cpu", "gpu", "tpu"]  # how a VM is created, and the software it gets
 
 # What the cost model's machine shapes call a GPU -> Compute Engine's accelerator type.
 GPU_TYPES = {
@@ -23,7 +26,7 @@ GPU_TYPES = {
 
 @dataclass(frozen=True)
 class MachineKind:
-    kind: str  # "cpu" | "gpu" | "tpu"
+    kind: VmKind
     accelerator: str | None = None  # GCE accelerator type (gpu) or TPU accelerator type (tpu)
     count: int = 0
 

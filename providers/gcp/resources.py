@@ -23,9 +23,11 @@ from collections.abc import Set as AbstractSet
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
+from ..state import Role
 from . import compute, firewall, operations, tpu
 from .clients import Clients
 from .errors import CloudTimeout, GcpError, QuotaExceeded, RemoteError, ZoneExhausted, describe, from_api_error
+from .machinetypes import VmKind
 from .naming import firewall_names, prefix, run_filter
 from .retry import Cancelled
 
@@ -37,11 +39,11 @@ MAX_THREADS = 128
 class Machine:
     """One VM to create: its node in the deployment and how to build it."""
 
-    role: str  # dispatcher | worker | trainer
+    role: Role
     index: int
     name: str
     vm: compute.VmConfig
-    kind: str = "cpu"  # cpu | gpu | tpu
+    kind: VmKind = "cpu"
 
 
 @dataclass

@@ -15,9 +15,14 @@ GcpCodec.from_legacy.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from ..state import Deployment, DeploymentState, Node, NodeState, from_dict, legacy_monitor
+from .machinetypes import VmKind
 from .settings import GcpSettings
+
+VmStatus = Literal["creating", "created", "running"]  # asked for; the API made it; running, its addresses known
+RuleStatus = Literal["creating", "created"]
 
 
 @dataclass
@@ -25,9 +30,9 @@ class Vm:
     """One VM (or TPU VM) of the run, recorded before it is created."""
 
     name: str  # the instance's (or TPU node's) name: naming.instance_name(run, role, index)
-    kind: str = "cpu"  # cpu | gpu | tpu (machinetypes.py): how it is created, and the software it gets
+    kind: VmKind = "cpu"  # how it is created, and the software it gets (machinetypes.py)
     machine: str = ""  # the machine type as the spec names it (n2-standard-8, tpu-v2-8)
-    status: str = "creating"  # creating (asked for) | created (the API made it) | running (its addresses known)
+    status: VmStatus = "creating"
     dir: str = ""  # the directory of its node's process on it (remote.Layout)
     internal_ip: str | None = None  # where the run's other VMs reach it (the service's addresses)
     external_ip: str | None = None  # its ephemeral external address (gcp.public_ips)
@@ -64,7 +69,7 @@ class FirewallRule:
     """One of the run's firewall rules (firewall.run_rules), recorded before it is created."""
 
     name: str
-    status: str = "creating"  # creating | created
+    status: RuleStatus = "creating"
 
 
 @dataclass
@@ -146,17 +151,17 @@ def of(dep: Deployment) -> GcpDeployment:
 
 
 # -- reading it back -----------------------------------------------------------------------------------------------
-def _vm(data: dict) -> Vm:
+def _vm(data: dict[str, Any]) -> Vm:
     return from_dict(Vm, data)
 
 
 class GcpCodec:
     """How the state above is read back from a state file (providers/state.py Deployment.load)."""
 
-    def node_state(self, data: dict) -> GcpNode:
+    def node_state(self, data: dict[str, Any]) -> GcpNode:
         return from_dict(GcpNode, {**data, "vm": _vm(data["vm"])})
 
-    def deployment_state(self, data: dict) -> GcpDeployment:
+    def deployment_state(self, data: dict[str, Any]) -> GcpDeployment:
         supervisor = data.get("supervisor")
         return GcpDeployment(
             settings=GcpSettings.from_dict(data["settings"]),
@@ -171,7 +176,7 @@ class GcpCodec:
             login=from_dict(Login, data["login"]) if data.get("login") else None,
         )
 
-    def from_legacy(self, data: dict) -> dict:
+    def from_legacy(self, data: dict[str, Any]) -> dict[str, Any]:
         """Before typed state: each node's details in its `extra` dict; the settings, staged software and trainer VMs
         in a `gcp` pseudo-node; each firewall rule a `firewall` node; a hand-over a `supervisor` node."""
         data = legacy_monitor(data)
@@ -203,14 +208,14 @@ class GcpCodec:
         return {**data, "nodes": nodes, "state": state}
 
 
-def _legacy_vm_dict(extra: dict) -> dict:
+def _legacy_vm_dict(extra: dict[str, Any]) -> dict[str, Any]:
     """An old node's (or trainer VM's) VM details: its `state` is the VM's status."""
     vm = {k: extra.get(k) for k in ("dir", "internal_ip", "external_ip", "host", "tensorflow")}
     return {**vm, "name": extra["instance"], "kind": extra.get("kind", "cpu"), "machine": extra.get("machine", ""),
             "status": extra.get("state", "creating"), "deleting": bool(extra.get("deleting"))}
 
 
-def _legacy_node_dict(extra: dict) -> dict:
+def _legacy_node_dict(extra: dict[str, Any]) -> dict[str, Any]:
     process = ("remote_pid", "start_time", "launched_at", "port", "ready", "cache_mb", "fault_tolerant", "steps", "ids")
     return {"vm": _legacy_vm_dict(extra), **{k: extra[k] for k in process if k in extra}}
 

@@ -18,7 +18,7 @@ from dsctl.costmodel import dispatcher_provisioning
 from dsctl.specs.schema import JobSpec
 
 from ..contract import EventSink
-from ..state import Deployment, Node
+from ..state import Deployment, Node, Role
 from . import compute, firewall, lifetime, naming, remote, starter, startup, versions, watchdog
 from .context import Context
 from .errors import CloudTimeout, RemoteError
@@ -49,7 +49,7 @@ def metadata(ctx: Context, kind: str, role: str = "worker") -> dict:
     return md
 
 
-def record(ctx: Context, spec: JobSpec, role: str, indices: list[int], machine: str,
+def record(ctx: Context, spec: JobSpec, role: Role, indices: list[int], machine: str,
            supervisor: bool = False) -> list[Machine]:
     """Record nodes for VMs about to be created (the caller saves before any API call) and return what to create.
     Every Compute Engine VM is deleted by Compute Engine after lifetime.max_run_s (TPU VMs have no such limit), and

@@ -231,6 +231,7 @@ class LocalProvider:
     def _dep_state(dep: Deployment) -> LocalDeployment:
         if dep.state is None:
             dep.state = LocalDeployment()
+        assert isinstance(dep.state, LocalDeployment), f"run {dep.run_id} is not a local deployment"
         return dep.state
 
     def _resolve(self, dep: Deployment) -> None:

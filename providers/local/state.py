@@ -8,6 +8,7 @@ in a new process finds the launcher, every process it forked, and (in the cgroup
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..containment import Containment
 from ..state import DeploymentState, NodeState, ProcessRef, from_dict, legacy_monitor
@@ -49,10 +50,10 @@ class LocalDeployment(DeploymentState):
 
 
 class LocalCodec:
-    def node_state(self, data: dict) -> LocalNode:
+    def node_state(self, data: dict[str, Any]) -> LocalNode:
         return from_dict(LocalNode, data)
 
-    def deployment_state(self, data: dict) -> LocalDeployment:
+    def deployment_state(self, data: dict[str, Any]) -> LocalDeployment:
         isolation = data.get("isolation")
         launcher = data.get("launcher")
         container = data.get("container")
@@ -60,7 +61,7 @@ class LocalCodec:
                                isolation=from_dict(Isolation, isolation) if isolation else None,
                                container=from_dict(Containment, container) if container else None)
 
-    def from_legacy(self, data: dict) -> dict:
+    def from_legacy(self, data: dict[str, Any]) -> dict[str, Any]:
         """Before typed state: every detail in a node's `extra`, the launcher a `launcher` pseudo-node."""
         data = legacy_monitor(data)
         nodes, state = [], {}

@@ -27,7 +27,7 @@ from conftest import BUCKET, CALLER, PROJECT, ZONE, gcp_spec
 
 from dsctl.orchestrator.run import JobRunner, RunFailed
 from dsctl.orchestrator.store import RunStore
-from dsctl.providers import Deployment
+from dsctl.providers import load_deployment
 from dsctl.providers.gcp import down_by_label, find_by_label
 from dsctl.specs import load_spec
 from helpers import dsctl, processes_under, wait_for
@@ -73,7 +73,7 @@ def test_a_quota_too_small_for_the_workers_leaves_nothing_and_names_the_quota(cl
     assert {"key": "install-nvidia-driver", "value": "True"} in gpu["metadata"]["items"]
     assert cloud.counts() == NOTHING and staged(runner.run_id) == []
     assert RunStore().get(runner.run_id).status == "failed"
-    dep = Deployment.load(runner.run_dir)
+    dep = load_deployment(runner.run_dir)
     assert dep.status == "down" and not dep.nodes and not dep.state.firewalls
 
 
@@ -252,7 +252,7 @@ def test_kill_9_then_dsctl_down_from_state(cloud, sshd, home, tmp_path):
     proc = dsctl("down", run_id, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert cloud.counts() == NOTHING and staged(run_id) == []
-    dep = Deployment.load(home / "runs" / run_id)
+    dep = load_deployment(home / "runs" / run_id)
     assert dep.status == "down" and not dep.nodes and not dep.state.firewalls
     # `down` stopped the servers over SSH and brought their logs home before deleting the VMs.
     assert (home / "runs" / run_id / "logs" / "dispatcher-0.log").exists()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from conftest import PROJECT, ZONE
 
-from dsctl.providers import Deployment
+from dsctl.providers import load_deployment
 from dsctl.providers.gcp import GcpDeployment, GcpNode, GcpProvider, Vm
 from dsctl.providers.gcp.state import FirewallRule, RemoteProcess
 
@@ -35,7 +35,7 @@ def legacy_run(home: Path) -> Path:
 
 def test_an_old_state_file_reads_as_typed_state(tmp_path):
     run_dir = legacy_run(tmp_path)
-    dep = Deployment.load(run_dir)
+    dep = load_deployment(run_dir)
     assert [(n.role, n.index) for n in dep.nodes] == [("dispatcher", 0), ("worker", 0), ("worker", 1), ("trainer", 0)]
     assert [n.state.vm.name for n in dep.nodes] == VMS and all(isinstance(n.state, GcpNode) for n in dep.nodes)
     state = dep.state
@@ -65,7 +65,7 @@ def test_an_old_state_file_reads_as_typed_state(tmp_path):
     # Saved again, it is in today's form, and reads back the same.
     dep.save()
     assert '"extra"' not in (run_dir / "state.json").read_text()
-    assert Deployment.load(run_dir) == dep
+    assert load_deployment(run_dir) == dep
 
 
 def test_down_of_an_old_state_file_deletes_every_vm_and_rule_in_it(cloud, home):
@@ -78,7 +78,7 @@ def test_down_of_an_old_state_file_deletes_every_vm_and_rule_in_it(cloud, home):
                         _machine(RUN, "trainer", 0, "tpu-v2-8")], _rules(RUN))
     assert cloud.counts() == {"instances": 3, "firewalls": 2, "tpus": 1}
     run_dir = legacy_run(home)
-    dep = Deployment.load(run_dir)
+    dep = load_deployment(run_dir)
     assert handed_off(dep), "`dsctl down` asks the run's supervisor to stop first"
     events = []
     GcpProvider().down(dep, lambda kind, message: events.append((kind, message)))
@@ -87,6 +87,6 @@ def test_down_of_an_old_state_file_deletes_every_vm_and_rule_in_it(cloud, home):
     assert set(VMS + RULES) <= set(deleted), deleted
     done = [message for kind, message in events if kind == "down"]
     assert len(done) == 1 and "found by label" not in done[0], done
-    dep = Deployment.load(run_dir)
+    dep = load_deployment(run_dir)
     assert dep.status == "down" and not dep.nodes
     assert not dep.state.firewalls and not dep.state.trainer_vms

@@ -23,7 +23,7 @@ import pytest
 from conftest import BUCKET, PROJECT, ZONE, gcp_spec
 
 from dsctl.orchestrator.store import RunStore
-from dsctl.providers import Deployment
+from dsctl.providers import load_deployment
 from dsctl.providers.gcp import GcpProvider
 from helpers import processes_under, wait_for
 
@@ -152,7 +152,7 @@ def test_an_attached_run_whose_dsctl_is_gone_is_torn_down_after_the_outage_limit
     up = subprocess.Popen([sys.executable, "-m", "dsctl.cli.main", "up", str(spec), "--yes"], stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
     run_dir = wait_for(lambda: next(iter((home / "runs").glob("*/state.json")), None), timeout=60, what="a run dir").parent
-    wait_for(lambda: GcpProvider().handed_off(Deployment.load(run_dir)), timeout=120, what="the hand-over")
+    wait_for(lambda: GcpProvider().handed_off(load_deployment(run_dir)), timeout=120, what="the hand-over")
     time.sleep(5)
     up.kill()
     up.wait(30)
