@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dsctl.costmodel.money import usd
+from dsctl.orchestrator.records import CacheStorage
 
 # Piped output (logs, CI, scripts) gets wide tables instead of rich's 80-column default.
 console = Console(highlight=False, soft_wrap=True,
@@ -33,15 +34,15 @@ def money(value: float | None) -> str:
     return usd(value)
 
 
-def cache_text(cache: dict, catalog: str) -> str:
+def cache_text(cache: CacheStorage, catalog: str) -> str:
     """One line on a run's autocache cache (orchestrator.pricing.cache_storage): its size, where, and what
     keeping it costs, which is billed by the month and so shown apart from the run's total."""
-    how = "written by this run" if cache["state"] == "put" else "read by this run"
-    size = f"{cache['gb'] * 1e3:.3g} MB" if cache["gb"] < 1 else f"{cache['gb']:.3g} GB"
-    where = f"{size} on {cache['kind']} ({how}, {cache['path']})"
-    if cache.get("per_month") is None:
-        return f"{where}; not priced: {catalog} has no {cache['kind']} storage price"
-    return (f"{where}; {money(cache['per_month'])} per month while kept at ${cache['gb_month']:g}/GB-month "
+    how = "written by this run" if cache.state == "put" else "read by this run"
+    size = f"{cache.gb * 1e3:.3g} MB" if cache.gb < 1 else f"{cache.gb:.3g} GB"
+    where = f"{size} on {cache.kind} ({how}, {cache.path})"
+    if cache.per_month is None or cache.gb_month is None:
+        return f"{where}; not priced: {catalog} has no {cache.kind} storage price"
+    return (f"{where}; {money(cache.per_month)} per month while kept at ${cache.gb_month:g}/GB-month "
             f"({catalog}), not in the total")
 
 

@@ -29,9 +29,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from dsctl.costmodel.money import usd
+from dsctl.orchestrator.home import dsctl_home
 from dsctl.orchestrator.preflight import load_job
+from dsctl.orchestrator.records import RunSummary
 from dsctl.orchestrator.run import JobRunner, Progress
-from dsctl.orchestrator.store import RunStore, dsctl_home
+from dsctl.orchestrator.store import RunStore
 from dsctl.specs import LoadedSpec
 from dsctl.specs.schema import Mode
 
@@ -189,7 +191,7 @@ def write_spec(out_dir: Path, name: str, text: str) -> LoadedSpec:
 class JobOutcome:
     run_id: str
     mode: Mode
-    summary: dict
+    summary: RunSummary
     trainer_results: dict[int, dict]
     run_dir: Path
 
@@ -226,7 +228,7 @@ def run_job(loaded: LoadedSpec, *, mode: Mode = "service", workers: int | None =
     runner.run()
     store = runner.store
     record = store.recorded(runner.run_id)
-    outcome = JobOutcome(run_id=runner.run_id, mode=mode, summary=record.summary,
+    outcome = JobOutcome(run_id=runner.run_id, mode=mode, summary=record.job,
                          trainer_results=store.trainer_results(runner.run_id), run_dir=runner.run_dir)
     if log:
         bps = outcome.get("batches_per_s")

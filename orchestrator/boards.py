@@ -29,7 +29,8 @@ from dsctl.runtime.logtail import tail
 from dsctl.specs import SpecError
 
 from .boardserver import BOARD_ENV
-from .store import RunStore, dsctl_home
+from .home import dsctl_home
+from .store import RunStore
 
 BOARDS = "boards"
 DEFAULT_PORT = 6006

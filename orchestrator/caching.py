@@ -21,9 +21,9 @@ from dsctl.providers import Deployment, TrainerLaunch
 from dsctl.specs import SpecError
 
 from .context import RunContext
+from .home import dsctl_home
 from .outcome import RunFailed
 from .policies.autocache import decide, hints_from_points
-from .store import dsctl_home
 from .tail import JsonlTail
 
 PROFILE_TIMEOUT_S = 300.0

@@ -20,7 +20,8 @@ from typing import TypeGuard
 from dsctl.providers import Deployment, HandsOff, get_provider
 
 from . import cloudrecord
-from .store import RunStore, dsctl_home
+from .home import dsctl_home
+from .store import RunStore
 
 IMPORTED = "cloud-parts.json"  # in the run dir: the record's parts already imported here
 STOP_WAIT_S = 300.0

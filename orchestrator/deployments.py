@@ -44,9 +44,10 @@ from dsctl.providers.processes import is_ours, run_processes, stop_groups
 from dsctl.providers.state import DeploymentState, DeploymentStatus
 from dsctl.specs import LoadedSpec, SpecError
 
-from . import boards, closing, cloudrecord, cloudruns, endings, imports, reconcile
+from . import boards, closing, cloudrecord, cloudruns, endings, home, imports, reconcile
 from . import store as records
-from .store import RunStore, StoreError, dsctl_home
+from .home import dsctl_home
+from .store import RunStore, StoreError
 
 UNREADABLE: DeploymentStatus = "state unreadable"  # the status of a deployment rebuilt from its processes
 NAME_MAX = 255  # bytes in one file name on the file systems dsctl runs on: a longer run id names no run dir
@@ -151,7 +152,7 @@ def take_down(dep: Deployment, store: RunStore | None = None) -> list[tuple[str,
             try:
                 group.end(grace_s=containment.STRAY_GRACE_S)
             except (OSError, TimeoutError) as exc:
-                records.notices.warning(f"run {dep.run_id}: its cgroup {group.path} could not be ended ({exc}); "
+                home.notices.warning(f"run {dep.run_id}: its cgroup {group.path} could not be ended ({exc}); "
                                         f"`dsctl down {dep.run_id}` tries again")
     else:
         provider = get_provider(dep.provider)
@@ -168,8 +169,8 @@ def take_down(dep: Deployment, store: RunStore | None = None) -> list[tuple[str,
         except OSError as exc:
             if exc.errno not in UNWRITABLE:
                 raise
-            records.notices.warning(f"run {dep.run_id} is down, but its state in {dep.run_dir} could not be written "
-                                    f"({exc.strerror}): {records.remedy(exc, dep.run_dir)}, then `dsctl down {dep.run_id}` "
+            home.notices.warning(f"run {dep.run_id} is down, but its state in {dep.run_dir} could not be written "
+                                    f"({exc.strerror}): {home.remedy(exc, dep.run_dir)}, then `dsctl down {dep.run_id}` "
                                     "again records how it ended.")
             return said
     try:
@@ -178,7 +179,7 @@ def take_down(dep: Deployment, store: RunStore | None = None) -> list[tuple[str,
         closing.close_records(store, dep, monitor_gone=monitor_gone, attached_sweep=attached_sweep,
                               teardown=[(k, m) for k, m in said if k != "down"])
     except StoreError as exc:
-        records.notices.warning(f"run {dep.run_id} is down, but {exc}")
+        home.notices.warning(f"run {dep.run_id} is down, but {exc}")
     return said
 
 

@@ -28,7 +28,9 @@ from dsctl.runtime.readiness import write_json_atomic
 from dsctl.specs import SpecError
 
 from . import closing
-from .store import RunRecord, RunStore, StoreError, dsctl_home
+from .home import dsctl_home
+from .records import RunRecord
+from .store import RunStore, StoreError
 
 RUN_FILE = "run.json"  # the run's row as first recorded
 KEPT_DB = "records.db"  # the run's record, kept in its run dir when runs.db could not be made again

@@ -22,7 +22,8 @@ from dsctl.specs.errors import dotted
 from dsctl.specs.schema import JobSpec
 
 from .checkpoints import Latest, latest, run_checkpoint_dir, trainer_dirs
-from .store import RunRecord, RunStore
+from .records import RunRecord
+from .store import RunStore
 
 SAME_JOB = (("pipeline",), ("trainer", "model"), ("trainer", "count"))  # what a checkpoint depends on
 

@@ -26,12 +26,14 @@ from .accelerators import trainer_accelerators
 from .autoscaling import TrainerWindows, leave_queue_room
 from .checkpoints import run_checkpoint_dir, saved_step
 from .context import RunContext
+from .home import dsctl_home, remedy
 from .outcome import Outcome, RunFailed, TakenDown
 from .policies import Observation
 from .preflight import check_autoscale
 from .pricing import cost_summary
+from .records import Ending, RunSummary
 from .resume import Resume
-from .store import FULL_BELOW, RunStore, dsctl_home, remedy
+from .store import FULL_BELOW, RunStore
 from .summary import epoch_line, epoch_note, summarize_run
 from .supervision import Supervisor
 from .tail import JsonlTail, trainer_metrics
@@ -114,7 +116,7 @@ class JobRunner:
         self.record_steps = record_steps  # per-batch records (experiments model synchronous training from them)
         self._results: dict[int, dict] = {}  # each trainer's end record, also kept here in case the store defers it
         self._stopped_s: dict[str, float] = {}  # role -> VM-seconds stopped (preempted VMs are not billed meanwhile)
-        self.summary: dict = {}
+        self.summary = RunSummary()
         self.trainer_spec_json: Path | None = None  # the spec the trainers get, when autocache decided a mode
         self.autocache_summary: dict | None = None
         self.cache: dict | None = None  # the cache this run wrote or read (caching.cache_used)
@@ -197,7 +199,7 @@ class JobRunner:
         except KeyboardInterrupt:
             self.provider.down(dep, self._event)
 
-    def run(self, keep_up: bool = False) -> dict:
+    def run(self, keep_up: bool = False) -> RunSummary:
         """Run to the end; returns the summary. Raises RunFailed, SpecError or KeyboardInterrupt."""
         dep = self.prepare()
         started = self.store.recorded(self.run_id).created_at
@@ -297,7 +299,7 @@ class JobRunner:
                                     f"{waited} (its process: {status}); everything was deleted.")
             time.sleep(poll_s)
 
-    def follow_hand_off(self, poll_s: float = 2.0) -> dict:
+    def follow_hand_off(self, poll_s: float = 2.0) -> RunSummary:
         """An attached `dsctl up` of a run handed over: its progress from what the supervisor publishes, until it
         ends; then its record here. Ctrl-C asks the supervisor to stop the run (a second one deletes it all from
         here). Raises RunFailed if the run did not succeed."""
@@ -332,12 +334,12 @@ class JobRunner:
             raise RunFailed(str(exc), self.run_id) from None
         cloudruns.refresh(self.store, dep, take_down_left=True)  # what its supervisor could not delete, from here
         record = self.store.recorded(self.run_id)
-        self.summary = record.summary
+        self.summary = record.job
         if record.status != "succeeded":
             raise RunFailed(f"the run {record.status}: {record.error}", self.run_id)
         return self.summary
 
-    def run_adopted(self, dep: Deployment) -> dict:
+    def run_adopted(self, dep: Deployment) -> RunSummary:
         """On the supervising VM: the job of a deployment provisioned elsewhere and handed over, to its end."""
         self.deployment = dep
         self.supervisor = Supervisor(self.provider, dep, self.spec.service.fault_tolerant, self._event)
@@ -377,7 +379,7 @@ class JobRunner:
         self._phase("training")
         self._train(dep)
 
-    def _finish(self, dep: Deployment, status: str, error: str | None, started: float, keep_up: bool) -> None:
+    def _finish(self, dep: Deployment, status: Ending, error: str | None, started: float, keep_up: bool) -> None:
         """Teardown first: nothing that fails while recording, logging or printing may leave a process running."""
         ended = time.time()
         try:
@@ -388,7 +390,7 @@ class JobRunner:
             finally:
                 self._record_end(status, error, started, ended)
 
-    def _tear_down(self, dep: Deployment, status: str, keep_up: bool) -> None:
+    def _tear_down(self, dep: Deployment, status: Ending, keep_up: bool) -> None:
         try:
             self._phase("tearing down" if not keep_up else "left running")
         except Exception:  # noqa: BLE001 - a live view that cannot draw must not stop the teardown
@@ -411,7 +413,7 @@ class JobRunner:
             self._cost_record = None
             self._event("records-rebuilt", said)
 
-    def _record_end(self, status: str, error: str | None, started: float, ended: float) -> None:
+    def _record_end(self, status: Ending, error: str | None, started: float, ended: float) -> None:
         """The run's outcome and summary; what the database will not take now is kept in the run dir.
         Trainers that never sent their end record are summarized from their stored windows."""
         self._keep_store()
@@ -421,23 +423,24 @@ class JobRunner:
         results = {**store.trainer_results(self.run_id), **self._results}
         summary = summarize_run(results, store.windows(self.run_id), store.utilization(self.run_id), started, ended,
                                 self.first_batch_wall, self.measured_from_wall)
-        summary.update(self._element_accounting(results))
+        summary = summary.updated(**self._element_accounting(results))
         note = epoch_note(summary, self.mode, self.spec.service.processing_mode, self.workers)
         if note:
-            summary["epoch_note"] = note
-        summary.update({f"{role}_stopped_s": seconds for role, seconds in self._stopped_s.items() if seconds})
+            summary.epoch_note = note
+        summary = summary.updated(**{f"{role}_stopped_s": seconds for role, seconds in self._stopped_s.items()
+                                     if seconds})
         if self.policy is not None:
-            summary.update(self._scaling_summary())
+            summary = summary.updated(**self._scaling_summary())
         if self.autocache_summary is not None or self.cache is not None:
             chosen = self.autocache_summary
             if not chosen:
                 assert self.spec.autocache is not None, "trainers report a cache only under autocache:"
                 chosen = {"choice": self.spec.autocache.mode}
-            summary["autocache"] = {**chosen, "cache": self.cache}
-        summary.update(self._training_summary())
+            summary = summary.updated(autocache={**chosen, "cache": self.cache})
+        summary = summary.updated(**self._training_summary())
         store.update_run(self.run_id, status=status, ended_at=ended, error=error, summary=summary)
         record = replace(store.recorded(self.run_id), status=status, ended_at=ended, error=error, summary=summary)
-        summary["cost"] = cost_summary(record)
+        summary.cost = cost_summary(record)
         store.update_run(self.run_id, summary=summary)
         self.summary = summary
         reason = store.last_error
@@ -465,7 +468,7 @@ class JobRunner:
             raise RunFailed(f"{outcome}, and everything it started is stopped, but {store.path} would not take its "
                             f"record ({reason}); it is kept in {kept} and the next dsctl command adds it.")
 
-    def _full_disk_said(self, status: str, error: str | None) -> str | None:
+    def _full_disk_said(self, status: Ending, error: str | None) -> str | None:
         """A run that did not succeed while its disk was full: its error says so first. Whatever failed first (a
         server that could not write its journal, a trainer its metrics) seldom names the disk itself."""
         if status == "succeeded" or (error and "filled up" in error):

@@ -29,12 +29,14 @@ from dsctl.specs.schema import Mode
 from . import closing
 from .accelerators import trainer_accelerators
 from .handles import AttachedDeployment, OwnedDeployment
+from .home import dsctl_home
 from .outcome import Outcome, RunFailed
 from .plots import plot_sweep
 from .pricing import price_record
 from .recommend import recommend
+from .records import RunRecord, SweepSummary
 from .run import JobRunner, Progress, new_run_id
-from .store import RunRecord, RunStore, dsctl_home
+from .store import RunStore
 from .summary import utilization_summary
 from .supervision import Supervisor
 from .tail import JsonlTail
@@ -159,7 +161,7 @@ class SweepRunner:
         self.listener(self.progress)
 
     # -- the sweep -------------------------------------------------------------------------
-    def run(self) -> dict:
+    def run(self) -> SweepSummary:
         measured, predicted = self.plan()
         self._attached = self._claim(measured)  # a busy deployment is refused at once, before anything is recorded
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -183,7 +185,7 @@ class SweepRunner:
             summary = self._conclude(predicted if succeeded else [])
             self.store.update_run(self.sweep_id, status=outcome.status, ended_at=time.time(), error=outcome.error,
                                   summary=summary)
-        return self.store.recorded(self.sweep_id).summary
+        return self.store.recorded(self.sweep_id).sweep
 
     def _measure(self, measured: list[int]) -> None:
         if self.opt.calibration is not None:
@@ -268,7 +270,7 @@ class SweepRunner:
         return {i: JsonlTail(path) for i, path in handle.start_trainers(launch, self._event).items()}
 
     def _baseline_from(self, record) -> dict:
-        bps = record.summary.get("batches_per_s")
+        bps = record.job.batches_per_s
         if not bps:
             raise RunFailed(f"the {record.mode} baseline measured no throughput; see run {record.id}.", record.id)
         # Priced per hour of steady state, like every point.
@@ -372,11 +374,11 @@ class SweepRunner:
     # -- results ---------------------------------------------------------------------------
     def _add_point(self, record) -> None:
         _, cost, _ = price_record(record, self.catalog)
-        s = record.summary
+        s = record.job
         point = {"workers": record.workers, "run_id": record.id, "predicted": False, "source": "measured here",
-                 "batches_per_s": s.get("batches_per_s"), "cost_per_1000_batches": cost.per_1000_batches,
-                 "input_stall_frac": s.get("input_stall_frac"),
-                 "worker_cpu_cores": s.get("worker_cpu_cores"), "worker_mem_gb": s.get("worker_mem_gb")}
+                 "batches_per_s": s.batches_per_s, "cost_per_1000_batches": cost.per_1000_batches,
+                 "input_stall_frac": s.input_stall_frac, "worker_cpu_cores": s.worker_cpu_cores,
+                 "worker_mem_gb": s.worker_mem_gb}
         self.points.append(self._relative(point))
         self._event("point", f"{record.workers} worker(s): {point['batches_per_s']:.2f} batches/s")
 

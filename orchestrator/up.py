@@ -26,10 +26,12 @@ from dsctl.providers import HandsOff, Plans, get_provider
 from dsctl.specs import LoadedSpec, SpecError
 from dsctl.specs.schema import Mode
 
+from .home import dsctl_home
 from .outcome import Interrupted
+from .records import RunRecord
 from .resume import Resume, plan_resume
 from .run import JobRunner, Progress, new_run_id
-from .store import RunRecord, RunStore, dsctl_home
+from .store import RunStore
 
 
 class Conversation(Protocol):

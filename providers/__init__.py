@@ -8,6 +8,9 @@
 from __future__ import annotations
 
 from .contract import (
+    Bill,
+    Billed,
+    BillRole,
     Capacity,
     CheckResult,
     ChecksPlace,
@@ -18,6 +21,7 @@ from .contract import (
     HandOffLimits,
     HandsOff,
     MachineBack,
+    MachineGroup,
     MachineLost,
     Outage,
     Plans,
@@ -32,7 +36,7 @@ from .contract import (
 from .registry import get_provider, load_deployment, providers_with, register
 from .state import STATE_FILE, Deployment, Node, ProcessRef
 
-__all__ = ["Capacity", "CheckResult", "ChecksPlace", "Contains", "Contents", "Deployment", "EventSink", "FindsByLabel",
-           "HandOffLimits", "HandsOff", "MachineBack", "MachineLost", "Node", "Outage", "Plans", "Poll", "ProcessRef",
-           "Provider", "RunObjects", "STATE_FILE", "ServerExit", "TrainerLaunch", "TrainerState", "Where", "get_provider",
-           "load_deployment", "providers_with", "register"]
+__all__ = ["Bill", "BillRole", "Billed", "Capacity", "CheckResult", "ChecksPlace", "Contains", "Contents", "Deployment",
+           "EventSink", "FindsByLabel", "HandOffLimits", "HandsOff", "MachineBack", "MachineGroup", "MachineLost", "Node",
+           "Outage", "Plans", "Poll", "ProcessRef", "Provider", "RunObjects", "STATE_FILE", "ServerExit", "TrainerLaunch",
+           "TrainerState", "Where", "get_provider", "load_deployment", "providers_with", "register"]

@@ -15,6 +15,11 @@ found stopped or gone, restarts of machines that finished, an outage), and `rest
 restart out. Everything a provider creates is recorded in the deployment (state.py) before it is
 created, so `down` in a new process removes it.
 
+Every provider also declares what a run creates that bills (`bill`: its machines by role, and every other thing
+that bills, its extras: addresses, disks, ...), which the cost model prices from the spec's catalog (by default
+the provider's own, specs/places.py); and reads back what a recorded run created (`billed`). Nothing above the
+providers knows what a place bills for.
+
 What only some places can do is an optional capability: a protocol below that the provider's
 class also implements. The orchestrator asks `isinstance(provider, HandsOff)`, never a provider's
 name:
@@ -31,8 +36,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
+from dsctl.costmodel.extras import Extra
 from dsctl.costmodel.machines import Accelerator
 from dsctl.runtime.sampler import Sample
 from dsctl.specs import SpecError
@@ -178,14 +184,61 @@ class Poll:
     outage: Outage | None = None
 
 
+BillRole = Literal["dispatcher", "workers", "trainers"]
+
+
+@dataclass(frozen=True)
+class MachineGroup:
+    """The machines of one role a run creates: how many, of which machine type, bought how, and what the place
+    calls them (a plan's line)."""
+
+    role: BillRole
+    machine: str
+    count: int
+    provisioning: Literal["standard", "spot"]
+    kind: str = "VM"  # "VM", "TPU VM", "GPU VM", "process"
+
+
+@dataclass(frozen=True)
+class Bill:
+    """What a run creates that bills, as its provider declares it: its machines, everything else that bills (extras,
+    which Equation 1 leaves out: priced beside its total), and `kept`, the provider's own record of it, kept with the
+    run's record when it ends and read back by the provider's `billed` (typed there; plain JSON here)."""
+
+    machines: tuple[MachineGroup, ...]
+    extras: tuple[Extra, ...] = ()
+    kept: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Billed:
+    """What a recorded run created, as its provider reads it back, and how that is known (`how`, said beside its
+    price: "recorded", "from the run's spec", "as for a gcp run of this spec", or "not recorded: <why>" with no
+    bill)."""
+
+    bill: Bill | None
+    how: str
+
+
 class Provider(Protocol):
     """Every place to run implements this; see the module docstring for the order of calls."""
 
     name: ClassVar[str]
     codec: ClassVar[StateCodec]  # reads its own state back from a state file (state.py)
-    # Its machines stand in for the machine types the spec names (processes on this machine): runs are priced as
-    # those types, and said to be.
-    stands_in: ClassVar[bool]
+    # Its processes run on this machine, the one dsctl runs on: a spec's program is looked for here, and a trainer
+    # may be `local` (this machine itself, unpriced).
+    runs_here: ClassVar[bool]
+    # None: its machines are its own, priced as it bills them. A provider's name: its processes stand for the machines
+    # the spec names, as that place would create them, and are priced (and said to be) as a run there.
+    stands_in_for: ClassVar[str | None]
+
+    def bill(self, spec: JobSpec, workers: int, trainers: int) -> Bill:
+        """What a run of `spec` with `workers` workers (0: colocated, no service) and `trainers` trainers creates
+        that bills; needs nothing but the spec (a plan, a run's end, an estimate)."""
+
+    def billed(self, kept: dict[str, Any] | None, spec_json: str, workers: int, trainers: int) -> Billed:
+        """What a recorded run created: from `kept` (a Bill's kept, recorded when it ended), or for a record
+        without it, from its spec where that can be told (spec_json: the spec as recorded)."""
 
     def check(self, spec: JobSpec, workers: int, base_dir: Path) -> None:
         """Refuse (SpecError) what this place cannot run, before anything is created."""

@@ -214,9 +214,9 @@ class _locked:
 
 @pytest.fixture
 def notices() -> list[str]:
-    """What the run store told the user on its own (the WARNING records of its `notices` logger). A warning said
-    once per process is forgotten first, so each test hears it afresh."""
-    from dsctl.orchestrator import store as store_module
+    """What the run store told the user on its own (the WARNING records of the orchestrator's `notices` logger). A
+    warning said once per process is forgotten first, so each test hears it afresh."""
+    from dsctl.orchestrator import home as home_module
 
     got: list[str] = []
 
@@ -225,10 +225,10 @@ def notices() -> list[str]:
             got.append(record.getMessage())
 
     handler = Collect()
-    store_module._warned.clear()
-    store_module.notices.addHandler(handler)
+    home_module._warned.clear()
+    home_module.notices.addHandler(handler)
     yield got
-    store_module.notices.removeHandler(handler)
+    home_module.notices.removeHandler(handler)
 
 
 @pytest.fixture

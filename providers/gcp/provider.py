@@ -27,16 +27,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from dsctl.runtime.sampler import Sample
 from dsctl.specs import SpecError
 from dsctl.specs.schema import JobSpec
 
-from ..contract import CheckResult, EventSink, HandOffLimits, Poll, TrainerLaunch, TrainerState, Where
+from ..contract import Bill, Billed, CheckResult, EventSink, HandOffLimits, Poll, TrainerLaunch, TrainerState, Where
 from ..registry import register
 from ..state import Deployment, Node, StateCodec
-from . import accounts, bylabel, context, handoff, preflight, processes, restore, stage, teardown, vms
+from . import accounts, billing, bylabel, context, handoff, preflight, processes, restore, stage, teardown, vms
 from .clients import Clients
 from .context import Context
 from .data import root as data_root
@@ -56,7 +56,8 @@ from .threads import parallel
 class GcpProvider:
     name: ClassVar[str] = "gcp"
     codec: ClassVar[StateCodec] = GcpCodec()
-    stands_in: ClassVar[bool] = False  # its machines are the machine types the spec names
+    runs_here: ClassVar[bool] = False  # the run's processes are on its VMs
+    stands_in_for: ClassVar[str | None] = None  # its VMs are the machine types the spec names, billed as they are
 
     def __init__(self) -> None:
         self._clients: Clients | None = None  # check(): the spec's settings resolved, credentials checked
@@ -309,6 +310,13 @@ class GcpProvider:
     def _stop_beating(self) -> None:
         if self._heartbeat is not None:
             self._heartbeat.stop()
+
+    # -- what a run creates that bills (billing.py) --------------------------------------------------------------
+    def bill(self, spec: JobSpec, workers: int, trainers: int) -> Bill:
+        return billing.bill(spec, workers, trainers)
+
+    def billed(self, kept: dict[str, Any] | None, spec_json: str, workers: int, trainers: int) -> Billed:
+        return billing.billed(kept, spec_json, workers, trainers)
 
     # -- HandsOff: a run supervised on its dispatcher VM (handoff.py) ----------------------------------------------
     def hands_off(self, spec: JobSpec, mode: str) -> bool:

@@ -38,10 +38,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dsctl.costmodel import dispatcher_provisioning
 from dsctl.specs import SpecError
 from dsctl.specs.schema import JobSpec
 
+from .billing import dispatcher_provisioning
 from .clients import Clients
 from .machinetypes import machine_kind
 from .retry import call

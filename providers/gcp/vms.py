@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import time
 
-from dsctl.costmodel import dispatcher_provisioning
 from dsctl.specs.schema import JobSpec
 
 from ..contract import EventSink
 from ..state import Deployment, Node, Role
 from . import compute, firewall, lifetime, naming, remote, starter, startup, versions, watchdog
+from .billing import dispatcher_provisioning
 from .context import Context
 from .errors import CloudTimeout, RemoteError
 from .machinetypes import machine_kind
@@ -69,7 +69,7 @@ def record(ctx: Context, spec: JobSpec, role: Role, indices: list[int], machine:
     image = s.run_software.for_kind(kind).image  # a boot image, or a TPU VM's runtime version
     provisioning: str = spec.trainer.provisioning if role == "trainer" else spec.service.provisioning
     if supervisor and role == "dispatcher":
-        provisioning = dispatcher_provisioning(provisioning, "vm")
+        provisioning = dispatcher_provisioning(spec.service.provisioning, "vm")
     out = []
     for i in indices:
         name = naming.instance_name(dep.run_id, role, i)

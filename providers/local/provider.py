@@ -25,7 +25,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import psutil
 
@@ -39,9 +39,9 @@ from dsctl.specs.schema import JobSpec
 
 from .. import containment
 from ..containment import Cgroup, container_of
-from ..contract import Contents, EventSink, Poll, ServerExit, TrainerLaunch, TrainerState
+from ..contract import Bill, Billed, Contents, EventSink, Poll, ServerExit, TrainerLaunch, TrainerState
 from ..processes import is_ours, reap, stop_groups
-from ..registry import register
+from ..registry import get_provider, register
 from ..state import Deployment, Node, StateCodec
 from .hangs import HangWatch
 from .launcher import Launcher
@@ -66,6 +66,7 @@ DISPATCHER_PORT_WAIT_S = 30.0  # a dispatcher cannot move: every client and work
 ISOLATION_ENV = "DSCTL_LOCAL_ISOLATION"
 ISOLATION_MODES = ("auto", "none", "require")
 ISOLATION_ANSWER_TIMEOUT_S = 60.0
+STANDS_IN_FOR = "gcp"  # the place whose machine types a local run's processes stand for
 
 
 def isolation_mode() -> str:
@@ -110,7 +111,10 @@ def local_capacity(trainers: int) -> int:
 class LocalProvider:
     name: ClassVar[str] = "local"
     codec: ClassVar[StateCodec] = LocalCodec()
-    stands_in: ClassVar[bool] = True  # its processes stand for the machine types the spec names
+    runs_here: ClassVar[bool] = True
+    # Its processes stand for the machines the spec names, as a run on Google Cloud (whose machine types they are)
+    # would create them: a local run is priced as that run, and says so.
+    stands_in_for: ClassVar[str | None] = STANDS_IN_FOR
 
     def __init__(self) -> None:
         self._procs: dict[tuple[str, int], subprocess.Popen] = {}
@@ -128,6 +132,19 @@ class LocalProvider:
     # -- checks -----------------------------------------------------------------
     def capacity(self, trainers: int) -> int:
         return local_capacity(trainers)
+
+    # -- what a run creates that bills: what a run of its spec on the place it stands in for would ---------------------
+    def bill(self, spec: JobSpec, workers: int, trainers: int) -> Bill:
+        return get_provider(STANDS_IN_FOR).bill(spec, workers, trainers)
+
+    def billed(self, kept: dict[str, Any] | None, spec_json: str, workers: int, trainers: int) -> Billed:
+        """As a run of its spec there would have: what it kept, else what its spec says (always, for a local run
+        creates nothing whose defaults could have changed under it)."""
+        there = get_provider(STANDS_IN_FOR)
+        bill = there.billed(kept, spec_json, workers, trainers).bill if kept else None
+        if bill is None:
+            bill = there.bill(JobSpec.model_validate_json(spec_json), workers, trainers)
+        return Billed(bill, f"as for a {STANDS_IN_FOR} run of this spec")
 
     def check(self, spec: JobSpec, workers: int, base_dir: Path) -> None:
         containment.mode()  # an unknown DSCTL_LOCAL_CONTAINMENT is refused before anything starts
