@@ -1,9 +1,9 @@
 """The providers dsctl knows, by the name a spec gives them (`provider: local`).
 
-A provider is a folder whose package registers its class here when imported; the ones shipped
-with dsctl are imported on first use (importing Google Cloud's costs a tenth of a second, and
-local runs never need it). A provider written elsewhere (a test's toy, a plugin) calls
-`register` itself: nothing outside its folder changes.
+Each is registered once (specs/places.py: the shipped ones there, a plugin's by its package's entry point), with the
+module that implements it; that module is imported on first use (importing Google Cloud's costs a tenth of a second,
+and local runs never need it), and registers its class here (`register`, a class decorator). A provider class
+registered in this process alone (a test's) is known here too, but a spec names only the registered places.
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from dsctl.specs.places import places
+
 from .state import Deployment, StateCodec
 
 if TYPE_CHECKING:
     from .contract import Provider
 
-SHIPPED = {"local": "dsctl.providers.local", "gcp": "dsctl.providers.gcp"}
 _CLASSES: dict[str, type[Provider]] = {}
 P = TypeVar("P", bound="type[Provider]")
 
@@ -29,8 +30,10 @@ def register(cls: P) -> P:
 
 
 def provider_class(name: str) -> type[Provider] | None:
-    if name not in _CLASSES and name in SHIPPED:
-        importlib.import_module(SHIPPED[name])
+    if name not in _CLASSES:
+        place = places().get(name)
+        if place is not None:
+            importlib.import_module(place.module)
     return _CLASSES.get(name)
 
 
@@ -57,7 +60,7 @@ def load_deployment(run_dir: str | Path) -> Deployment:
 
 
 def names() -> list[str]:
-    return sorted(set(SHIPPED) | set(_CLASSES))
+    return sorted(set(places()) | set(_CLASSES))
 
 
 def providers_with(capability: type) -> list[Provider]:
