@@ -19,12 +19,6 @@ from dsctl.orchestrator.outcome import Interrupted
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def fail(message: str, code: int) -> None:
-    """Print one error paragraph and exit with `code`."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}")
-    raise typer.Exit(code)
-
-
 def interrupted() -> None:
     """Ctrl-C that no command handled: one line, exit 130, no traceback (a second Ctrl-C is ignored)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -6,20 +6,25 @@ import os
 import shlex
 import time
 from pathlib import Path
-from typing import cast
+from typing import TypeVar
 
 import typer
 from rich.markup import escape
 
-from dsctl.errors import EXIT_BAD_INPUT, stop_on_signals
+from dsctl.errors import stop_on_signals
+from dsctl.orchestrator.locate import Where
+from dsctl.orchestrator.policies import POLICIES
 from dsctl.orchestrator.preflight import load_job
-from dsctl.specs.schema import MAX_WORKERS
+from dsctl.orchestrator.records import CloudProgress, RunEvent
+from dsctl.specs import UsageError
+from dsctl.specs.schema import MAX_WORKERS, MODES
 
 from .check import check
 from .cost import cost_app
-from .errors import err_console, fail, run_app
+from .errors import err_console, run_app
 from .experiments import experiments_app
 from .live import LiveView
+from .locate import locating, said
 from .render import (
     console,
     job_length,
@@ -76,6 +81,17 @@ def validate(spec: Path = typer.Argument(..., metavar="JOB.yaml", help="job spec
                   f"{job_length(loaded)}", markup=False, highlight=False)
 
 
+C = TypeVar("C", bound=str)
+
+
+def choice(value: str, allowed: tuple[C, ...], option: str) -> C:
+    """`value` if it is one of `allowed`, else a usage error naming the option and the choices."""
+    for known in allowed:
+        if value == known:
+            return known
+    raise UsageError(f"{option} must be one of {', '.join(allowed)}, got '{value}'.")
+
+
 def warn(warnings) -> None:
     """What a spec's run should be told (SpecErrors not raised: file, line, field), one 'warning:' each."""
     for w in warnings:
@@ -120,7 +136,7 @@ def up(
     detach: bool = typer.Option(False, "--detach", "-d",
                                 help="leave the deployment running after the job (dsctl down removes it)"),
     json_out: bool = typer.Option(False, "--json", help="print the run record as JSON"),
-    autoscale: str | None = typer.Option(None, "--autoscale", help="scale workers while it runs: cachew | cpu"),
+    autoscale: str | None = typer.Option(None, "--autoscale", help=f"scale workers while it runs: {' | '.join(POLICIES)}"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan and its price; create nothing"),
     yes: bool = typer.Option(False, "--yes", "-y", help="create cloud machines without asking"),
     resume: str | None = typer.Option(None, "--resume", metavar="RUN",
@@ -131,13 +147,10 @@ def up(
     """Provision the service, run the trainers, measure, record the run, tear everything down."""
     from dsctl.orchestrator.up import UpOptions
     from dsctl.orchestrator.up import up as run_up
-    from dsctl.specs.schema import MODES, Mode
 
-    if mode not in MODES:
-        fail(f"--mode must be one of {', '.join(MODES)}, got '{mode}'.", EXIT_BAD_INPUT)
-    run_mode = cast(Mode, mode)
-    if autoscale is not None and autoscale not in ("cachew", "cpu"):
-        fail(f"--autoscale must be cachew or cpu, got '{autoscale}'.", EXIT_BAD_INPUT)
+    run_mode = choice(mode, MODES, "--mode")
+    if autoscale is not None:
+        choice(autoscale, tuple(POLICIES), "--autoscale")
     loaded = load_job(spec, autoscale=autoscale, workers=workers, mode=run_mode)
     warn(loaded.warnings)
     talk = _Talk(json_out)
@@ -152,15 +165,16 @@ def up(
                       f"{result.run_id}` removes it. Log: {result.log}")
     elif result.outcome == "handed-off":
         if json_out:
-            print_json(result.latest)
+            print_json(result.latest.as_json() if result.latest is not None else {})
             return
-        rid = result.run_id
-        assert result.max_duration_s is not None, "a handed-off run has a time limit"
+        rid, limits = result.run_id, result.limits
+        assert limits is not None, "a handed-off run has a time limit"
+        elsewhere = f" (from any machine: add {said('down')})" if said("down") else ""
         console.print(f"run {rid} is training on the cloud, supervised by one of its own machines; this machine is no "
                       f"longer needed. It tears itself down when the job ends or fails, or after "
-                      f"{result.max_duration_s / 3600:g} h (gcp.max_duration_s). Follow it with `dsctl logs {rid} "
-                      f"--follow`, see it with `dsctl runs show {rid}`, stop it with `dsctl down {rid}` (from any "
-                      "machine: add --project P --zone Z).")
+                      f"{limits.max_duration_s / 3600:g} h ({limits.max_duration_field}). Follow it with `dsctl logs "
+                      f"{rid} --follow`, see it with `dsctl runs show {rid}`, stop it with `dsctl down {rid}`"
+                      f"{elsewhere}.")
     elif result.outcome == "finished" and not detached_child:
         assert result.record is not None, "a finished run is recorded"
         if json_out:
@@ -181,7 +195,8 @@ def supervise(run_dir: Path = typer.Argument(..., help="the handed-over run's di
 @app.command()
 def status(json_out: bool = typer.Option(False, "--json")) -> None:
     """Deployments that are up (or were left behind by a killed `dsctl up`), and TensorBoards serving."""
-    from dsctl.orchestrator.deployments import rebuilt_from, status_rows
+    from dsctl.orchestrator.deployments import rebuilt_from
+    from dsctl.orchestrator.status import status_rows
 
     view = status_rows()
     rows = view.rows + view.tensorboards
@@ -191,10 +206,12 @@ def status(json_out: bool = typer.Option(False, "--json")) -> None:
     if not rows:
         console.print("nothing is up.")
         return
+    elsewhere = said("down")
     for d in view.unreadable:
         err_console.print(f"{d.run_id}: its state file ({d.run_dir}/state.json) cannot be read; {rebuilt_from(d)}. "
-                          "`dsctl down` stops what was rebuilt, and nothing else. If it ran "
-                          f"on Google Cloud, `dsctl down {d.run_id} --project P --zone Z` finds its VMs by label.")
+                          "`dsctl down` stops what was rebuilt, and nothing else."
+                          + (f" If it ran elsewhere, `dsctl down {d.run_id} {elsewhere}` finds what it made there by "
+                             "label." if elsewhere else ""))
     for m in view.unmonitored:
         err_console.print(f"{m['run']}: its monitor (the detached `dsctl up`, pid {m['pid']}) is gone, so nothing "
                           "supervises its service or records its run; its trainers' own metrics files say: "
@@ -211,21 +228,18 @@ def status(json_out: bool = typer.Option(False, "--json")) -> None:
 
 
 @app.command()
+@locating("down")
 def down(
     run: str | None = typer.Argument(None, help="run id (or a unique prefix), a sweep's point, or a TensorBoard's id "
                                                 "(`dsctl status`); default: the only thing up"),
     all_: bool = typer.Option(False, "--all", help="take down every deployment that is up, and stop every TensorBoard"),
-    project: str | None = typer.Option(None, "--project", help="Google Cloud project to search when RUN has no local state"),
-    zone: str | None = typer.Option(None, "--zone", help="Google Cloud zone to search when RUN has no local state"),
-    bucket: str | None = typer.Option(None, "--bucket", help="its staging bucket, if not <project>-dsctl (no local state)"),
+    where: Where = Where(),
 ) -> None:
     """Stop and remove everything a run started, even if `dsctl up` was killed or its state is gone; record how it
     ended from what its trainers wrote."""
-    from dsctl.orchestrator.deployments import Where
-    from dsctl.orchestrator.deployments import down as take_down
+    from dsctl.orchestrator.takedown import down as take_down
 
-    take_down(run, all_, Where(project, zone, bucket), say=lambda line: console.print(line, markup=False,
-                                                                                       highlight=False))
+    take_down(run, all_, where, say=lambda line: console.print(line, markup=False, highlight=False))
 
 
 @runs_app.callback()
@@ -234,9 +248,9 @@ def runs(ctx: typer.Context, limit: int = typer.Option(20, "--limit", "-n"),
     """List recorded runs, newest first."""
     if ctx.invoked_subcommand:
         return
-    from dsctl.orchestrator.store import RunStore
+    from dsctl.orchestrator.runs import list_runs
 
-    records = RunStore().list(limit=limit)
+    records = list_runs(limit)
     if json_out:
         print_json([r.as_dict() for r in records])
     elif not records:
@@ -246,47 +260,29 @@ def runs(ctx: typer.Context, limit: int = typer.Option(20, "--limit", "-n"),
 
 
 @runs_app.command("show")
+@locating("record")
 def runs_show(
     run: str = typer.Argument(..., help="run id or unique prefix"),
     json_out: bool = typer.Option(False, "--json"),
     timeline: bool = typer.Option(False, "--timeline", help="plot workers and batch time over time (PNG)"),
     out: Path | None = typer.Option(None, "--out", help="where --timeline writes its PNG (default: the run dir)"),
-    project: str | None = typer.Option(None, "--project", help="read a cloud-supervised run's record from this project"),
-    bucket: str | None = typer.Option(None, "--bucket", help="... and bucket, if not <project>-dsctl"),
+    where: Where = Where(),
 ) -> None:
     """One run: its summary, events and per-window metrics; --timeline plots them."""
-    from dsctl.orchestrator.deployments import Where, sync_record
-    from dsctl.orchestrator.store import RunStore
+    from dsctl.orchestrator.runs import show_run
 
-    store = RunStore()
-    sync_record(store, run, Where(project=project, bucket=bucket))
-    record = store.find(run)
-    if record is None:
-        from dsctl.specs import SpecError
-
-        raise SpecError(f"no run '{run}' is recorded; `dsctl runs` lists the recorded ones.")
-    if timeline:
-        _timeline(store, record, out)
-    resumed_by = store.resumed_by(record.id)
+    view = show_run(run, where, timeline=timeline, out=out)
+    if view.timeline is not None:
+        console.print(f"timeline: {view.timeline.path} ({view.timeline.windows} windows, {view.timeline.changes} "
+                      "change(s) of worker count)")
     if json_out:
-        print_json({**record.as_dict(), "resumed_by": resumed_by, "windows": store.windows(record.id),
-                    "events": store.events(record.id)})
+        print_json(view.as_json())
         return
-    table = sweep_table(record) if record.kind == "sweep" else summary_table(record, resumed_by)
-    if record.summary.get("summary_source") == "windows":
-        rebuilt = record.summary.get("rebuilt_trainers")
-        if rebuilt and len(rebuilt) < record.trainers:
-            names = ", ".join(map(str, rebuilt))
-            table.add_row("summary", f"rebuilt from the run's stored metrics windows for trainer(s) {names}: their own "
-                                     "end records are missing (the others' are their own)")
-        else:
-            table.add_row("summary", "rebuilt from the run's stored metrics windows: its trainers' own end records "
-                                     "are missing (the run ended abnormally)")
-    if record.summary.get("recorded_by") and record.kind != "sweep":
-        table.add_row("recorded", record.summary["recorded_by"])
+    record = view.record
+    table = sweep_table(record) if record.kind == "sweep" else summary_table(record, view.resumed_by, view.notes)
     console.print(table)
-    for e in store.events(record.id):
-        console.print(f"  {time.strftime('%H:%M:%S', time.localtime(e['t']))} {e['kind']}: {e['message']}")
+    for e in view.events:
+        console.print(f"  {time.strftime('%H:%M:%S', time.localtime(e.t))} {e.kind}: {e.message}")
 
 
 @runs_app.command("import")
@@ -302,96 +298,32 @@ def runs_import(run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="a r
 
 
 @app.command()
+@locating("record")
 def logs(
     run: str = typer.Argument(..., help="run id or unique prefix"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the run ends"),
-    project: str | None = typer.Option(None, "--project", help="read a cloud-supervised run's record from this project"),
-    bucket: str | None = typer.Option(None, "--bucket", help="... and bucket, if not <project>-dsctl"),
     interval: float = typer.Option(2.0, "--interval", min=0.2, max=600, help="seconds between looks with --follow"),
     output: bool = typer.Option(True, "--output/--events-only", help="also print what the trainers printed (their "
                                                                      "stdout and stderr: your command's output)"),
+    where: Where = Where(),
 ) -> None:
     """A run's events (workers restarted, VMs stopped, outages, scaling) and what its trainers printed; --follow until
     it ends."""
-    from dsctl.orchestrator.deployments import Where, record_objects, sync_record
-    from dsctl.orchestrator.store import RunRecord, RunStore
-    from dsctl.orchestrator.tail import OutputTail, trainer_outputs
-    from dsctl.specs import SpecError
+    from dsctl.orchestrator.logs import show_logs
 
-    store = RunStore()
-    where = Where(project=project, bucket=bucket)
-    shown: set[tuple] = set()
-    outputs: dict[Path, OutputTail] = {}
+    def event(e: RunEvent) -> None:
+        console.print(f"{time.strftime('%H:%M:%S', time.localtime(e.t))} {e.kind}: {e.message}", markup=False,
+                      highlight=False)
 
-    def show() -> RunRecord:
-        sync_record(store, run, where)
-        record = store.find(run)
-        if record is None:
-            raise SpecError(f"no run '{run}' is recorded; `dsctl runs` lists the recorded ones (a run supervised on "
-                            "Google Cloud from another machine: add --project P).")
-        for e in store.events(record.id):
-            key = (e["t"], e["kind"], e["message"])
-            if key not in shown:
-                shown.add(key)
-                console.print(f"{time.strftime('%H:%M:%S', time.localtime(e['t']))} {e['kind']}: {e['message']}",
-                              markup=False, highlight=False)
-        if output and record.run_dir:
-            # Streamed as read, written as is; a last line with no newline waits only while the run may add to it.
-            complete = not follow or record.status != "running"
-            for path in trainer_outputs(record.run_dir):
-                tail = outputs.setdefault(path, OutputTail(path))
-                for line in tail.read(final=complete):
-                    write_line(f"{tail.label} | {line}")
-        return record
+    def progress(p: CloudProgress) -> None:
+        rate = f", {p.batches_per_s:.2f} batches/s" if p.batches_per_s else ""
+        console.print(f"... {p.phase}: {p.batches} batches{rate}, {p.workers} worker(s)", markup=False, highlight=False)
 
-    record = show()
-    objects, _ = record_objects(record.id, where) if follow else (None, None)
-    if objects is not None:
-        _follow_cloud(objects, record, shown, interval)
-        record = show()  # the whole record, once it has ended
-    while follow and objects is None and record.status == "running":
-        time.sleep(interval)
-        record = show()
+    record = show_logs(run, where, follow=follow, output=output, interval=interval, on_event=event, on_line=write_line,
+                       on_progress=progress)
     if follow:
         console.print(f"run {record.id} {record.status}" + (f": {record.error}" if record.error else ""),
                       markup=False, highlight=False)
-
-
-def _follow_cloud(objects, record, shown: set, interval: float) -> None:
-    """Follow a supervised run by its latest.json alone: the same few kilobytes a look, whatever its size."""
-    from dsctl.orchestrator import cloudrecord, cloudruns
-
-    progress = None
-    while True:
-        latest = cloudrecord.read_latest(objects) or {}
-        for e in latest.get("events", []):
-            key = (e["t"], e["kind"], e["message"])
-            if key not in shown:
-                shown.add(key)
-                console.print(f"{time.strftime('%H:%M:%S', time.localtime(e['t']))} {e['kind']}: {e['message']}",
-                              markup=False, highlight=False)
-        p = latest.get("progress") or {}
-        if p.get("batches") and (p.get("batches"), p.get("phase")) != progress:
-            progress = (p.get("batches"), p.get("phase"))
-            rate = f", {p['batches_per_s']:.2f} batches/s" if p.get("batches_per_s") else ""
-            console.print(f"... {p.get('phase')}: {p['batches']} batches{rate}, {p.get('workers')} worker(s)",
-                          markup=False, highlight=False)
-        if cloudruns.ended(latest):
-            return
-        time.sleep(interval)
-
-
-def _timeline(store, record, out: Path | None) -> None:
-    from dsctl.orchestrator.timeline import plot_timeline, scaling_changes
-
-    windows = store.windows(record.id)
-    if not windows:
-        from dsctl.specs import SpecError
-
-        raise SpecError(f"run {record.id} has no metrics windows to plot.")
-    path = plot_timeline(windows, out or Path(record.run_dir or ".") / "timeline.png",
-                         f"run {record.id}: workers and batch time")
-    console.print(f"timeline: {path} ({len(windows)} windows, {len(scaling_changes(windows))} change(s) of worker count)")
 
 
 app.command("tensorboard")(tensorboard)  # listed after the run commands

@@ -32,7 +32,7 @@ class Record(BaseModel):
     """A typed record read from JSON and written back as it was: unset fields stay out of its JSON, unknown keys
     stay in it."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, defer_build=True)
 
     def as_json(self) -> dict[str, Any]:
         """The record as its JSON has it: the fields it holds (set), by their JSON names, and the keys it kept."""
@@ -231,6 +231,32 @@ class Baseline(Record):
     given: str | None = None
 
 
+class RecommendedCount(Record):
+    """One worker count a sweep recommends, and the one sentence that justifies it (orchestrator/recommend.py)."""
+
+    workers: int
+    batches_per_s: float | None = None
+    cost_per_1000_batches: float | None = None
+    predicted: bool = False
+    reason: str = ""
+
+
+class SweepRecommendation(Record):
+    """What a sweep recommends: the fewest workers within tolerance of the best, the cheapest, and why nothing where
+    its measurements contradict each other (orchestrator/recommend.py)."""
+
+    smallest: RecommendedCount | None = None
+    cheapest: RecommendedCount | None = None
+    best_bps: float | None = None
+    best_workers: int | None = None
+    best_predicted: bool | None = None
+    tolerance: float | None = None
+    noise: float | None = None
+    warning: str | None = None
+    refused: str | None = None
+    extend: str | None = None
+
+
 class SweepSummary(Record):
     """A sweep: the worker counts it visited, each point, the baselines, the fitted model, what it recommends."""
 
@@ -245,7 +271,7 @@ class SweepSummary(Record):
     strategy: str | None = None
     tolerance: float | None = None
     timings: dict[str, float] | None = None
-    recommendation: dict[str, Any] | None = None
+    recommendation: SweepRecommendation | None = None
     plots: list[str] | None = None
     recorded_by: str | None = None
 
@@ -324,6 +350,17 @@ class RunRecord:
         return self.summary if isinstance(self.summary, SweepSummary) else SweepSummary()
 
 
+class CloudProgress(Record):
+    """A run supervised on the cloud, as its supervisor last said it in latest.json: what the live view shows."""
+
+    phase: str | None = None
+    batches: int | None = None
+    batches_per_s: float | None = None
+    workers: int | None = None
+    restarts: int | None = None
+    last_event: str | None = None
+
+
 class RunEvent(Record):
     """Something that happened to a run (a restart, a scaling, an epoch), as its record and `dsctl logs` say it."""
 
@@ -337,3 +374,29 @@ class RunEvent(Record):
         """What tells one event from another (the same event read twice is shown once)."""
         return self.t, self.kind, self.message
 
+
+class CloudLatest(Record):
+    """latest.json, what a run's supervisor on the cloud publishes at every turn (orchestrator/cloudrecord.py): the
+    run's row as its store has it, its progress, how many parts of its record there are, when it was written (its age
+    is the supervisor's heartbeat) and its latest events."""
+
+    run: dict[str, Any] | None = None  # the run's row (runs.db's columns)
+    progress: CloudProgress = Field(default_factory=CloudProgress)
+    parts: int = 0
+    written_at: float | None = None
+    events: list[RunEvent] = Field(default_factory=list)
+
+    @property
+    def record(self) -> RunRecord | None:
+        """The run's record, as its supervisor has it."""
+        return RunRecord.from_row(self.run) if self.run else None
+
+    @property
+    def status(self) -> str | None:
+        """The run's status (running, succeeded, ...), None before its row is published."""
+        return str(self.run.get("status")) if self.run and self.run.get("status") else None
+
+    @property
+    def ended(self) -> bool:
+        """The run has ended (its supervisor recorded how)."""
+        return self.status not in (None, "running")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dsctl.providers import Deployment, HandsOff, ProcessRef, Provider, TrainerLaunch, get_provider
+from dsctl.providers import Deployment, ProcessRef, Provider, TrainerLaunch, get_provider
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 from dsctl.specs.epochs import epoch_findings
 from dsctl.specs.schema import Mode
@@ -122,7 +122,7 @@ class JobRunner:
         self.cache: dict | None = None  # the cache this run wrote or read (caching.cache_used)
 
     # -- events -----------------------------------------------------------------
-    def _event(self, kind: str, message: str) -> None:
+    def event(self, kind: str, message: str) -> None:
         self.store.add_event(self.run_id, kind, message)
         if kind in ("worker-restarted", "dispatcher-restarted"):
             self.progress.restarts += 1
@@ -131,12 +131,14 @@ class JobRunner:
         self.progress.last_event = message
         self.listener(self.progress)
 
-    def _phase(self, phase: str) -> None:
+    def phase(self, phase: str) -> None:
         self.progress.phase = phase
         self.listener(self.progress)
 
     # -- the run ------------------------------------------------------------------
-    def prepare(self) -> Deployment:
+    def prepare(self, reserve: bool = True) -> Deployment:
+        """Check, record and save the run before anything is created; `reserve`: keep room in the run dir for its
+        outcome, should the disk fill before this process records it (not for a run another machine records)."""
         if self.mode == "service":
             most = max(self.workers, self.spec.autoscale.max_workers if self.policy and self.spec.autoscale else 0)
             try:
@@ -148,7 +150,7 @@ class JobRunner:
         if refused:
             raise refused[0]
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if not self.hands_off:  # room for the outcome, should the disk fill before this process records the run
+        if reserve:
             reconcile.reserve(self.run_dir)
         spec_json = self.spec.model_dump_json(indent=1)
         (self.run_dir / "spec.json").write_text(spec_json)
@@ -179,9 +181,9 @@ class JobRunner:
                                      log=str(self.run_dir / "up.log"))
         dep.save()
         self.deployment = dep
-        self.supervisor = Supervisor(self.provider, dep, self.spec.service.fault_tolerant, self._event)
+        self.supervisor = Supervisor(self.provider, dep, self.spec.service.fault_tolerant, self.event)
         for warning in warnings:
-            self._event("warning", warning.render())
+            self.event("warning", warning.render())
         return dep
 
     def supervise_until_stopped(self) -> None:
@@ -190,14 +192,14 @@ class JobRunner:
         from .handles import serve_control
 
         dep = self.deployment
-        control = serve_control(self.provider, self.supervisor, dep, self._event)
+        control = serve_control(self.provider, self.supervisor, dep, self.event)
         try:
             while True:
                 self.supervisor.poll()
                 control.serve_pending()
                 time.sleep(0.1)
         except KeyboardInterrupt:
-            self.provider.down(dep, self._event)
+            self.provider.down(dep, self.event)
 
     def run(self, keep_up: bool = False) -> RunSummary:
         """Run to the end; returns the summary. Raises RunFailed, SpecError or KeyboardInterrupt."""
@@ -224,162 +226,48 @@ class JobRunner:
                 outcome.error = down.says(self.progress.phase)
             raise
         finally:
-            self._finish(dep, outcome.status, outcome.error, started, keep_up)
+            self.finish(dep, outcome.status, outcome.error, started, keep_up)
         return self.summary
 
-    # -- a run supervised on the cloud: provisioned here, run there (orchestrator/supervise.py) -----------
-    @property
-    def hands_off(self) -> bool:
-        """Whether this run is supervised on one of its machines (the provider can, and the spec asks for it)."""
-        return isinstance(self.provider, HandsOff) and self.provider.hands_off(self.spec, self.mode)
-
-    @property
-    def _cloud(self) -> HandsOff:
-        assert isinstance(self.provider, HandsOff), f"provider {self.provider.name} cannot hand a run off"
-        return self.provider
-
-    def hand_off(self, attached: bool = False, wait_s: float | None = None, poll_s: float = 1.0) -> dict:
-        """`dsctl up --detach` on a provider that supervises runs itself: provision from here, hand the job to
-        the supervisor on the dispatcher VM, and return once it has published that the trainers run (or the
-        run already ended). Returns the supervisor's latest published state. Any failure until then tears
-        everything down here."""
-        from . import cloudrecord
-
-        self._cloud.prepare_hand_off(self.spec)  # before the checks: what is checked depends on it
-        dep = self.prepare()
-        started = self.store.recorded(self.run_id).created_at
-        outcome = Outcome()
-        try:
-            with outcome.classify(self.run_id):
-                self._phase("provisioning")
-                self.provider.up(self.spec, dep, self.workers, self._event)  # the machines only: see launch_servers
-                dep.status = "up"
-                dep.save()
-                self._phase("handing over")
-                self._cloud.hand_off(dep, self._hand_off_files(attached), self.loaded.base_dir, self._event)
-                first_batch_s = self._cloud.limits(self.spec).first_batch_s if wait_s is None else wait_s
-                latest = self._wait_supervisor(cloudrecord, dep, first_batch_s, poll_s)
-                run = latest.get("run") or {}
-                if run.get("status") in ("failed", "interrupted"):
-                    raise RunFailed(f"the run's supervisor on the dispatcher VM reported: {run.get('error')}", self.run_id)
-        except BaseException:
-            self._finish(dep, outcome.status, outcome.error, started, keep_up=False)
-            raise
-        return latest
-
-    def _hand_off_files(self, attached: bool) -> dict[str, bytes]:
-        files = {"spec.json": (self.run_dir / "spec.json").read_bytes(),
-                 "handoff.json": json.dumps({"run": self.store.run_row(self.run_id), "workers": self.workers,
-                                             "autoscale": self.policy.name if self.policy else None,
-                                             "attached": attached,
-                                             "resume": self.resume.as_dict() if self.resume else None}).encode()}
-        if (self.run_dir / "spec.yaml").exists():
-            files["spec.yaml"] = (self.run_dir / "spec.yaml").read_bytes()
-        return files
-
-    def _wait_supervisor(self, cloudrecord, dep: Deployment, wait_s: float, poll_s: float,
-                         look_every_s: float = 15.0) -> dict:
-        """Until the supervisor publishes a first batch or the run's end; no longer than wait_s, nor once the
-        supervisor is seen gone (looked at every look_every_s)."""
-        objects = self._cloud.run_objects(dep)
-        deadline = time.monotonic() + wait_s
-        next_look = time.monotonic() + look_every_s
-        while True:
-            latest = cloudrecord.read_latest(objects)
-            run = (latest or {}).get("run") or {}
-            if run.get("status") not in (None, "running") or (latest or {}).get("progress", {}).get("batches"):
-                return latest
-            now = time.monotonic()
-            if now > deadline or now > next_look:
-                status = self._cloud.supervisor_status(dep)
-                next_look = now + look_every_s
-                if now > deadline or status.startswith("gone"):
-                    waited = f"within {wait_s:.0f} s" if now > deadline else "before it was lost"
-                    raise RunFailed(f"the run's supervisor on the dispatcher VM has not reported a first batch "
-                                    f"{waited} (its process: {status}); everything was deleted.")
-            time.sleep(poll_s)
-
-    def follow_hand_off(self, poll_s: float = 2.0) -> RunSummary:
-        """An attached `dsctl up` of a run handed over: its progress from what the supervisor publishes, until it
-        ends; then its record here. Ctrl-C asks the supervisor to stop the run (a second one deletes it all from
-        here). Raises RunFailed if the run did not succeed."""
-        from . import cloudruns
-
-        dep = self.deployment
-        objects = self._cloud.run_objects(dep)
-
-        def show(latest: dict) -> None:
-            p = latest.get("progress") or {}
-            self.progress.phase = p.get("phase") or self.progress.phase
-            self.progress.batches = p.get("batches") or 0
-            self.progress.batches_per_s = p.get("batches_per_s")
-            self.progress.workers_ready = p.get("workers") or self.progress.workers_ready
-            self.progress.restarts = p.get("restarts") or 0
-            self.progress.last_event = p.get("last_event") or self.progress.last_event
-            self.listener(self.progress)
-
-        limit = self._cloud.limits(self.spec).outage_limit_s
-        try:
-            # Heartbeats well within the limit, so the supervisor never takes a slow one for a gone follower.
-            cloudruns.follow(objects, show, outage_limit_s=limit, poll_s=poll_s,
-                             heartbeat_s=min(cloudruns.HEARTBEAT_S, limit / 3))
-        except KeyboardInterrupt:
-            try:
-                self._phase("stopping")
-                cloudruns.stop(self.store, objects, self.run_id, "the attached `dsctl up` (Ctrl-C)")
-            finally:
-                self.provider.down(dep, self._event)  # whatever the supervisor left, or all of it after a 2nd Ctrl-C
-            raise
-        except TimeoutError as exc:
-            raise RunFailed(str(exc), self.run_id) from None
-        cloudruns.refresh(self.store, dep, take_down_left=True)  # what its supervisor could not delete, from here
-        record = self.store.recorded(self.run_id)
-        self.summary = record.job
-        if record.status != "succeeded":
-            raise RunFailed(f"the run {record.status}: {record.error}", self.run_id)
-        return self.summary
-
-    def run_adopted(self, dep: Deployment) -> RunSummary:
-        """On the supervising VM: the job of a deployment provisioned elsewhere and handed over, to its end."""
+    def run_on(self, dep: Deployment, bring_up: Callable[[Deployment], None]) -> RunSummary:
+        """The job of a deployment provisioned by another process (a run handed over to its supervisor on the cloud,
+        orchestrator/supervise.py), to its end: `bring_up` makes its servers serve, then the trainers run here."""
         self.deployment = dep
-        self.supervisor = Supervisor(self.provider, dep, self.spec.service.fault_tolerant, self._event)
+        self.supervisor = Supervisor(self.provider, dep, self.spec.service.fault_tolerant, self.event)
         started = self.store.recorded(self.run_id).created_at
         outcome = Outcome()
         try:
             with outcome.classify(self.run_id):
-                self._cloud.adopt(dep, self.spec)
-                self._phase("provisioning")
-                self._cloud.launch_servers(dep, self._event)
-                self.provider.wait_ready(dep, self._event)
+                bring_up(dep)
                 self._start_trainers(dep)
-                self._phase("training")
+                self.phase("training")
                 self._train(dep)
         finally:
-            self._finish(dep, outcome.status, outcome.error, started, keep_up=False)
+            self.finish(dep, outcome.status, outcome.error, started, keep_up=False)
         return self.summary
 
     def _provision_and_train(self, dep: Deployment) -> None:
         if self.mode == "service":
-            self._phase("provisioning")
-            self.provider.up(self.spec, dep, self.workers, self._event)
+            self.phase("provisioning")
+            self.provider.up(self.spec, dep, self.workers, self.event)
         profiling = caching.needs_profile(self.spec, self.mode)  # autocache: profile first, then train
         # Trainers start while the servers import TensorFlow; their clients wait for the dispatcher.
         if not profiling:
             self._start_trainers(dep)
         if self.mode == "service":
-            self.provider.wait_ready(dep, self._event)
+            self.provider.wait_ready(dep, self.event)
             dep.status = "up"
             dep.save()
         if profiling:
             context = RunContext(loaded=self.loaded, spec=self.spec, mode=self.mode, run_id=self.run_id,
                                  run_dir=self.run_dir, store=self.store, provider=self.provider,
-                                 supervisor=self.supervisor, event=self._event, phase=self._phase)
+                                 supervisor=self.supervisor, event=self.event, phase=self.phase)
             self.trainer_spec_json, self.autocache_summary = caching.profile_and_decide(context, dep)
             self._start_trainers(dep)
-        self._phase("training")
+        self.phase("training")
         self._train(dep)
 
-    def _finish(self, dep: Deployment, status: Ending, error: str | None, started: float, keep_up: bool) -> None:
+    def finish(self, dep: Deployment, status: Ending, error: str | None, started: float, keep_up: bool) -> None:
         """Teardown first: nothing that fails while recording, logging or printing may leave a process running."""
         ended = time.time()
         try:
@@ -392,7 +280,7 @@ class JobRunner:
 
     def _tear_down(self, dep: Deployment, status: Ending, keep_up: bool) -> None:
         try:
-            self._phase("tearing down" if not keep_up else "left running")
+            self.phase("tearing down" if not keep_up else "left running")
         except Exception:  # noqa: BLE001 - a live view that cannot draw must not stop the teardown
             pass
         if keep_up and status == "succeeded":
@@ -401,9 +289,9 @@ class JobRunner:
             dep.save()
             return
         try:
-            self.provider.down(dep, self._event)
+            self.provider.down(dep, self.event)
         except KeyboardInterrupt:  # a second Ctrl-C: finish the teardown, then stop
-            self.provider.down(dep, self._event)
+            self.provider.down(dep, self.event)
             raise
 
     def _keep_store(self) -> None:
@@ -411,7 +299,7 @@ class JobRunner:
         if self._own_store and self.store.replaced():
             self.store, said = imports.rebuild(self.store, self.run_id, self.run_dir)
             self._cost_record = None
-            self._event("records-rebuilt", said)
+            self.event("records-rebuilt", said)
 
     def _record_end(self, status: Ending, error: str | None, started: float, ended: float) -> None:
         """The run's outcome and summary; what the database will not take now is kept in the run dir.
@@ -494,7 +382,7 @@ class JobRunner:
             checkpoint_dir=self.checkpoint_dir, restore_from=self.resume.restore_from if self.resume else None,
             command=bool(self.spec.trainer.command),
         )
-        self.provider.start_trainers(dep, launch, self._event)
+        self.provider.start_trainers(dep, launch, self.event)
 
     def _train(self, dep: Deployment) -> None:
         tails = {i: JsonlTail(path) for i, path in trainer_metrics(dep).items()}
@@ -595,9 +483,9 @@ class JobRunner:
         elif event == "error":
             errors[index] = rec
         elif event == "epoch":
-            self._event("epoch", epoch_line(index, rec))
+            self.event("epoch", epoch_line(index, rec))
         elif event == "autocache" and index == 0:  # what the hints did (put, get, fallback), once per job
-            self._event(rec.get("kind", "autocache"), rec.get("message", ""))
+            self.event(rec.get("kind", "autocache"), rec.get("message", ""))
             self.cache = caching.cache_used(rec, self.cache, self.spec)
 
     def _autoscale(self, obs: Observation) -> None:
@@ -606,8 +494,8 @@ class JobRunner:
         decision = self.policy.observe(obs)
         if decision.action == "hold" or decision.target == self.workers:
             return
-        self._event("autoscale", f"{decision.action} → {decision.target} worker(s): {decision.reason}")
-        self.provider.scale_workers(self.deployment, decision.target, self._event)
+        self.event("autoscale", f"{decision.action} → {decision.target} worker(s): {decision.reason}")
+        self.provider.scale_workers(self.deployment, decision.target, self.event)
         self.workers = decision.target
         self.progress.workers_wanted = self.progress.workers_ready = decision.target
 
@@ -640,7 +528,7 @@ class JobRunner:
     def _board_warning(self, warning: str | None) -> None:
         if warning:
             try:
-                self._event("warning", warning)
+                self.event("warning", warning)
             except Exception:  # noqa: BLE001 - at teardown the live view may be gone
                 pass
 

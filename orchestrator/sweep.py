@@ -11,6 +11,7 @@ machine cannot hold are predicted by the calibrated throughput model
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from typing import Any
 
 from dsctl.costmodel import RunUsage, ThroughputModel, load_catalog, price
 from dsctl.costmodel.estimate import usage_from_spec
+from dsctl.errors import signum_of
 from dsctl.providers import Capacity, Deployment, Provider, TrainerLaunch, get_provider
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 from dsctl.specs.calibration import Calibration
@@ -28,10 +30,12 @@ from dsctl.specs.schema import Mode
 
 from . import closing
 from .accelerators import trainer_accelerators
+from .deployments import active_deployments
 from .handles import AttachedDeployment, OwnedDeployment
 from .home import dsctl_home
-from .outcome import Outcome, RunFailed
+from .outcome import Interrupted, Outcome, RunFailed
 from .plots import plot_sweep
+from .preflight import load_job
 from .pricing import price_record
 from .recommend import recommend
 from .records import RunRecord, SweepSummary
@@ -437,3 +441,51 @@ class SweepRunner:
             summary["plots"] = [str(p) for p in plot_sweep(self.points, colocated_bps=colocated, ideal_bps=ideal,
                                                            out_dir=self.out_dir, title=title)]
         return summary
+
+
+def detached_target() -> tuple[Deployment, LoadedSpec]:
+    """The deployment `dsctl up --detach` left running, and its spec, for `dsctl sweep` without a spec; whether it
+    can take a sweep now is for the sweep to say (AttachedDeployment.claim), so one still running its job is named,
+    not missed."""
+    detached = [d for d in active_deployments() if d.monitor is not None]
+    if not detached:
+        raise SpecError("no deployment is up to sweep. Start one with `dsctl up JOB.yaml --detach`, "
+                        "or name a spec: `dsctl sweep JOB.yaml --workers 1..8`.")
+    if len(detached) > 1:
+        raise SpecError(f"{len(detached)} deployments are up ({', '.join(d.run_id for d in detached)}); "
+                        "name the spec to sweep, or take the others down with `dsctl down RUN`.")
+    dep = detached[0]
+    record = RunStore().get(dep.run_id)
+    spec_path = Path(record.spec_path) if record and record.spec_path and Path(record.spec_path).exists() \
+        else Path(dep.run_dir) / "spec.yaml"
+    return dep, load_job(spec_path)
+
+
+def sweep(spec_path: Path | None, options: SweepOptions, listener: Callable[[Progress], None],
+          on_plan: Callable[[list[int], list[int]], None]) -> RunRecord:
+    """`dsctl sweep`: the job over worker counts, on its own deployment (`spec_path`) or the one `dsctl up --detach`
+    left running (None); `on_plan` is told which counts run and which are predicted before anything is measured.
+    Returns the sweep's record. Ctrl-C, SIGTERM or SIGHUP end it as Interrupted, keeping the finished points and
+    leaving nothing running."""
+    runner = None
+    try:
+        attach = None
+        if spec_path is None:
+            attach, loaded = detached_target()
+        else:
+            # entrypoints are imported and checked in a (contained) child process; a sweep repeats the pipeline, so
+            # it reads no epochs (mode None)
+            loaded = load_job(spec_path, mode=None)
+        runner = SweepRunner(loaded, options, attach=attach)
+        on_plan(*runner.plan())
+        runner.listener = listener
+        runner.run()
+    except KeyboardInterrupt as exc:
+        name = signal.Signals(signum_of(exc)).name
+        if runner is None:
+            raise Interrupted(f"interrupted ({name}) before the sweep started; nothing was started.",
+                              signum_of(exc)) from None
+        raise Interrupted(f"interrupted ({name}): sweep {runner.sweep_id} keeps the points it finished "
+                          f"(`dsctl runs show {runner.sweep_id}`); nothing it started is left running.",
+                          signum_of(exc)) from None
+    return runner.store.recorded(runner.sweep_id)

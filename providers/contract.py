@@ -289,11 +289,14 @@ class RunObjects(Protocol):
 @dataclass(frozen=True)
 class HandOffLimits:
     """How long a run supervised on the cloud may last, may go without hearing from an attached follower, and may
-    take from its hand-over to its first batch (its supervisor starts the servers: machines boot, install)."""
+    take from its hand-over to its first batch (its supervisor starts the servers: machines boot, install); and the
+    spec fields that set the first two, which every message about them names."""
 
     max_duration_s: float
     outage_limit_s: float
     first_batch_s: float = 300.0
+    max_duration_field: str = "max_duration_s"  # e.g. gcp.max_duration_s
+    outage_limit_field: str = "outage_limit_s"  # e.g. gcp.outage_limit_s
 
 
 @runtime_checkable
@@ -353,17 +356,48 @@ class Plans(Protocol):
         """Check what can be checked, show the plan and ask; True to go ahead. SpecError where nobody can answer."""
 
 
-@dataclass(frozen=True)
-class Where:
-    """Where to look for a run with no local state (dsctl down RUN --project P --zone Z --bucket B)."""
+LocateUse = Literal["down", "record", "check"]  # finding a run's resources, its published record, a place to check
 
-    project: str | None = None
-    zone: str | None = None
-    bucket: str | None = None
+
+@dataclass(frozen=True)
+class LocateOption:
+    """A command-line option that says where to look (`dsctl down RUN --project P`), as a provider that finds runs by
+    label declares it: the commands get their options from the providers (orchestrator/locate.py), never the other
+    way round. `uses`: which lookups it serves (down: a run's resources; record: a supervised run's published record,
+    for `dsctl logs` and `dsctl runs show`; check: the place `dsctl check` checks)."""
+
+    name: str  # the option's name: --<name>
+    help: str
+    uses: frozenset[LocateUse] = frozenset({"down", "record", "check"})
+    hint: bool = True  # said where users are told how to look elsewhere ("add --project P --zone Z")
+
+
+class Where:
+    """Where to look for a run with no local state, or a place to check: the values given to the options that locate
+    (LocateOption), by name; an option not given is None."""
+
+    def __init__(self, **values: str | None) -> None:
+        self._values = {name: value for name, value in values.items() if value}
+
+    def get(self, name: str) -> str | None:
+        return self._values.get(name)
 
     @property
     def given(self) -> bool:
-        return bool(self.project or self.zone or self.bucket)
+        return bool(self._values)
+
+    def said(self) -> str:
+        """As the command line gave it: '--project p --bucket b'."""
+        return " ".join(f"--{name} {value}" for name, value in self._values.items())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Where) and other._values == self._values
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._values.items())))
+
+    def __repr__(self) -> str:
+        return f"Where({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
 
 
 @dataclass(frozen=True)
@@ -390,7 +424,9 @@ class ChecksPlace(Protocol):
 
 @runtime_checkable
 class FindsByLabel(Protocol):
-    """A run's resources carry its name: they can be found, and removed, with no local state."""
+    """A run's resources carry its name: they can be found, and removed, with no local state. Where to look is said
+    with the options its registration points at (specs/places.py Place.locate: a tuple of LocateOption), which the
+    commands that find runs offer."""
 
     def looks_there(self, where: Where) -> bool:
         """Whether `where` (or the environment) names a place of this provider to look in."""

@@ -25,15 +25,20 @@ ENTRY_POINTS = "dsctl.providers"
 @dataclass(frozen=True)
 class Place:
     """A provider as a spec sees it: the module that implements it (importing it registers its class with
-    providers/registry.py) and the catalog (a shipped name, or a file's path) its runs are priced from by default."""
+    providers/registry.py), the catalog (a shipped name, or a file's path) its runs are priced from by default, and,
+    for one that finds runs by label, where its options that say where to look are."""
 
     module: str
     pricing: str
+    # A provider that finds runs by label: where the options that say where to look are, "module:NAME" (a tuple of
+    # providers.contract.LocateOption), read without importing the provider's module.
+    locate: str | None = None
 
 
 SHIPPED: dict[str, Place] = {
     "local": Place("dsctl.providers.local", pricing="gcp-us-central1-2025"),  # priced as the machines it stands for
-    "gcp": Place("dsctl.providers.gcp", pricing="gcp-us-central1-2025"),
+    "gcp": Place("dsctl.providers.gcp.provider", pricing="gcp-us-central1-2025",
+                 locate="dsctl.providers.gcp.locating:OPTIONS"),
 }
 
 

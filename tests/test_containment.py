@@ -369,7 +369,7 @@ def _dsctl_cgroups() -> list[Path]:
 def test_an_empty_cgroup_of_a_run_whose_state_is_garbled_is_removed_by_down_all(home):
     """A `dsctl down` killed before it removed the run's cgroup leaves it empty, with nothing else of the run: the next
     `down --all` still finds it (by the run's name) and removes it."""
-    from dsctl.orchestrator import deployments
+    from dsctl.orchestrator import deployments, takedown
     from dsctl.providers import Where
 
     run_dir = home / "runs" / "empty-1129-040000-abcd"
@@ -378,7 +378,7 @@ def test_an_empty_cgroup_of_a_run_whose_state_is_garbled_is_removed_by_down_all(
     group, _ = Cgroup.make(cgroup_name(RUN_PREFIX, run_dir.name))
     assert group is not None and group.exists() and group.pids() == []
     said: list[str] = []
-    deployments.down(None, True, Where(), say=said.append)
+    takedown.down(None, True, Where(), say=said.append)
     assert not group.exists(), said
     assert said and said[0].startswith(f"{run_dir.name}: down (its state file could not be read: rebuilt from its "
                                        f"cgroup {group.path} (0 process(es) in it)"), said

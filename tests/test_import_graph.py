@@ -199,7 +199,7 @@ def test_the_graph_sees_every_kind_of_import():
     TYPE_CHECKING imports are not."""
     graph = edges(modules())
     assert "dsctl.providers.state" in graph["dsctl.providers.local.state"]  # from ..state import ...
-    assert "dsctl.runtime.readiness" in graph["dsctl.orchestrator.deployments"]  # inside _sweep_on
+    assert "dsctl.runtime.readiness" in graph["dsctl.orchestrator.takedown"]  # inside sweep_on
     assert "dsctl.providers.contract" not in graph["dsctl.providers.registry"]  # under TYPE_CHECKING
     assert "dsctl.providers.contract" in edges(modules(), type_hints=True)["dsctl.providers.registry"]
     assert "dsctl.providers.gcp.remote" in graph["dsctl.providers.gcp.watch"]  # from . import remote

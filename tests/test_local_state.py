@@ -71,7 +71,7 @@ def test_an_old_local_state_file_reads_as_typed_state(tmp_path):
 def test_dsctl_down_of_an_old_local_state_file_stops_every_process_it_names(home):
     """The monitor, the launcher, the servers and the trainer the old file names, each a live process group here,
     are all stopped by `dsctl down RUN`, which then records the deployment as down."""
-    from dsctl.orchestrator.deployments import down
+    from dsctl.orchestrator.takedown import down
     from dsctl.providers import Where
 
     keys = ["monitor-0", "launcher-0", "dispatcher-0", "worker-0", "worker-1", "trainer-0"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsctl.orchestrator import deployments
+from dsctl.orchestrator import takedown
 from dsctl.orchestrator.store import AmbiguousRun, RunStore
 from dsctl.providers import Deployment, Where
 from dsctl.specs import SpecError, load_spec_text
@@ -41,7 +41,7 @@ def test_down_of_a_prefix_of_two_deployments_lists_them_instead_of_finding_none(
         run_dir.mkdir(parents=True)
         Deployment(run_id=run_id, provider="local", run_dir=str(run_dir), status="up").save()
     with pytest.raises(AmbiguousRun, match="begins the ids of 2 deployments that are up"):
-        deployments.down("job-1129", False, Where(), say=print)
+        takedown.down("job-1129", False, Where(), say=print)
 
 
 def test_down_of_a_prefix_of_two_recorded_runs_with_no_deployment_lists_them(home):
@@ -49,4 +49,4 @@ def test_down_of_a_prefix_of_two_recorded_runs_with_no_deployment_lists_them(hom
     for run_id in ("job-1129-0401-aaaa", "job-1129-0402-bbbb"):
         record(store, run_id)
     with pytest.raises(AmbiguousRun, match="begins the ids of 2 runs"):
-        deployments.down("job-1129", False, Where(), say=print)
+        takedown.down("job-1129", False, Where(), say=print)

@@ -9,7 +9,7 @@
     recovery.py     stopped and deleted VMs, SSH outages, reported to the supervisor; restore.py starts a VM again
     handoff.py      a run handed to a supervisor on its dispatcher VM (HandsOff)
     teardown.py     `down`: stopped, brought home, deleted and confirmed gone
-    plan.py         what `dsctl up --dry-run` shows, and the question before anything bills (Plans)
+    planning.py     what `dsctl up --dry-run` shows, and the question before anything bills (Plans)
     bylabel.py      a run's resources and record found by label, with no local state (FindsByLabel)
     threads.py      doing one thing to many VMs at once, and their events told on the orchestrator's thread
     resources.py    parallel create (one bulk insert for workers), wait for RUNNING, confirmed delete
@@ -22,14 +22,25 @@
     preflight.py, data.py                         checks against the live project; a builtin's data in the bucket
 
 Nothing here imports the Google Cloud libraries at import time (they take about a second);
-each module imports them where it calls them. Importing this package registers the provider.
+each module imports them where it calls them. Importing provider.py registers the provider (specs/places.py
+names it); this package itself imports nothing until one of the names below is asked for, so the options that
+locate runs (locating.py) are read without the rest of it.
 """
 
-from .bylabel import down_by_label, find_by_label
-from .errors import GcpError
-from .plan import Plan, plan
-from .provider import GcpProvider
-from .state import GcpCodec, GcpDeployment, GcpNode, Vm
+from __future__ import annotations
 
-__all__ = ["GcpCodec", "GcpDeployment", "GcpError", "GcpNode", "GcpProvider", "Plan", "Vm", "down_by_label",
-           "find_by_label", "plan"]
+import importlib
+from typing import Any
+
+# What this package offers, and the module each comes from (imported when first asked for).
+_EXPORTS = {"GcpCodec": "state", "GcpDeployment": "state", "GcpNode": "state", "Vm": "state", "GcpError": "errors",
+            "GcpProvider": "provider", "Plan": "planning", "plan": "planning", "down_by_label": "bylabel",
+            "find_by_label": "bylabel"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

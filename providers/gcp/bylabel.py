@@ -28,7 +28,7 @@ from .storage import RunObjects, Staging
 
 def looks_there(where: Where) -> bool:
     """Whether the command line or the environment names a project or zone to look in."""
-    return bool(where.project or where.zone or os.environ.get("GOOGLE_CLOUD_PROJECT")
+    return bool(where.get("project") or where.get("zone") or os.environ.get("GOOGLE_CLOUD_PROJECT")
                 or os.environ.get("CLOUDSDK_COMPUTE_ZONE"))
 
 
@@ -79,20 +79,20 @@ def down_by_label(project: str, zone: str, run_id: str, log: Callable[[str], Non
 def down_where(run_id: str, where: Where, log: Callable[[str], None]) -> Found:
     """`dsctl down RUN` when RUN has no local state: delete what carries its label where `where` (or the
     environment) says. Returns what was found (and deleted); Found.empty when there was nothing."""
-    project = _project(where.project)
-    zone = where.zone or os.environ.get("CLOUDSDK_COMPUTE_ZONE")
+    project = _project(where.get("project"))
+    zone = where.get("zone") or os.environ.get("CLOUDSDK_COMPUTE_ZONE")
     if not project or not zone:
         raise SpecError(f"run '{run_id}' has no local state; to find its Google Cloud resources by label, give the "
                         "project and zone (--project P --zone Z, or GOOGLE_CLOUD_PROJECT and CLOUDSDK_COMPUTE_ZONE).")
-    return down_by_label(project, zone, run_id, log=log, bucket=where.bucket)
+    return down_by_label(project, zone, run_id, log=log, bucket=where.get("bucket"))
 
 
 def record_where(run_id: str, where: Where) -> RunObjects:
     """A supervised run's published record (orchestrator/cloudrecord.py) when RUN has no local state:
     gs://<bucket>/dsctl/runs/<run>/record/, the bucket defaulting to <project>-dsctl."""
-    project = _project(where.project)
+    project = _project(where.get("project"))
     if not project:
         raise SpecError(f"run '{run_id}' has no local state; to read its record from Cloud Storage, give the project "
                         "(--project P, or GOOGLE_CLOUD_PROJECT) and, if it is not <project>-dsctl, the bucket (--bucket).")
-    settings = _settings(project, "", where.bucket)
+    settings = _settings(project, "", where.get("bucket"))
     return RunObjects(Clients(settings).storage, settings.bucket, run_id)

@@ -45,7 +45,8 @@ def limits(spec: JobSpec) -> HandOffLimits:
     g = _gcp(spec)
     # The supervisor reaches each VM (SSH up, bootstrap done) before it starts their servers, then the first batch.
     return HandOffLimits(max_duration_s=g.max_duration_s, outage_limit_s=g.outage_limit_s,
-                         first_batch_s=g.ssh_timeout_s + g.startup_timeout_s + 300.0)
+                         first_batch_s=g.ssh_timeout_s + g.startup_timeout_s + 300.0,
+                         max_duration_field="gcp.max_duration_s", outage_limit_field="gcp.outage_limit_s")
 
 
 def detaching(spec: JobSpec) -> SpecError | None:

@@ -33,7 +33,17 @@ from dsctl.runtime.sampler import Sample
 from dsctl.specs import SpecError
 from dsctl.specs.schema import JobSpec
 
-from ..contract import Bill, Billed, CheckResult, EventSink, HandOffLimits, Poll, TrainerLaunch, TrainerState, Where
+from ..contract import (
+    Bill,
+    Billed,
+    CheckResult,
+    EventSink,
+    HandOffLimits,
+    Poll,
+    TrainerLaunch,
+    TrainerState,
+    Where,
+)
 from ..registry import register
 from ..state import Deployment, Node, StateCodec
 from . import accounts, billing, bylabel, context, handoff, preflight, processes, restore, stage, teardown, vms
@@ -43,8 +53,8 @@ from .data import root as data_root
 from .errors import GcpError, SshUnreachable, explained
 from .heartbeat import Heartbeat
 from .machinetypes import machine_kind
-from .plan import confirm as ask_first
-from .plan import plan as priced_plan
+from .planning import confirm as ask_first
+from .planning import plan as priced_plan
 from .recovery import Recovery
 from .settings import resolve
 from .state import GcpCodec, GcpDeployment, gcp
@@ -369,7 +379,7 @@ class GcpProvider:
     # -- ChecksPlace: `dsctl check gcp` (preflight.py) -------------------------------------------------------------
     def check_place(self, spec: JobSpec, where: Where) -> list[CheckResult]:
         """Every check a run of `spec` meets before anything is created, each with its verdict; creates nothing."""
-        settings = resolve(spec, project=where.project, zone=where.zone)
+        settings = resolve(spec, project=where.get("project"), zone=where.get("zone"))
         return preflight.report(Clients(settings), spec, settings.run_software,
                                 reaches_vms=(spec.gcp.supervisor if spec.gcp else "vm") == "here")
 
@@ -381,7 +391,7 @@ class GcpProvider:
                 echo: Callable[[str], None]) -> bool:
         return ask_first(spec, workers, yes=yes, ask=ask, echo=echo)
 
-    # -- FindsByLabel: a run's resources with no local state (bylabel.py) -------------------------------------------
+    # -- FindsByLabel: a run's resources with no local state (bylabel.py; where to look: locating.py) ---------------
     def looks_there(self, where: Where) -> bool:
         return bylabel.looks_there(where)
 

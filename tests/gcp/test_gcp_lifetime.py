@@ -57,7 +57,7 @@ def test_every_vm_with_a_limit_is_deleted_at_it_spot_ones_too():
 
 
 def test_the_plan_prices_a_supervising_dispatcher_on_demand_and_says_so(no_credentials):
-    from dsctl.providers.gcp.plan import plan
+    from dsctl.providers.gcp.planning import plan
     from dsctl.specs import load_spec_text
 
     text = ("name: g\nprovider: gcp\nservice: {workers: 2, provisioning: spot}\n"

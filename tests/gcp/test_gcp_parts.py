@@ -467,7 +467,7 @@ class _Talk:
 def test_confirm_asks_only_for_gcp_and_never_without_a_terminal(cloud, home, tmp_path):
     from dsctl.orchestrator.up import UpOptions, approved
     from dsctl.providers.gcp import GcpProvider
-    from dsctl.providers.gcp.plan import confirm
+    from dsctl.providers.gcp.planning import confirm
 
     spec = load_spec(gcp_spec(tmp_path / "job", home=home)).spec
     shown, asked = [], []
