@@ -142,7 +142,7 @@ def check_autoscale(loaded: LoadedSpec, policy: str | None = None):
         auto = (auto or AutoscaleSpec()).model_copy(update={"policy": policy, "settings": {}})
     if auto is None:
         return None
-    config_model = POLICIES[auto.policy][1]
+    config_model = POLICIES[auto.policy].settings
     for key in auto.settings:
         if key not in config_model.model_fields or key in ("min_workers", "max_workers"):
             valid = sorted(k for k in config_model.model_fields if k not in ("min_workers", "max_workers"))

@@ -147,10 +147,15 @@ class CheckpointSpec(Strict):
         return v
 
 
+# The scaling policies a spec may name, each the module orchestrator/policies/<name>.py (which defines POLICY): a new
+# policy is that module and its name here.
+AutoscalePolicy = Literal["cachew", "cpu"]
+
+
 class AutoscaleSpec(Strict):
     """Scale workers while the job runs (Cachew's policy, or the CPU-utilization baseline)."""
 
-    policy: Literal["cachew", "cpu"] = "cachew"
+    policy: AutoscalePolicy = "cachew"
     min_workers: int = Field(1, ge=1, le=MAX_WORKERS, description="the job starts here")
     max_workers: int = Field(8, ge=1, le=MAX_WORKERS)
     settings: dict = Field(default_factory=dict, description="policy constants, e.g. threshold, pause_batches")
