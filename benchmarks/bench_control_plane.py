@@ -26,13 +26,11 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
 BUCKET = "bench-control-plane"
 
 
@@ -192,5 +190,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO / "tests"))
     main()

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_gcp_updown.py [--workers 640] [--latency-ms 200] [--no-boot] [--out bench.json]
 
-1. Create and delete. The Compute Engine stand-in (tests/gcp/fake_gce.py) runs in its own
+1. Create and delete. The Compute Engine stand-in (standins/fake_gce.py) runs in its own
    process and answers every call after --latency-ms; operations finish 50 ms after they
    start, VMs reach RUNNING 200 ms after creation and vanish 100 ms after deletion. dsctl's
    own code does the work (providers/gcp/resources.py: the two firewall rules, the
@@ -11,7 +11,7 @@
    the VMs are not part of this figure. Printed beside the sequential estimate (one call after
    another, each VM inserted, waited for and checked on its own: 3 calls per VM) and the goal
    (each under 10 s).
-2. Boot (needs root; tests/gcp/vmboot.py): ONE worker VM, a Debian 12 root filesystem whose
+2. Boot (needs root; standins/vmboot.py): ONE worker VM, a Debian 12 root filesystem whose
    network reaches only a metadata-server stand-in and the Cloud Storage emulator, runs dsctl's
    real startup script against the wheelhouse dsctl builds (pip download, cached) and stages.
    Measured: its bootstrap seconds and the bytes the stand-ins served it. Every worker VM runs
@@ -60,7 +60,7 @@ def boot(workers: int) -> dict:
     """One worker VM's real bootstrap from Cloud Storage, measured; the fleet's bytes computed from it."""
     import tempfile
 
-    sys.path.insert(0, str(REPO / "tests" / "gcp"))
+    sys.path.insert(0, str(REPO / "standins"))
     import vmboot
 
     from dsctl.providers.gcp import software, startup, wheelhouse
@@ -112,7 +112,7 @@ def boot(workers: int) -> dict:
 
 
 def updown(args) -> dict:
-    fake = subprocess.Popen([sys.executable, str(REPO / "tests" / "gcp" / "fake_gce.py"), "--latency-ms",
+    fake = subprocess.Popen([sys.executable, str(REPO / "standins" / "fake_gce.py"), "--latency-ms",
                              str(args.latency_ms), "--provisioning-ms", "100", "--stopping-ms", "100", "--op-ms", "50"],
                             stdout=subprocess.PIPE, text=True)
     try:

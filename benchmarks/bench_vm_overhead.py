@@ -16,7 +16,7 @@ are measured here:
   - stand-in VMs: one directory per VM with a real process in it (an idle Python started with
     remote.launch, exactly as a server is started on a VM: pid, shpid, rc files, and the ready file a
     server writes once it serves), one loopback address per VM served by a real OpenSSH sshd
-    (tests/gcp/sshd.py, as the provider's tests use) when one is installed (--sshd, default
+    (standins/sshd.py, as the provider's tests use) when one is installed (--sshd, default
     /usr/sbin/sshd); without one, the status command runs through `bash -c` on this machine and sshd's
     own share is not measured (the printout says which);
   - the supervisor: a child process running dsctl's own Watcher and Ssh (fabric) against those VMs,
@@ -58,7 +58,7 @@ from types import SimpleNamespace
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "gcp"))  # the provider's test stand-ins: sshd, the GCS emulator fixture's server
+sys.path.insert(0, str(REPO / "standins"))  # the loopback stand-ins the provider's tests use too: sshd
 
 GOAL_PERCENT = 1.0
 FIRST_ADDRESS = "127.0.0.2"

@@ -1,7 +1,7 @@
 """A company project as organizations set them up: OS Login enforced, external addresses forbidden.
 
 The stand-in refuses any VM that turns OS Login off (constraints/compute.requireOsLogin) or asks for an
-external address (constraints/compute.vmExternalIpAccess), and its "guest agent" (tests/gcp/sshd.py) lets
+external address (constraints/compute.vmExternalIpAccess), and its "guest agent" (standins/sshd.py) lets
 in, on a VM with OS Login on, only keys registered with the OS Login API, never `ssh-keys` metadata. A run
 from inside the VPC (gcp.public_ips: false) must still go end to end, with its key in OS Login for the
 caller only while the run lasts.

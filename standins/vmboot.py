@@ -214,7 +214,7 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 _HERE = str(Path(__file__).resolve().parent)
-if _HERE not in sys.path:  # metadata_server sits next to this file (tests/gcp is not a package)
+if _HERE not in sys.path:  # metadata_server sits next to this file (standins/ is not a package)
     sys.path.insert(0, _HERE)
 from metadata_server import MetadataServer, Served, ThreadedService  # noqa: E402
 
@@ -1789,7 +1789,7 @@ def _remove_tree(path: Path) -> None:
 # =================================================================================================
 _RUNNER = r'''#!/usr/bin/python3
 """Stand-in for the Google guest environment's google_metadata_script_runner (guest-agent,
-google_metadata_script_runner/main.go), written by the dsctl test harness (tests/gcp/vmboot.py).
+google_metadata_script_runner/main.go), written by the dsctl test harness (standins/vmboot.py).
 
 Journal lines go to stdout exactly as the real runner logs them; machine-readable events for the
 harness go to stderr as JSON lines."""
