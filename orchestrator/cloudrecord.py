@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from .records import CloudLatest
 from .store import RunStore
@@ -58,7 +58,7 @@ class Publisher:
         self._parts = 0
         self._sampled: dict[tuple[str, int], float] = {}  # (role, index) -> time of its last published sample
 
-    def publish(self, progress: dict | None = None) -> None:
+    def publish(self, progress: dict[str, Any] | None = None) -> None:
         rows = {}
         for table in RunStore.COPIED:
             rows[table], self._after[table] = self.store.rows_after(table, self.run_id, self._after[table])
@@ -73,7 +73,7 @@ class Publisher:
         self.objects.put(LATEST, json.dumps(latest).encode())
 
 
-    def _due(self, row: dict) -> bool:
+    def _due(self, row: dict[str, Any]) -> bool:
         key = (row["role"], row["idx"])
         if row["t"] - self._sampled.get(key, -UTILIZATION_EVERY_S) < UTILIZATION_EVERY_S:
             return False

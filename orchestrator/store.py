@@ -29,11 +29,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from dsctl.specs import SpecError
 
 from .home import StoreError, dsctl_home, existing, notices, private_home, read_only, tighten
 from .records import RunEvent, RunRecord, summary_json
+
+if TYPE_CHECKING:
+    from dsctl.runtime.sampler import Sample
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -128,7 +132,7 @@ class RunStore:
     def __init__(self, path: str | Path | None = None):
         self.path = Path(path) if path else dsctl_home() / "runs.db"
         private_home(self.path.parent)
-        self._backlog: list[tuple[str, list]] = []  # (sql, rows) not written yet, oldest first
+        self._backlog: list[tuple[str, list[Any]]] = []  # (sql, rows) not written yet, oldest first
         self._next_retry = 0.0
         self.last_error: str | None = None
         try:
@@ -203,7 +207,7 @@ class RunStore:
                 raise
             raise StoreError(self._set_aside(exc)) from None
 
-    def _rows(self, sql: str, args: tuple | list = ()) -> list[sqlite3.Row]:
+    def _rows(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[sqlite3.Row]:
         with self._guard():
             return self._db.execute(sql, args).fetchall()
 
@@ -226,7 +230,7 @@ class RunStore:
             return False  # cannot be looked at now (a permission changed): nothing to say it moved
 
     # -- writing ---------------------------------------------------------------
-    def create_run(self, **cols) -> None:
+    def create_run(self, **cols: Any) -> None:
         """The one write that is never deferred: a run that cannot be recorded does not start."""
         cols.setdefault("created_at", time.time())
         names = ", ".join(cols)
@@ -238,13 +242,13 @@ class RunStore:
             raise StoreError(f"{self.path} would not take the record of a new run ({exc}), so nothing was started: "
                              f"{self._remedy(exc)}") from None
 
-    def update_run(self, run_id: str, **cols) -> None:
+    def update_run(self, run_id: str, **cols: Any) -> None:
         if "summary" in cols:
             cols["summary_json"] = summary_json(cols.pop("summary"))
         sets = ", ".join(f"{k} = ?" for k in cols)
         self._write(f"UPDATE runs SET {sets} WHERE id = ?", [(*cols.values(), run_id)])
 
-    def add_window(self, run_id: str, window: dict, workers: int | None) -> None:
+    def add_window(self, run_id: str, window: dict[str, Any], workers: int | None) -> None:
         values = [window.get(f) for f in WINDOW_FIELDS]
         loss = values[WINDOW_FIELDS.index("loss")]
         if isinstance(loss, float) and math.isnan(loss):  # SQLite keeps NaN as NULL: as text, it stays NaN
@@ -257,11 +261,11 @@ class RunStore:
             [(run_id, *values, workers)],
         )
 
-    def set_trainer_result(self, run_id: str, trainer: int, result: dict) -> None:
+    def set_trainer_result(self, run_id: str, trainer: int, result: dict[str, Any]) -> None:
         self._write("INSERT OR REPLACE INTO trainer_results (run_id, trainer, result_json) VALUES (?, ?, ?)",
                     [(run_id, trainer, json.dumps(result))])
 
-    def add_utilization(self, run_id: str, t: float, rows: list) -> None:
+    def add_utilization(self, run_id: str, t: float, rows: list[Sample]) -> None:
         self._write(
             "INSERT INTO utilization (run_id, t, role, idx, cpu_cores, rss_bytes, cpu_seconds) VALUES (?, ?, ?, ?, ?, ?, ?)",
             [(run_id, t, s.role, s.index, s.cpu_cores, s.rss_bytes, s.cpu_seconds) for s in rows],
@@ -272,7 +276,7 @@ class RunStore:
                     [(run_id, t or time.time(), kind, message)])
 
     # -- writes that cannot be made now ---------------------------------------------
-    def _write(self, sql: str, rows: list) -> None:
+    def _write(self, sql: str, rows: list[Any]) -> None:
         self._backlog.append((sql, [list(r) for r in rows]))
         if time.monotonic() >= self._next_retry:
             self.flush()
@@ -337,7 +341,7 @@ class RunStore:
                 continue
             path.unlink(missing_ok=True)
 
-    def _transaction(self, statements: list[tuple[str, list]], once: str | None = None) -> None:
+    def _transaction(self, statements: list[tuple[str, list[Any]]], once: str | None = None) -> None:
         """All the statements or none (the connection is in autocommit mode otherwise). With `once` (a kept
         file's name): none if that name was written before, and the name with them otherwise."""
         self._db.execute("BEGIN IMMEDIATE")
@@ -353,7 +357,7 @@ class RunStore:
                 self._db.execute("ROLLBACK")
             raise
 
-    def _pending(self, table: str, run_id: str) -> list[dict]:
+    def _pending(self, table: str, run_id: str) -> list[dict[str, Any]]:
         """The run's rows of `table` still in the backlog: what a run reads back (its summary) counts them too."""
         head = f"INSERT INTO {table} ("
         out = []
@@ -397,7 +401,7 @@ class RunStore:
     def list(self, limit: int | None = None, kinds: tuple[str, ...] = ("job", "sweep"), since: float | None = None,
              parent_id: str | None = None) -> list[RunRecord]:
         sql = f"SELECT * FROM runs WHERE kind IN ({', '.join('?' * len(kinds))})"
-        args: list = list(kinds)
+        args: list[Any] = list(kinds)
         if since is not None:
             sql += " AND created_at >= ?"
             args.append(since)
@@ -412,7 +416,7 @@ class RunStore:
     def ids(self) -> builtins.list[str]:
         return [r[0] for r in self._rows("SELECT id FROM runs ORDER BY created_at DESC")]
 
-    def windows(self, run_id: str) -> builtins.list[dict]:
+    def windows(self, run_id: str) -> builtins.list[dict[str, Any]]:
         """The run's windows by end time; `metrics` decoded (a dict, or None)."""
         stored = [dict(r) for r in self._rows("SELECT * FROM windows WHERE run_id = ? ORDER BY t_end", (run_id,))]
         pending = self._pending("windows", run_id)
@@ -427,11 +431,11 @@ class RunStore:
         """The runs that restored this run's checkpoints (`dsctl up --resume RUN`), oldest first."""
         return [r[0] for r in self._rows("SELECT id FROM runs WHERE resumed_from = ? ORDER BY created_at", (run_id,))]
 
-    def trainer_results(self, run_id: str) -> dict[int, dict]:
+    def trainer_results(self, run_id: str) -> dict[int, dict[str, Any]]:
         rows = self._rows("SELECT trainer, result_json FROM trainer_results WHERE run_id = ?", (run_id,))
         return {r[0]: json.loads(r[1]) for r in rows}
 
-    def utilization(self, run_id: str) -> builtins.list[dict]:
+    def utilization(self, run_id: str) -> builtins.list[dict[str, Any]]:
         stored = [dict(r) for r in self._rows("SELECT * FROM utilization WHERE run_id = ? ORDER BY t", (run_id,))]
         pending = self._pending("utilization", run_id)
         return sorted(stored + pending, key=lambda u: u["t"]) if pending else stored
@@ -443,11 +447,11 @@ class RunStore:
     # -- copying a run's record between stores (orchestrator/cloudrecord.py) -------------------
     COPIED = ("windows", "events", "utilization")  # append-only tables, copied by rowid
 
-    def run_row(self, run_id: str) -> dict | None:
+    def run_row(self, run_id: str) -> dict[str, Any] | None:
         rows = self._rows("SELECT * FROM runs WHERE id = ?", (run_id,))
         return dict(rows[0]) if rows else None
 
-    def rows_after(self, table: str, run_id: str, rowid: int) -> tuple[builtins.list[dict], int]:
+    def rows_after(self, table: str, run_id: str, rowid: int) -> tuple[builtins.list[dict[str, Any]], int]:
         """A copied table's rows of the run written after `rowid`, and the last rowid seen."""
         if table not in self.COPIED:
             raise ValueError(f"not a copied table: {table}")
@@ -459,14 +463,14 @@ class RunStore:
             r.pop("_rowid", None)
         return out, last
 
-    def put_run_row(self, row: dict) -> None:
+    def put_run_row(self, row: dict[str, Any]) -> None:
         """Insert or replace a run's row as another store had it (its columns; unknown ones are dropped)."""
         known = [c[1] for c in self._rows("PRAGMA table_info(runs)")]
         cols = {k: row[k] for k in known if k in row}
         self._write(f"INSERT OR REPLACE INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
                     [tuple(cols.values())])
 
-    def add_rows(self, table: str, rows: builtins.list[dict]) -> None:
+    def add_rows(self, table: str, rows: builtins.list[dict[str, Any]]) -> None:
         """Append rows of a copied table as another store had them."""
         if table not in self.COPIED:
             raise ValueError(f"not a copied table: {table}")
@@ -486,7 +490,7 @@ def _inode(path: Path) -> int | None:
         return None
 
 
-def _replayable(text: str) -> list[tuple[str, list]]:
+def _replayable(text: str) -> list[tuple[str, list[Any]]]:
     """A kept file's statements: only those this module defers (REPLAYABLE); nothing else in it is run."""
     entries = [json.loads(line) for line in text.splitlines() if line.strip()]
     return [(e["sql"], e["rows"]) for e in entries if e["sql"].startswith(REPLAYABLE)]
