@@ -1,7 +1,7 @@
 """Closing the records a deployment's removal interrupts: the run's own, from what its trainers wrote for
 themselves (reconcile.py), and a sweep's with its points.
 
-`dsctl down` calls it after the teardown (deployments.py): a record still "running" has lost the `dsctl up` or
+`dsctl down` calls it after the teardown (takedown.py): a record still "running" has lost the `dsctl up` or
 `dsctl sweep` that would have written how it ended, and is closed here from what is left on disk.
 """
 

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dsctl.specs import SpecError
+from dsctl.specs import UsageError
 
 from .home import StoreError, dsctl_home, existing, notices, private_home, read_only, tighten
 from .records import RunEvent, RunRecord, summary_json
@@ -104,8 +104,8 @@ WINDOW_FIELDS = ("trainer", "t_start", "t_end", "batches", "examples", "batches_
 ADDED_COLUMNS = {"windows": {"queue_fill": "REAL", "loss": "REAL", "metrics": "TEXT"},
                  "runs": {"resumed_from": "TEXT", "checkpoint_dir": "TEXT"}}
 
-class AmbiguousRun(SpecError):
-    """A run-id prefix that begins several runs' ids (bad input, exit 2): they are listed, newest first."""
+class AmbiguousRun(UsageError):
+    """A run-id prefix that begins several runs' ids (a usage error, exit 2): they are listed, newest first."""
 
     def __init__(self, ref: str, ids: builtins.list[str], what: str = "runs"):
         shown = ", ".join(ids[:AMBIGUOUS_SHOWN]) + (f" and {len(ids) - AMBIGUOUS_SHOWN} more"

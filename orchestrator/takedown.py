@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 from dsctl.providers import Deployment, HandsOff, Where, containment, get_provider, load_deployment
 from dsctl.providers.processes import is_ours, stop_groups
-from dsctl.specs import SpecError
+from dsctl.specs import SpecError, UsageError
 
 from . import boards, closing, cloudruns, endings, home, imports
 from .deployments import UNREADABLE, active_deployments, find, named_run_dir, rebuilt_from
 from .home import dsctl_home
-from .locate import finder
+from .locate import finder, locate_options
 from .store import RunStore, StoreError
 
 # What keeps `down` from writing a deployment's state once everything is stopped: said, not raised.
@@ -148,8 +148,8 @@ def down(run: str | None, all_: bool, where: Where, say: Callable[[str], None]) 
         targets = active_deployments()
         names = [d.run_id for d in targets] + [b.id for b in tensorboards]
         if len(names) > 1 and not all_:
-            raise SpecError(f"{len(names)} deployments are up ({', '.join(names)}); name one with `dsctl down RUN` or "
-                            "use --all.")
+            raise UsageError(f"{len(names)} deployments are up ({', '.join(names)}); name one with `dsctl down RUN` or "
+                             "use --all.")
     if not targets and not tensorboards:
         say("nothing is up.")
         return
@@ -169,9 +169,11 @@ def down_by_label(run: str, where: Where, say: Callable[[str], None]) -> None:
     cloud is asked to stop first, so its record says how it ended (and this machine gets a copy)."""
     found = finder(where)
     if found is None:
-        raise SpecError(f"no deployment found for run '{run}' on this machine; `dsctl status` lists the ones that are "
-                        "up. For a Google Cloud run whose local state is gone, add --project P --zone Z to find it by "
-                        "label.")
+        options = " ".join(f"--{o.name} {o.name[0].upper()}" for o in locate_options("down") if o.hint)
+        elsewhere = (f" For a run elsewhere whose local state is gone, add {options} to find what it made there by "
+                     "label.") if options else ""
+        raise UsageError(f"no deployment found for run '{run}' on this machine; `dsctl status` lists the ones that are "
+                         f"up.{elsewhere}")
     latest = cloudruns.stop(RunStore(), found.run_objects_by_label(run, where), run, "dsctl down")
     if latest is not None:
         say(f"{run}: its supervisor recorded it {latest.status}")

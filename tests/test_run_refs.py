@@ -50,3 +50,24 @@ def test_down_of_a_prefix_of_two_recorded_runs_with_no_deployment_lists_them(hom
         record(store, run_id)
     with pytest.raises(AmbiguousRun, match="begins the ids of 2 runs"):
         takedown.down("job-1129", False, Where(), say=print)
+
+
+def test_a_run_that_does_not_exist_and_a_bad_flag_are_usage_errors(home):
+    """As Click's UsageError: exit 2, one paragraph naming the run or the option and what would be valid."""
+    from dsctl.cli.up import choice
+    from dsctl.orchestrator.runs import find_run
+    from dsctl.specs import UsageError
+
+    record(RunStore(), "job-1129-0401-aaaa")
+    with pytest.raises(UsageError) as missing:
+        find_run(RunStore(), "nosuch")
+    assert missing.value.exit_code == 2 and str(missing.value) == ("no run 'nosuch' is recorded; `dsctl runs` lists "
+                                                                   "the recorded ones.")
+    with pytest.raises(UsageError, match="--mode must be one of service, colocated, ideal, got 'fast'"):
+        choice("fast", ("service", "colocated", "ideal"), "--mode")
+    assert issubclass(AmbiguousRun, UsageError)
+    for run_id in ("job-1", "job-2"):
+        (home / "runs" / run_id).mkdir(parents=True)
+        Deployment(run_id=run_id, provider="local", run_dir=str(home / "runs" / run_id), status="up").save()
+    with pytest.raises(UsageError, match="2 deployments are up .* name one with `dsctl down RUN` or use --all"):
+        takedown.down(None, False, Where(), say=print)

@@ -156,7 +156,7 @@ def _vm(data: dict[str, Any]) -> Vm:
 
 
 class GcpCodec:
-    """How the state above is read back from a state file (providers/state.py Deployment.load)."""
+    """How the state above is read back from a state file (providers/registry.py load_deployment)."""
 
     def node_state(self, data: dict[str, Any]) -> GcpNode:
         return from_dict(GcpNode, {**data, "vm": _vm(data["vm"])})
