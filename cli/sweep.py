@@ -13,6 +13,7 @@ from dsctl.specs.workercounts import parse_worker_counts
 from .errors import err_console
 from .live import LiveView
 from .render import console, print_json, sweep_plan_line, sweep_table
+from .up import choice
 
 WORKERS_HELP = ("worker counts; the end is always included. 8..640 doubles: 8,16,...,512,640 (the paper's Figure 9); "
                 "1..4 gives 1,2,4 and 1..4:1 every count; 1..6:2 steps by 2: 1,3,5,6; 8,16,64 is a list. The sweep "
@@ -43,10 +44,9 @@ def sweep(
     counts = parse_worker_counts(workers)
     if calibration is not None and not simulate:
         raise UsageError("--calibration predicts a sweep without running it; add --simulate.", field="--calibration")
-    if strategy not in ("in-place", "restart"):
-        raise UsageError(f"--strategy must be in-place or restart, got '{strategy}'.", field="--strategy")
     options = SweepOptions(counts=counts, window=Window.parse(window), warmup_s=warmup, simulate=simulate,
-                           tolerance=tolerance, out_dir=out, strategy=strategy,
+                           tolerance=tolerance, out_dir=out, strategy=choice(strategy, ("in-place", "restart"),
+                                                                             "--strategy"),
                            calibration=load_calibration(calibration) if calibration else None, asked=workers.strip())
     # SIGTERM (a scheduler, `kill`) and SIGHUP (a closed terminal) end the sweep as Ctrl-C does: everything it
     # started is stopped, its record says interrupted and keeps the finished points, exit 128 + the signal.

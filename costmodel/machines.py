@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from typing import Literal
 
 from dsctl.specs.errors import SpecError
+from dsctl.specs.schema import Accelerator
 
 
 @dataclass(frozen=True)
@@ -97,9 +97,6 @@ def shape(name: str) -> MachineShape:
         raise SpecError(
             f"unknown machine type '{name}'. Known machine types, closest first: {known_list(name, MACHINES)}."
         ) from None
-
-
-Accelerator = Literal["none", "gpu", "tpu"]  # what a trainer machine has, for its distribution strategy
 
 
 def accelerator_of(machine: str) -> tuple[Accelerator, int]:

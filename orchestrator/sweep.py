@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean
-from typing import Any
+from typing import Any, Literal
 
 from dsctl.costmodel import RunUsage, ThroughputModel, load_catalog, price
 from dsctl.costmodel.estimate import usage_from_spec
@@ -92,7 +92,7 @@ class SweepOptions:
     simulate: bool = False
     tolerance: float = 0.03
     out_dir: Path | None = None
-    strategy: str = "in-place"  # in-place | restart (restart: a fresh deployment per point, for comparison)
+    strategy: Literal["in-place", "restart"] = "in-place"  # restart: a fresh deployment per point, for comparison
     calibration: Calibration | None = None  # given: nothing runs, every count is predicted from it
     asked: str | None = None  # --workers as typed (e.g. 1..4), for saying which counts it gives
 

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from dsctl.errors import DsctlError, signum_of
 from dsctl.providers import HandOffLimits, HandsOff, Plans, get_provider
@@ -69,7 +69,7 @@ class UpOptions:
 class UpResult:
     """What came of `dsctl up`; `outcome` says which fields are set."""
 
-    outcome: str  # planned (dry run) | declined | finished | detached (here) | handed-off (to the cloud)
+    outcome: Literal["planned", "declined", "finished", "detached", "handed-off"]  # planned: a dry run; detached: here
     run_id: str | None = None
     record: RunRecord | None = None  # finished
     latest: CloudLatest | None = None  # handed-off: what the supervisor last published

@@ -39,10 +39,9 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from dsctl.costmodel.extras import Extra
-from dsctl.costmodel.machines import Accelerator
 from dsctl.runtime.sampler import Sample
 from dsctl.specs import SpecError
-from dsctl.specs.schema import JobSpec, Mode
+from dsctl.specs.schema import Accelerator, JobSpec, Mode
 
 from .state import Deployment, Node, StateCodec
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from dsctl.costmodel import Catalog, estimate
 from dsctl.costmodel.extras import LABEL, price_extras, priced_sum
@@ -23,18 +23,18 @@ from dsctl.costmodel.provisioning import PROVISIONING_LABEL
 from dsctl.specs import SpecError
 from dsctl.specs.schema import JobSpec
 
-from .contract import Bill
+from .contract import Bill, BillRole
 
 ADDITION_LABEL = LABEL
 
 
 @dataclass
 class PlanLine:
-    role: str  # dispatcher | workers | trainers
+    role: BillRole
     machine: str
     count: int
     kind: str  # what the place calls them: "VM", "GPU VM", "TPU VM", "process"
-    provisioning: str  # standard | spot
+    provisioning: Literal["standard", "spot"]
     per_hour_each: float | None  # None: not in the price catalog
 
     @property

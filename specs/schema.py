@@ -32,6 +32,9 @@ PROCESSING_MODES = get_args(ProcessingMode)
 # ideal input that never stalls (§4.1).
 Mode = Literal["service", "colocated", "ideal"]
 MODES: tuple[Mode, ...] = get_args(Mode)
+# What a trainer machine has, for its distribution strategy (from its machine type's shape: costmodel/machines.py).
+Accelerator = Literal["none", "gpu", "tpu"]
+ACCELERATORS: tuple[Accelerator, ...] = get_args(Accelerator)
 BuiltinPipeline = Literal["synthetic", "images", "text"]
 BUILTIN_PIPELINES = get_args(BuiltinPipeline)
 ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")

@@ -19,9 +19,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from .clients import Clients
 from .retry import call
+
+Scope = Literal["project", "account", "bucket"]  # what a grant or a permission test is on
 
 PROPAGATION_S = 480.0  # Google's "7 minutes or longer", and a minute more
 
@@ -30,7 +33,7 @@ PROPAGATION_S = 480.0  # Google's "7 minutes or longer", and a minute more
 class Where:
     """A resource permissions are tested on: the project (name ""), a service account, a bucket."""
 
-    kind: str  # project | account | bucket
+    kind: Scope
     name: str = ""
 
     def describe(self, project: str) -> str:

@@ -66,7 +66,7 @@ class Grant:
     """One role on one resource: the project (`target` its id), a service account (its email), a bucket (its name)."""
 
     role: str
-    scope: str  # project | account | bucket
+    scope: access.Scope
     target: str
     why: str
 

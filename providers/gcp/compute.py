@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import uuid
 from dataclasses import dataclass
+from typing import Literal
 
 from .clients import Clients
 from .machinetypes import machine_kind
@@ -35,7 +36,7 @@ class VmConfig:
     tag: str
     metadata: dict  # key -> value (ssh-keys, startup-script, dsctl-*)
     image: str = ""  # boot image (a family or image URL)
-    provisioning: str = "standard"  # standard (on-demand) | spot
+    provisioning: Literal["standard", "spot"] = "standard"  # on-demand, or Spot
     max_run_s: float | None = None  # Compute Engine deletes the VM after this long (every run's VMs have one)
     service_account: str | None = None  # what the VM runs as (accounts.py); None: the project's default account
     shielded: bool = False  # Shielded VM with Secure Boot (its image supports it, gcp.shielded_vm)

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from dsctl.specs import SpecError
 from dsctl.specs.schema import JobSpec
 
+from ..contract import BillRole
 from .billing import dispatcher_provisioning
 from .clients import Clients
 from .machinetypes import machine_kind
@@ -75,7 +76,7 @@ FIELDS = {"dispatcher": "service.dispatcher_machine", "workers": "service.worker
 class Group:
     """VMs of one role the run creates on Compute Engine: `count` of `machine`, Spot or not."""
 
-    role: str  # dispatcher | workers | trainers
+    role: BillRole
     machine: str
     count: int
     spot: bool

@@ -67,7 +67,7 @@ def record(ctx: Context, spec: JobSpec, role: Role, indices: list[int], machine:
     if role != "worker":  # the VMs whose account may end the run's VMs (accounts.py) watch for its supervisor
         md[lifetime.WATCHDOG_KEY] = lifetime.watchdog_config(s, dep.run_id, tpus=tpus).to_json()
     image = s.run_software.for_kind(kind).image  # a boot image, or a TPU VM's runtime version
-    provisioning: str = spec.trainer.provisioning if role == "trainer" else spec.service.provisioning
+    provisioning = spec.trainer.provisioning if role == "trainer" else spec.service.provisioning
     if supervisor and role == "dispatcher":
         provisioning = dispatcher_provisioning(spec.service.provisioning, "vm")
     out = []
