@@ -32,6 +32,7 @@ from pathlib import Path
 from dsctl.specs import exits
 
 from .reconcile import CLEAN_ENDS
+from .records import Ending
 
 LOST = -1  # an exit status that could not be read (the local provider's: its launcher ended first)
 DOWN_REQUEST = "down-requested.json"  # in the run dir: `dsctl down` took the run down (who, when)
@@ -91,7 +92,7 @@ class Trainer:
 
 @dataclass
 class Verdict:
-    status: str  # succeeded | failed | interrupted
+    status: Ending
     detail: str | None = None  # why, in words (a trainer's own error message, as it wrote it)
     index: int | None = None  # the trainer that decided it
     user: bool = False  # the trainer's error is the user's to fix (bad input: exit 2)

@@ -38,7 +38,7 @@ VM_ADDRESSES = 16  # sshd listens on 127.0.0.2 .. 127.0.0.17 (OpenSSH allows 16 
 INTERNAL_FIRST, EXTERNAL_FIRST = "127.0.0.2", "127.0.1.2"  # the stand-in's internal / external address ranges
 
 
-# The APIs whose endpoint dsctl reads from DSCTL_<API>_ENDPOINT (provisioners/gcp/settings.py).
+# The APIs whose endpoint dsctl reads from DSCTL_<API>_ENDPOINT (providers/gcp/settings.py).
 ENDPOINT_APIS = ("GCE", "TPU", "CRM", "IAM", "ORGPOLICY", "OSLOGIN", "SERVICEUSAGE", "QUOTAS")
 
 

@@ -18,7 +18,7 @@ from conftest import gcp_spec
 from dsctl.orchestrator.outcome import RunFailed
 from dsctl.orchestrator.run import JobRunner
 from dsctl.orchestrator.store import RunStore
-from dsctl.provisioners.gcp import GcpProvisioner, naming
+from dsctl.providers.gcp import GcpProvider, naming
 from dsctl.specs import SpecError, load_spec
 
 pytestmark = pytest.mark.slow
@@ -120,5 +120,5 @@ def test_a_spec_folder_over_the_limit_is_refused_by_the_check_before_anything_is
     (folder / ".dsctlignore").write_text("")  # the 300 MB checkpoint is staged now
     loaded = load_spec(spec, check_entrypoints=False)
     with pytest.raises(SpecError, match=r"holds 300.0 MB .*more than the 100 MB limit.* Largest: checkpoints/ \(300.0 MB\)"):
-        GcpProvisioner().check(loaded.spec, 1, loaded.base_dir)
+        GcpProvider().check(loaded.spec, 1, loaded.base_dir)
     assert not list(home.glob("vms/*")), "nothing was created"
