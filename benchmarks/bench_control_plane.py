@@ -26,13 +26,11 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
 BUCKET = "bench-control-plane"
 
 
@@ -87,7 +85,7 @@ def storage_client(endpoint: str):
 def one_count(workers: int, seconds: float, emulator: str, proxy: CountingProxy, home: Path) -> dict:
     from dsctl.orchestrator import cloudrecord, cloudruns
     from dsctl.orchestrator.store import RunStore
-    from dsctl.provisioners.gcp.storage import RunObjects
+    from dsctl.providers.gcp.storage import RunObjects
     from dsctl.runtime.sampler import Sample
 
     run_id = f"bench-{workers}"
@@ -192,5 +190,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO / "tests"))
     main()

@@ -424,10 +424,10 @@ def measure_service(n: int, args: argparse.Namespace, work: Path, preloaded: Pre
 def measure_supervision(n: int, sleepers: list[subprocess.Popen], work: Path, rounds: int) -> Point:
     """One round of `dsctl up`'s supervision poll and of its sample, over a local deployment of n workers."""
     from dsctl.orchestrator.supervision import Supervisor
-    from dsctl.provisioners.local.launcher import Launcher
-    from dsctl.provisioners.local.provisioner import LocalProvisioner
-    from dsctl.provisioners.local.state import LocalDeployment, LocalNode
-    from dsctl.provisioners.state import Deployment, Node
+    from dsctl.providers.local.launcher import Launcher
+    from dsctl.providers.local.provider import LocalProvider
+    from dsctl.providers.local.state import LocalDeployment, LocalNode
+    from dsctl.providers.state import Deployment, Node
 
     run_dir = work / f"run-{n}"
     run_dir.mkdir(exist_ok=True)
@@ -440,7 +440,7 @@ def measure_supervision(n: int, sleepers: list[subprocess.Popen], work: Path, ro
                               pgid=os.getpgid(proc.pid), create_time=ps.create_time(),
                               log=str(run_dir / f"{role}-{index}.log"),
                               state=LocalNode(port=20000 + index, ready=True, served=True)))
-    provider = LocalProvisioner()
+    provider = LocalProvider()
     provider._launcher = Launcher(run_dir)  # as in `dsctl up`: its processes were forked by the launcher
     supervisor = Supervisor(provider, dep, fault_tolerant=False, events=lambda kind, message: None)
     supervisor.poll()

@@ -2,16 +2,16 @@
 
     python benchmarks/bench_gcp_updown.py [--workers 640] [--latency-ms 200] [--no-boot] [--out bench.json]
 
-1. Create and delete. The Compute Engine stand-in (tests/gcp/fake_gce.py) runs in its own
+1. Create and delete. The Compute Engine stand-in (standins/fake_gce.py) runs in its own
    process and answers every call after --latency-ms; operations finish 50 ms after they
    start, VMs reach RUNNING 200 ms after creation and vanish 100 ms after deletion. dsctl's
-   own code does the work (provisioners/gcp/resources.py: the two firewall rules, the
+   own code does the work (providers/gcp/resources.py: the two firewall rules, the
    dispatcher, ONE bulk insert for the workers, waiting with the operations API, polling for
    RUNNING with list calls; parallel deletion confirmed by listing). SSH and the processes on
    the VMs are not part of this figure. Printed beside the sequential estimate (one call after
    another, each VM inserted, waited for and checked on its own: 3 calls per VM) and the goal
    (each under 10 s).
-2. Boot (needs root; tests/gcp/vmboot.py): ONE worker VM, a Debian 12 root filesystem whose
+2. Boot (needs root; standins/vmboot.py): ONE worker VM, a Debian 12 root filesystem whose
    network reaches only a metadata-server stand-in and the Cloud Storage emulator, runs dsctl's
    real startup script against the wheelhouse dsctl builds (pip download, cached) and stages.
    Measured: its bootstrap seconds and the bytes the stand-ins served it. Every worker VM runs
@@ -60,12 +60,12 @@ def boot(workers: int) -> dict:
     """One worker VM's real bootstrap from Cloud Storage, measured; the fleet's bytes computed from it."""
     import tempfile
 
-    sys.path.insert(0, str(REPO / "tests" / "gcp"))
+    sys.path.insert(0, str(REPO / "standins"))
     import vmboot
 
-    from dsctl.provisioners.gcp import software, startup, wheelhouse
-    from dsctl.provisioners.gcp.settings import local_tensorflow_version
-    from dsctl.provisioners.gcp.wheel import build_wheel
+    from dsctl.providers.gcp import software, startup, wheelhouse
+    from dsctl.providers.gcp.settings import local_tensorflow_version
+    from dsctl.providers.gcp.wheel import build_wheel
     from dsctl.specs import load_spec_text
 
     reason = vmboot.unsupported_reason()
@@ -112,7 +112,7 @@ def boot(workers: int) -> dict:
 
 
 def updown(args) -> dict:
-    fake = subprocess.Popen([sys.executable, str(REPO / "tests" / "gcp" / "fake_gce.py"), "--latency-ms",
+    fake = subprocess.Popen([sys.executable, str(REPO / "standins" / "fake_gce.py"), "--latency-ms",
                              str(args.latency_ms), "--provisioning-ms", "100", "--stopping-ms", "100", "--op-ms", "50"],
                             stdout=subprocess.PIPE, text=True)
     try:
@@ -120,10 +120,10 @@ def updown(args) -> dict:
         os.environ["DSCTL_GCE_ENDPOINT"] = endpoint
         os.environ["DSCTL_TPU_ENDPOINT"] = endpoint
         os.environ["DSCTL_CRM_ENDPOINT"] = endpoint
-        from dsctl.provisioners.gcp import compute, firewall, naming
-        from dsctl.provisioners.gcp.clients import Clients
-        from dsctl.provisioners.gcp.resources import Fleet, Machine
-        from dsctl.provisioners.gcp.settings import GcpSettings
+        from dsctl.providers.gcp import compute, firewall, naming
+        from dsctl.providers.gcp.clients import Clients
+        from dsctl.providers.gcp.resources import Fleet, Machine
+        from dsctl.providers.gcp.settings import GcpSettings
 
         run_id = f"bench-{int(time.time())}"
         settings = GcpSettings(project=PROJECT, zone=ZONE, running_timeout_s=600).with_env_endpoints()

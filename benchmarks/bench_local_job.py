@@ -43,16 +43,16 @@ pipeline: {builtin: images, params: {batch_size: 32, num_files: 8, images_per_fi
 
 def harness_overhead(batches: int, rounds: int = 5) -> dict:
     """Alternate bare loops and harness runs against one deployment; compare median rates."""
-    from dsctl.orchestrator.store import dsctl_home
-    from dsctl.provisioners import Deployment
-    from dsctl.provisioners.local import LocalProvisioner
+    from dsctl.orchestrator.home import dsctl_home
+    from dsctl.providers import Deployment
+    from dsctl.providers.local import LocalProvider
     from dsctl.runtime.metrics import MetricsWriter
     from dsctl.runtime.tfimport import import_tensorflow_quietly
     from dsctl.runtime.trainer import Harness, build_input
     from dsctl.specs import load_spec_text
 
     spec = load_spec_text(FAST_SPEC).spec
-    prov = LocalProvisioner()
+    prov = LocalProvider()
     run_dir = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
     dep = Deployment(run_id="bench-overhead", provider="local", run_dir=str(run_dir))
     quiet = lambda kind, msg: None  # noqa: E731

@@ -104,14 +104,13 @@ def measure_pair(before: Path, after: Path, *, seconds: float, rounds: int, step
 
 
 def part1(args, work: Path) -> list[dict]:
-    from dsctl.orchestrator.preflight import load_job
     from dsctl.orchestrator.profiling.session import ProfileOptions, profile_job
 
     shutil.copytree(HERE / "profile_cases", work / "cases")
     rows = []
     for case in CASES:
         spec = work / "cases" / f"{case}.yaml"
-        profile = profile_job(load_job(spec, mode=None), ProfileOptions(seconds=args.seconds))
+        profile = profile_job(spec, ProfileOptions(seconds=args.seconds))
         if not profile.recommendations:
             rows.append({"case": case, "recommendation": None})
             continue
@@ -129,12 +128,11 @@ def part1(args, work: Path) -> list[dict]:
 
 
 def part2(args, work: Path) -> dict:
-    from dsctl.orchestrator.preflight import load_job
     from dsctl.orchestrator.profiling.session import ProfileOptions, profile_job
 
     spec = work / "knee.yaml"
     spec.write_text(KNEE_SPEC)
-    profile = profile_job(load_job(spec, mode=None), ProfileOptions(seconds=args.seconds, recommend=False))
+    profile = profile_job(spec, ProfileOptions(seconds=args.seconds, recommend=False))
     env = {**os.environ}
     proc = subprocess.run([sys.executable, "-m", "dsctl.cli.main", "sweep", str(spec), "--workers", args.sweep,
                            "--window", "4s", "--json"], check=True, capture_output=True, text=True, env=env)

@@ -4,8 +4,8 @@
                                            [--every-second] [--scale-to 640]
 
 A run on Google Cloud puts no dsctl process beside a worker's TensorFlow server: what dsctl costs a
-worker VM is its sampler, the status command (provisioners/gcp/remote.py: status) that dsctl's
-watcher (provisioners/gcp/watch.py) runs over SSH on each VM, and the sshd session that runs it. The
+worker VM is its sampler, the status command (providers/gcp/remote.py: status) that dsctl's
+watcher (providers/gcp/watch.py) runs over SSH on each VM, and the sshd session that runs it. The
 watcher reads trainers' VMs every second and the dispatcher's and workers' on a slower cadence that
 keeps their readings to a budget (watch.server_every_s). On the dispatcher VM, a run handed over with
 `dsctl up --detach` adds the supervisor (`dsctl supervise`, orchestrator/supervise.py): the watcher
@@ -16,7 +16,7 @@ are measured here:
   - stand-in VMs: one directory per VM with a real process in it (an idle Python started with
     remote.launch, exactly as a server is started on a VM: pid, shpid, rc files, and the ready file a
     server writes once it serves), one loopback address per VM served by a real OpenSSH sshd
-    (tests/gcp/sshd.py, as the provider's tests use) when one is installed (--sshd, default
+    (standins/sshd.py, as the provider's tests use) when one is installed (--sshd, default
     /usr/sbin/sshd); without one, the status command runs through `bash -c` on this machine and sshd's
     own share is not measured (the printout says which);
   - the supervisor: a child process running dsctl's own Watcher and Ssh (fabric) against those VMs,
@@ -58,7 +58,7 @@ from types import SimpleNamespace
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "gcp"))  # the provider's test stand-ins: sshd, the GCS emulator fixture's server
+sys.path.insert(0, str(REPO / "standins"))  # the loopback stand-ins the provider's tests use too: sshd
 
 GOAL_PERCENT = 1.0
 FIRST_ADDRESS = "127.0.0.2"
@@ -91,7 +91,7 @@ class LocalShell:
     user's shell on a VM. Its shells are this process's children, so their CPU is RUSAGE_CHILDREN."""
 
     def run(self, host: str, command: str, *, doing: str, timeout: float = 60.0):
-        from dsctl.provisioners.gcp.ssh import Result
+        from dsctl.providers.gcp.ssh import Result
 
         r = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout)
         return Result(r.returncode, r.stdout, r.stderr)
@@ -164,8 +164,8 @@ class ManyReadings:
 
 def _old_cadence() -> None:
     """Every VM every second, idle connections woken every 0.1 s: dsctl before 2026-11-28."""
-    from dsctl.provisioners.gcp import ssh as ssh_module
-    from dsctl.provisioners.gcp import watch
+    from dsctl.providers.gcp import ssh as ssh_module
+    from dsctl.providers.gcp import watch
 
     watch.SERVER_EVERY_MIN_S = watch.INTERVAL_S
     watch.SERVER_READS_PER_S = float("inf")
@@ -183,10 +183,10 @@ def supervise_child(config: dict) -> None:
     from dsctl.orchestrator import run as run_loop
     from dsctl.orchestrator import supervise
     from dsctl.orchestrator.store import RunStore
-    from dsctl.provisioners.gcp import processes
-    from dsctl.provisioners.gcp.remote import Layout
-    from dsctl.provisioners.gcp.ssh import Ssh
-    from dsctl.provisioners.gcp.watch import Watched, Watcher
+    from dsctl.providers.gcp import processes
+    from dsctl.providers.gcp.remote import Layout
+    from dsctl.providers.gcp.ssh import Ssh
+    from dsctl.providers.gcp.watch import Watched, Watcher
 
     run_id = "bench-vm-overhead"
     if config["sshd"]:
@@ -204,7 +204,7 @@ def supervise_child(config: dict) -> None:
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
 
-        from dsctl.provisioners.gcp.storage import RunObjects
+        from dsctl.providers.gcp.storage import RunObjects
 
         objects = RunObjects(storage.Client(project="bench", credentials=AnonymousCredentials()), BUCKET, run_id)
     else:
@@ -303,7 +303,7 @@ def _launch_vm_process(python: str, role: str, d: str) -> int:
     """An idle Python in the VM's process directory, started as the provider starts a server (remote.launch), with
     the ready file a server writes once it serves (runtime/serve.py): the watcher reads a ready server on its
     slower cadence."""
-    from dsctl.provisioners.gcp import remote
+    from dsctl.providers.gcp import remote
 
     layout = remote.Layout(d)
     cmd = remote.launch(layout, python, "timeit", ["-n", "1", "-r", "1", "import time; time.sleep(86400)"])
@@ -372,7 +372,7 @@ def measure(seconds: float, workers: int, sshd_path: str | None, profile: str | 
 
 
 def report(r: dict, workers: int, every_second: bool = False) -> list[str]:
-    from dsctl.provisioners.gcp import watch
+    from dsctl.providers.gcp import watch
 
     def pct(cpu_s: float, wall_s: float) -> float:
         return 100.0 * cpu_s / wall_s

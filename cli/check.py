@@ -10,26 +10,26 @@ from rich.markup import escape
 from rich.table import Table
 
 from dsctl.errors import EXIT_BAD_INPUT
+from dsctl.orchestrator.locate import Where
 from dsctl.orchestrator.placecheck import check_place
 
+from .locate import locating
 from .render import console, print_json
 
 MARKS = {"ok": "[green]ok[/]", "warn": "[yellow]warning[/]", "fail": "[bold red]FAIL[/]", "skip": "[dim]skipped[/]"}
 
 
+@locating("check")
 def check(
     provider: str = typer.Argument(..., metavar="PROVIDER", help="where runs would go: gcp"),
     spec: Path | None = typer.Argument(None, metavar="[JOB.yaml]",
                                        help="the job to check for (default: the provider's smallest example run)"),
-    project: str | None = typer.Option(None, "--project", help="the project to check (default: the spec's, or "
-                                                                  "GOOGLE_CLOUD_PROJECT / gcloud's)"),
-    zone: str | None = typer.Option(None, "--zone", help="the zone to check (default: the spec's, or "
-                                                           "CLOUDSDK_COMPUTE_ZONE)"),
     json_out: bool = typer.Option(False, "--json", help="the checks as JSON, for scripts"),
+    where: Where = Where(),
 ) -> None:
     """Check a place before any run there: credentials, APIs, permissions, policies, network and quota, as `dsctl up`
     checks them before it creates anything (the same verdict); creates nothing. Exit 2 if a check failed."""
-    loaded, results = check_place(provider, spec, project, zone)
+    loaded, results = check_place(provider, spec, where)
     failed = [r for r in results if r.status == "fail"]
     if json_out:
         print_json({"spec": str(loaded.source.path), "ok": not failed, "checks": [asdict(r) for r in results]})

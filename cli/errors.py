@@ -13,16 +13,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from dsctl.errors import EXIT_FAILED, EXIT_INTERRUPTED, DsctlError
-from dsctl.orchestrator import store
+from dsctl.orchestrator import home
 from dsctl.orchestrator.outcome import Interrupted
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def fail(message: str, code: int) -> None:
-    """Print one error paragraph and exit with `code`."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}")
-    raise typer.Exit(code)
 
 
 def interrupted() -> None:
@@ -47,9 +41,9 @@ def run_app(app: typer.Typer) -> None:
     gets interrupted()'s line here. A run that was interrupted says what it stopped (Interrupted). A full disk,
     and a DSCTL_HOME that cannot be written (read-only, a file, not the user's), are one paragraph and exit 1.
     """
-    store.private_umask()
-    store.notices.addHandler(_Notices())
-    store.notices.propagate = False
+    home.private_umask()
+    home.notices.addHandler(_Notices())
+    home.notices.propagate = False
     try:
         app()
     except SystemExit as exc:
@@ -64,10 +58,10 @@ def run_app(app: typer.Typer) -> None:
             err_console.print(f"[bold red]error:[/] {escape(paragraph)}")
         sys.exit(exc.exit_code)
     except OSError as exc:
-        home = store.home_error(exc)  # a read-only, file-shaped or otherwise unusable DSCTL_HOME, a name too long
-        if home is not None:
-            err_console.print(f"[bold red]error:[/] {escape(home.for_user())}")
-            sys.exit(home.exit_code)
+        unusable = home.home_error(exc)  # a read-only, file-shaped or otherwise unusable DSCTL_HOME, a name too long
+        if unusable is not None:
+            err_console.print(f"[bold red]error:[/] {escape(unusable.for_user())}")
+            sys.exit(unusable.exit_code)
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         where = f"{exc.filename}: " if exc.filename else ""

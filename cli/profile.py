@@ -13,9 +13,9 @@ from rich.table import Table
 from rich.text import Text
 
 from dsctl.errors import stop_on_signals
-from dsctl.orchestrator.preflight import load_job
 from dsctl.orchestrator.profiling.record import Profile
 from dsctl.orchestrator.profiling.session import ProfileOptions, ProfileProgress, profile_job
+from dsctl.orchestrator.records import RunRecord
 
 from .render import console, print_json
 
@@ -36,12 +36,11 @@ def profile(
     json_out: bool = typer.Option(False, "--json", help="print the profile as JSON"),
 ) -> None:
     """Where a pipeline's CPU goes, the workers it needs, and what would make it cheaper (each change measured)."""
-    loaded = load_job(spec, mode=None)  # entrypoints checked in a contained child; a profile repeats the pipeline
     options = ProfileOptions(seconds=seconds, warmup_s=min(2.0, seconds), target_bps=target_bps, cache_gb=cache_gb,
                              service=service, recommend=recommend)
     stop_on_signals()  # SIGTERM and SIGHUP end it as Ctrl-C does: the profiling process first
     with _Progress(enabled=not json_out) as view:
-        result = profile_job(loaded, options, listener=view)
+        result = profile_job(spec, options, listener=view)
     if json_out:
         print_json(result.to_dict())
         return
@@ -179,12 +178,11 @@ def show(p: Profile) -> None:
         console.print(line, markup=False, highlight=False)
 
 
-def show_recorded_profile(record) -> None:
+def show_recorded_profile(record: RunRecord) -> None:
     """`dsctl runs show` of a profile run: the profile as `dsctl profile` printed it, or how it ended."""
-    from dsctl.orchestrator.profiling.record import is_profile
-
-    if is_profile(record.summary):
-        show(Profile.from_dict(record.summary))
+    profile = record.profiled.profile()
+    if profile is not None:
+        show(profile)
     else:
         console.print(f"profile {record.id} ({record.status}): {record.error or 'it recorded no profile'}",
                       markup=False, highlight=False)

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dsctl.costmodel.money import usd
+from dsctl.orchestrator.records import Baseline, CacheStorage, Record, RunRecord, RunSummary, SweepSummary
 
 # Piped output (logs, CI, scripts) gets wide tables instead of rich's 80-column default.
 console = Console(highlight=False, soft_wrap=True,
@@ -33,15 +34,15 @@ def money(value: float | None) -> str:
     return usd(value)
 
 
-def cache_text(cache: dict, catalog: str) -> str:
+def cache_text(cache: CacheStorage, catalog: str) -> str:
     """One line on a run's autocache cache (orchestrator.pricing.cache_storage): its size, where, and what
     keeping it costs, which is billed by the month and so shown apart from the run's total."""
-    how = "written by this run" if cache["state"] == "put" else "read by this run"
-    size = f"{cache['gb'] * 1e3:.3g} MB" if cache["gb"] < 1 else f"{cache['gb']:.3g} GB"
-    where = f"{size} on {cache['kind']} ({how}, {cache['path']})"
-    if cache.get("per_month") is None:
-        return f"{where}; not priced: {catalog} has no {cache['kind']} storage price"
-    return (f"{where}; {money(cache['per_month'])} per month while kept at ${cache['gb_month']:g}/GB-month "
+    how = "written by this run" if cache.state == "put" else "read by this run"
+    size = f"{cache.gb * 1e3:.3g} MB" if cache.gb < 1 else f"{cache.gb:.3g} GB"
+    where = f"{size} on {cache.kind} ({how}, {cache.path})"
+    if cache.per_month is None or cache.gb_month is None:
+        return f"{where}; not priced: {catalog} has no {cache.kind} storage price"
+    return (f"{where}; {money(cache.per_month)} per month while kept at ${cache.gb_month:g}/GB-month "
             f"({catalog}), not in the total")
 
 
@@ -82,57 +83,64 @@ def print_json(data: Any) -> None:
     print(json.dumps(strict_json(data), indent=2, default=str, allow_nan=False))
 
 
-def summary_table(record, resumed_by: list[str] | None = None) -> Table:
+def job_summary(record: Any) -> RunSummary:
+    """A record's job summary, typed (a summary given as its JSON is read as one)."""
     s = record.summary
+    return s if isinstance(s, RunSummary) else RunSummary.model_validate(s.as_json() if isinstance(s, Record) else s)
+
+
+def summary_table(record: RunRecord, resumed_by: list[str] | None = None,
+                  notes: tuple[tuple[str, str], ...] | list[tuple[str, str]] = ()) -> Table:
+    """One run's summary: what it measured, what it trained, what it cost; `notes` (label, text) after it."""
+    s = job_summary(record)
     t = Table(title=f"run {record.id} ({record.mode}, {record.status})", show_header=False, title_justify="left")
     t.add_column(style="bold")
     t.add_column()
     rows = [
-        ("throughput", f"{fmt(s.get('batches_per_s'))} batches/s per trainer over the wall clock "
+        ("throughput", f"{fmt(s.batches_per_s)} batches/s per trainer over the wall clock "
                        f"({record.trainers} trainer(s), {record.workers} worker(s))"),
         *time_rows(s),
-        ("batches", fmt(s.get("batches"))),
+        ("batches", fmt(s.batches)),
         *epoch_rows(s),
-        ("input stall", pct(s.get("input_stall_frac"))),
-        ("duration", fmt(s.get("duration_s"), " s", 1)),
-        ("first batch after", fmt(s.get("time_to_first_batch_s"), " s", 1)),
+        ("input stall", pct(s.input_stall_frac)),
+        ("duration", fmt(s.duration_s, " s", 1)),
+        ("first batch after", fmt(s.time_to_first_batch_s, " s", 1)),
     ]
-    if "worker_cpu_cores" in s:
-        rows.append(("worker CPU",
-                     f"{fmt(s['worker_cpu_cores'])} cores, {fmt(s['worker_mem_gb'])} GB resident (mean per worker)"))
-    if "trainer_cpu_cores" in s:
-        rows.append(("trainer CPU",
-                     f"{fmt(s['trainer_cpu_cores'])} cores, {fmt(s['trainer_mem_gb'])} GB resident (mean per trainer)"))
-    if s.get("padded_token_frac") is not None:
-        rows.append(("padded tokens", pct(s["padded_token_frac"])))
-    if "elements_expected" in s:
-        rows.append(("elements", f"{s['elements_received']} received of {s['elements_expected']}: "
-                                  f"{s['elements_lost']} lost, {s['elements_duplicated']} duplicated"))
+    if s.worker_cpu_cores is not None:
+        rows.append(("worker CPU", f"{fmt(s.worker_cpu_cores)} cores, {fmt(s.worker_mem_gb)} GB resident (mean per "
+                                   "worker)"))
+    if s.trainer_cpu_cores is not None:
+        rows.append(("trainer CPU", f"{fmt(s.trainer_cpu_cores)} cores, {fmt(s.trainer_mem_gb)} GB resident (mean per "
+                                    "trainer)"))
+    if s.padded_token_frac is not None:
+        rows.append(("padded tokens", pct(s.padded_token_frac)))
+    if s.elements_expected is not None:
+        rows.append(("elements", f"{s.elements_received} received of {s.elements_expected}: "
+                                  f"{s.elements_lost} lost, {s.elements_duplicated} duplicated"))
     rows += training_rows(record, resumed_by or [])
-    cost = s.get("cost") or {}
-    if "total" in cost:
-        rows.append(("cost", f"{money(cost['total'])}: service {money(cost['service'])}, trainers {money(cost['trainers'])} "
-                             f"({cost['basis']}, {cost['catalog']}"
-                             + (f"; {cost['provisioning']})" if cost.get("provisioning") else ")")))
-    elif "error" in cost:
-        rows.append(("cost", f"not priced: {cost['error']}"))
-    if cost.get("cache_storage"):
-        rows.append(("cache", cache_text(cost["cache_storage"], cost.get("catalog", "the catalog"))))
+    cost = s.cost
+    if cost is not None and cost.total is not None:
+        rows.append(("cost", f"{money(cost.total)}: service {money(cost.service)}, trainers {money(cost.trainers)} "
+                             f"({cost.basis}, {cost.catalog}" + (f"; {cost.provisioning})" if cost.provisioning else ")")))
+    elif cost is not None and cost.error is not None:
+        rows.append(("cost", f"not priced: {cost.error}"))
+    if cost is not None and cost.cache_storage is not None:
+        rows.append(("cache", cache_text(cost.cache_storage, cost.catalog or "the catalog")))
     if record.error:
         rows.append(("error", record.error))
-    for k, v in rows:
+    for k, v in [*rows, *notes]:
         t.add_row(k, v)
     return t
 
 
-def time_rows(s: dict) -> list[tuple[str, str]]:
+def time_rows(s: RunSummary) -> list[tuple[str, str]]:
     """Time inside the trainers' loops (waiting for input, stepping) and outside them (a program's evaluation,
     checkpoints), when a program spent any outside: then throughput per training step time too."""
-    if not s.get("outside_s") or not s.get("step_batches_per_s"):
+    if not s.outside_s or not s.step_batches_per_s:
         return []
-    return [("in training", f"{fmt(s['step_batches_per_s'])} batches/s per trainer over its training step time "
+    return [("in training", f"{fmt(s.step_batches_per_s)} batches/s per trainer over its training step time "
                             "(inside its loop over the batches: input wait and steps)"),
-            ("outside training", f"{fmt(s['outside_s'], ' s', 1)} per trainer ({pct(s.get('outside_frac'))} of the "
+            ("outside training", f"{fmt(s.outside_s, ' s', 1)} per trainer ({pct(s.outside_frac)} of the "
                                  "measured time) outside its loop over the batches: the program's own evaluation, "
                                  "checkpoints; in the throughput over the wall clock, not in the one over training "
                                  "step time")]
@@ -142,53 +150,53 @@ ENDED_BY = {"end_of_data": "the end of its data", "closed": "the program's own l
             "duration": "trainer.duration_s", "signal": "the run's stop"}
 
 
-def epoch_rows(s: dict) -> list[tuple[str, str]]:
+def epoch_rows(s: RunSummary) -> list[tuple[str, str]]:
     """A program's epochs: how many, each one's batches against a pass read alone, and why they differ."""
-    if "epochs" not in s or (not s["epochs"] and s.get("ended_by") in ("steps", "duration", None)):
+    if s.epochs is None or (not s.epochs and s.ended_by in ("steps", "duration", None)):
         return []
-    got = s.get("epoch_batches") or []
+    got = s.epoch_batches or []
     listed = (f": {got[0]:,} batches each" if got and len(set(got)) == 1 else
               f": {', '.join(map(str, got[:8]))}{', ...' if len(got) > 8 else ''} batches" if got else "")
-    alone = f"; a pass read alone: {s['pass_batches']:,} batches" if s.get("pass_batches") is not None else ""
-    ended = ENDED_BY.get(s.get("ended_by") or "", s.get("ended_by") or "-")
-    rows = [("epochs", f"{s['epochs']}{listed}{alone}; ended by {ended}")]
-    if s.get("epoch_note"):
-        rows.append(("epoch note", s["epoch_note"]))
+    alone = f"; a pass read alone: {s.pass_batches:,} batches" if s.pass_batches is not None else ""
+    ended = ENDED_BY.get(s.ended_by or "", s.ended_by or "-")
+    rows = [("epochs", f"{s.epochs}{listed}{alone}; ended by {ended}")]
+    if s.epoch_note:
+        rows.append(("epoch note", s.epoch_note))
     return rows
 
 
-def training_rows(record, resumed_by: list[str]) -> list[tuple[str, str]]:
+def training_rows(record: RunRecord, resumed_by: list[str]) -> list[tuple[str, str]]:
     """The model's loss, the runs this one resumed or was resumed by, its checkpoints and event files."""
-    s, rows = record.summary, []
-    if s.get("loss_first") is not None:
-        bad = s.get("loss_nonfinite")
-        diverged = (f"; {bad['value']} (not a finite number: the model diverged) from trainer {bad['trainer']}'s window "
-                    f"ending at batch {bad['batches']}") if bad else ""
-        rows.append(("loss", f"{s['loss_first']:.4g} in the first window, {s['loss_last']:.4g} in the last "
+    s, rows = job_summary(record), []
+    if s.loss_first is not None and s.loss_last is not None:
+        bad = s.loss_nonfinite
+        diverged = (f"; {bad.value} (not a finite number: the model diverged) from trainer {bad.trainer}'s window "
+                    f"ending at batch {bad.batches}") if bad else ""
+        rows.append(("loss", f"{s.loss_first:.4g} in the first window, {s.loss_last:.4g} in the last "
                              f"(measured here, as the model reports it){diverged}"))
     if record.resumed_from:
-        at = f" at step {s['restored_step']}" if s.get("restored_step") is not None else " (step not known)"
+        at = f" at step {s.restored_step}" if s.restored_step is not None else " (step not known)"
         rows.append(("resumed from", f"{record.resumed_from}{at}"))
     if resumed_by:
         rows.append(("resumed by", ", ".join(resumed_by)))
     if record.checkpoint_dir:
-        last = f"; last saved at step {s['checkpoint_step']}" if s.get("checkpoint_step") is not None else ""
+        last = f"; last saved at step {s.checkpoint_step}" if s.checkpoint_step is not None else ""
         rows.append(("checkpoints", f"{record.checkpoint_dir}/trainer-<i>{last}"))
-    board = s.get("tensorboard") or {}
-    if board.get("dir"):
+    board = s.tensorboard
+    if board is not None and board.dir:
         from dsctl.orchestrator.tbevents import event_files
 
-        files = event_files(board["dir"])
+        files = event_files(board.dir)
         if files:
-            where = f"{board['dir']} ({len(files)} event file(s))" + (f", copied to {board['copy']}"
-                                                                     if board.get("copy") else "")
-        elif board.get("copy"):
-            where = f"{board['copy']} (not in {board['dir']}: written where the run was followed)"
+            where = f"{board.dir} ({len(files)} event file(s))" + (f", copied to {board.copy_to}"
+                                                                  if board.copy_to else "")
+        elif board.copy_to:
+            where = f"{board.copy_to} (not in {board.dir}: written where the run was followed)"
         else:
-            where = f"none in {board['dir']}"
-        if board.get("error"):
-            where += f"; stopped: {board['error']}"
-        shown = f"; `dsctl tensorboard {record.id}` shows them" if files or board.get("copy") else ""
+            where = f"none in {board.dir}"
+        if board.error:
+            where += f"; stopped: {board.error}"
+        shown = f"; `dsctl tensorboard {record.id}` shows them" if files or board.copy_to else ""
         rows.append(("tensorboard", where + shown))
     return rows
 
@@ -259,14 +267,14 @@ def job_length(loaded) -> str:
     return f"ends with its pipeline ({known})"
 
 
-def runs_table(records, width: int | None = None) -> Table:
+def runs_table(records: list[RunRecord], width: int | None = None) -> Table:
     """`dsctl runs`: every run id whole; a narrow terminal drops the other columns, least telling first."""
     rows = []
     for r in records:
-        s = r.summary
+        s, p = r.job, r.profiled
+        rate, seconds = (p.batches_per_s, p.duration_s) if r.kind == "profile" else (s.batches_per_s, s.duration_s)
         rows.append([r.id, r.status, r.mode if r.kind != "sweep" else "sweep", str(r.workers), str(r.trainers),
-                     fmt(s.get("batches_per_s")), pct(s.get("input_stall_frac")), fmt(s.get("duration_s"), " s", 1),
-                     when(r.created_at)])
+                     fmt(rate), pct(s.input_stall_frac), fmt(seconds, " s", 1), when(r.created_at)])
     return fitted_table("runs", RUN_COLUMNS, rows, RUN_COLUMNS_KEPT, width, more="`dsctl runs --json`")
 
 
@@ -289,39 +297,41 @@ def sweep_plan_line(measured: list[int], predicted: list[int], asked: str | None
     return line
 
 
-def sweep_table(record) -> Table:
-    """Figure 9 as a table: throughput, speedup, fraction of ideal, cost, saving; each row says where it comes from."""
+def sweep_summary(record: Any) -> SweepSummary:
+    """A sweep record's summary, typed (a summary given as its JSON is read as one)."""
     s = record.summary
-    base = s.get("baselines", {})
-    colo, ideal = base.get("colocated", {}), base.get("ideal", {})
-    given = colo.get("given") or ideal.get("given")
-    counts = f"worker counts: {worker_counts(s['counts'], s.get('workers_asked'))}\n" if s.get("counts") else ""
-    measures = f"each point measures {s['measures']}\n" if s.get("measures") else ""
-    caption = (f"{counts}{measures}colocated {fmt(colo.get('batches_per_s'))} b/s, ideal {fmt(ideal.get('batches_per_s'))} b/s "
+    return s if isinstance(s, SweepSummary) else SweepSummary.model_validate(s.as_json() if isinstance(s, Record) else s)
+
+
+def sweep_table(record: RunRecord) -> Table:
+    """Figure 9 as a table: throughput, speedup, fraction of ideal, cost, saving; each row says where it comes from."""
+    s = sweep_summary(record)
+    colo, ideal = s.baselines.get("colocated") or Baseline(), s.baselines.get("ideal") or Baseline()
+    given = colo.given or ideal.given
+    counts = f"worker counts: {worker_counts(s.counts, s.workers_asked)}\n" if s.counts else ""
+    measures = f"each point measures {s.measures}\n" if s.measures else ""
+    caption = (f"{counts}{measures}colocated {fmt(colo.batches_per_s)} b/s, ideal {fmt(ideal.batches_per_s)} b/s "
                f"({'given: ' + given if given else 'measured here'}); source: measured here, fitted (the model "
                "at a count it was fitted on: its input back), or predicted (* in the workers column)")
-    t = Table(title=f"sweep {record.id} ({record.status}; window {s.get('window')}, warm-up {s.get('warmup_s')} s)",
+    t = Table(title=f"sweep {record.id} ({record.status}; window {s.window}, warm-up {s.warmup_s} s)",
               title_justify="left", caption_justify="left", caption=caption)
     for col in ("workers", "batches/s", "speedup", "of ideal", "$/1k batches", "cost saving", "source"):
         t.add_column(col, justify="right", no_wrap=True)
-    for p in s.get("points", []):
-        mark = "*" if p.get("predicted") and p.get("source") != "fitted" else ""
-        source = p.get("source") or ("predicted" if p.get("predicted") else "measured here")
-        t.add_row(f"{p['workers']}{mark}", fmt(p.get("batches_per_s")), fmt(p.get("speedup"), "x"),
-                  pct(p.get("fraction_of_ideal")), money(p.get("cost_per_1000_batches")), fmt(p.get("cost_saving"), "x"),
-                  source)
-    rec = s.get("recommendation")
-    if rec:
-        lines = [f"recommended: none: {rec['refused']}"] if rec.get("refused") else []
-        if rec.get("smallest"):
-            lines.append(f"recommended: {rec['smallest']['workers']} worker(s): {rec['smallest']['reason']}")
-        if rec.get("cheapest"):
-            lines.append(f"cheapest: {rec['cheapest']['workers']} worker(s): {rec['cheapest']['reason']}")
-        for key in ("warning", "extend"):
-            if rec.get(key):
-                lines.append(f"warning: {rec[key]}")
+    for p in s.points:
+        mark = "*" if p.predicted and p.source != "fitted" else ""
+        source = p.source or ("predicted" if p.predicted else "measured here")
+        t.add_row(f"{p.workers}{mark}", fmt(p.batches_per_s), fmt(p.speedup, "x"), pct(p.fraction_of_ideal),
+                  money(p.cost_per_1000_batches), fmt(p.cost_saving, "x"), source)
+    rec = s.recommendation
+    if rec is not None:
+        lines = [f"recommended: none: {rec.refused}"] if rec.refused else []
+        if rec.smallest is not None:
+            lines.append(f"recommended: {rec.smallest.workers} worker(s): {rec.smallest.reason}")
+        if rec.cheapest is not None:
+            lines.append(f"cheapest: {rec.cheapest.workers} worker(s): {rec.cheapest.reason}")
+        lines += [f"warning: {said}" for said in (rec.warning, rec.extend) if said]
         caption += "\n" + "\n".join(lines)
-    if s.get("plots"):
-        caption += "\nplots: " + ", ".join(s["plots"])
+    if s.plots:
+        caption += "\nplots: " + ", ".join(s.plots)
     t.caption = caption
     return t

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import typer
 
-from dsctl.errors import signum_of, stop_on_signals
-from dsctl.orchestrator.deployments import detached_target
-from dsctl.orchestrator.outcome import Interrupted
-from dsctl.orchestrator.preflight import load_job
-from dsctl.specs import SpecError
+from dsctl.errors import stop_on_signals
+from dsctl.specs import UsageError
 from dsctl.specs.workercounts import parse_worker_counts
 
 from .errors import err_console
 from .live import LiveView
 from .render import console, print_json, sweep_plan_line, sweep_table
+from .up import choice
 
 WORKERS_HELP = ("worker counts; the end is always included. 8..640 doubles: 8,16,...,512,640 (the paper's Figure 9); "
                 "1..4 gives 1,2,4 and 1..4:1 every count; 1..6:2 steps by 2: 1,3,5,6; 8,16,64 is a list. The sweep "
@@ -43,50 +40,30 @@ def sweep(
     strategy: str = typer.Option("in-place", "--strategy", hidden=True, help="in-place | restart"),
 ) -> None:
     """Run one job over several worker counts and find where more workers stop paying off (paper Figure 9)."""
-    from dsctl.orchestrator.sweep import SweepOptions, SweepRunner, Window
+    from dsctl.orchestrator.sweep import SweepOptions, Window
+    from dsctl.orchestrator.sweep import sweep as run_sweep
     from dsctl.specs.calibration import load_calibration
 
     counts = parse_worker_counts(workers)
     if calibration is not None and not simulate:
-        raise SpecError("--calibration predicts a sweep without running it; add --simulate.", field="--calibration")
+        raise UsageError("--calibration predicts a sweep without running it; add --simulate.", field="--calibration")
     if from_profile is not None and (not simulate or calibration is not None):
-        raise SpecError("--profile predicts a sweep from a profile without running it: add --simulate, and give it "
-                        "instead of --calibration, not with it.", field="--profile")
-    if strategy not in ("in-place", "restart"):
-        raise SpecError(f"--strategy must be in-place or restart, got '{strategy}'.", field="--strategy")
+        raise UsageError("--profile predicts a sweep from a profile without running it: add --simulate, and give it "
+                         "instead of --calibration, not with it.", field="--profile")
     options = SweepOptions(counts=counts, window=Window.parse(window), warmup_s=warmup, simulate=simulate,
-                           tolerance=tolerance, out_dir=out, strategy=strategy,
-                           calibration=load_calibration(calibration) if calibration else None, asked=workers.strip())
+                           tolerance=tolerance, out_dir=out, strategy=choice(strategy, ("in-place", "restart"),
+                                                                             "--strategy"),
+                           calibration=load_calibration(calibration) if calibration else None, profile=from_profile,
+                           asked=workers.strip())
     # SIGTERM (a scheduler, `kill`) and SIGHUP (a closed terminal) end the sweep as Ctrl-C does: everything it
     # started is stopped, its record says interrupted and keeps the finished points, exit 128 + the signal.
     stop_on_signals()
-    runner = None
-    try:
-        attach = None
-        if spec is None:
-            attach, loaded = detached_target()
-        else:
-            # entrypoints are imported and checked in a (contained) child process; a sweep repeats the pipeline, so
-            # it reads no epochs (mode None)
-            loaded = load_job(spec, mode=None)
-        if from_profile is not None:
-            from dsctl.orchestrator.profiling.uses import profile_calibration
 
-            options.calibration = profile_calibration(from_profile, loaded)
-        runner = SweepRunner(loaded, options, attach=attach)
-        (err_console if json_out else console).print(sweep_plan_line(*runner.plan(), options.asked), markup=False)
-        with LiveView(enabled=not json_out) as view:
-            runner.listener = view
-            runner.run()
-    except KeyboardInterrupt as exc:
-        name = signal.Signals(signum_of(exc)).name
-        if runner is None:
-            raise Interrupted(f"interrupted ({name}) before the sweep started; nothing was started.",
-                              signum_of(exc)) from None
-        raise Interrupted(f"interrupted ({name}): sweep {runner.sweep_id} keeps the points it finished "
-                          f"(`dsctl runs show {runner.sweep_id}`); nothing it started is left running.",
-                          signum_of(exc)) from None
-    record = runner.store.recorded(runner.sweep_id)
+    def plan(measured: list[int], predicted: list[int]) -> None:
+        (err_console if json_out else console).print(sweep_plan_line(measured, predicted, options.asked), markup=False)
+
+    with LiveView(enabled=not json_out) as view:
+        record = run_sweep(spec, options, view, plan)
     if json_out:
         print_json(record.as_dict())
         return

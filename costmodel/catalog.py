@@ -35,10 +35,17 @@ pretending to a source. Plain numbers remain fine for other on-demand prices, wh
 catalog's own source and date describe. `Catalog.source_of()` answers where a machine's
 price comes from, for `dsctl cost` and the plan to show.
 
-What a run creates besides its machines, which Equation 1 leaves out, is priced here too
-(costmodel/additions.py adds it up): `external_ipv4`, $ per hour per in-use external IPv4
-address by the VM's provisioning model, and `boot_disks`, $ per GB-month by disk type;
-both with a source and date per entry.
+What a run creates besides its machines, which Equation 1 leaves out (a provider declares it:
+addresses, disks, anything else that bills; costmodel/extras.py adds it up), is priced here too,
+under `extras:`, by the extra's name and a key the provider gives (how the VM is bought, the
+disk's type), each entry with its source and date and a price per unit-hour or per unit-month:
+    extras:    {scratch-volumes: {ssd: {per_gb_month: 0.17, source: "...", date: 2026-01}}}
+Catalogs written before `extras:` give Google Cloud's two under names of their own, read as
+extras of those names: `external_ipv4` ($ per hour per in-use address, by the VM's provisioning
+model) and `boot_disks` ($ per GB-month, by disk type).
+
+A catalog may price machine types the cost model does not know (another place's): their shapes
+(vCPUs, memory, accelerators) go under `shapes:`, and its prices then name them as any other.
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ from dsctl.specs.yamlsource import YamlSource, read_yaml
 from .equation import Rates
 from .machines import FAMILIES, MACHINES, MachineShape, known_list, shape
 from .provisioning import PROVISIONING, PROVISIONING_LABEL, check_provisioning
+from .storage import HOURS_PER_MONTH
 
 CATALOG_DIR = Path(__file__).parent / "catalogs"
 AGREEMENT = 0.01  # whole-machine price vs family rates: relative tolerance
@@ -155,6 +163,29 @@ class DiskPrice(EntrySource):
     per_gb_month: Price = Field(description="$ per GB-month of disk (Google turns it into hours at 730 h a month)")
 
 
+class ExtraPrice(EntrySource):
+    """The price of one unit of an extra (an address, a GB of disk): per hour, or per month (730 hours)."""
+
+    per_hour: Price | None = Field(None, description="$ per hour per unit")
+    per_gb_month: Price | None = Field(None, description="$ per month per unit (a GB of disk), 730 hours a month")
+
+    @model_validator(mode="after")
+    def _one_price(self) -> ExtraPrice:
+        if (self.per_hour is None) == (self.per_gb_month is None):
+            raise ValueError("give the price as per_hour or as per_gb_month (one of them)")
+        return self
+
+
+class ShapeEntry(_Strict):
+    """The shape of a machine type the cost model does not know (another place's), for the catalog that prices it."""
+
+    vcpus: int = Field(ge=0, le=4096)
+    memory_gb: float = Field(ge=0, le=65_536)
+    accelerators: int = Field(0, ge=0, le=64)
+    accelerator_type: str | None = Field(None, min_length=1)
+    family: str = Field(min_length=1, description="the name its per-resource rates are given under")
+
+
 class CatalogFile(PriceList):
     """A catalog file: its own rates, machines and their sources (a PriceList) are the on-demand prices."""
 
@@ -166,11 +197,17 @@ class CatalogFile(PriceList):
     spot: PriceList | None = Field(None, description="Spot prices: rates and machines, as at the top level")
     storage: dict[Literal["local-disk", "persistent-disk", "gcs"], Price] = Field(
         default_factory=dict, description="$ per GB-month of cache storage, per storage kind (autocache)")
-    # What a run creates besides its machines (not in Equation 1): costmodel/additions.py.
+    # What a run creates besides its machines (not in Equation 1), as its provider declares it: costmodel/extras.py.
+    extras: dict[str, dict[str, ExtraPrice]] = Field(
+        default_factory=dict, description="$ per unit of each extra a run creates, by the extra's name and key")
     external_ipv4: dict[Literal["standard", "spot"], IpPrice] = Field(
-        default_factory=dict, description="$ per hour per in-use external IPv4 address, by the VM's provisioning model")
+        default_factory=dict, description="$ per hour per in-use external IPv4 address, by the VM's provisioning model "
+                                          "(the extra external_ipv4, as catalogs gave it before extras:)")
     boot_disks: dict[str, DiskPrice] = Field(
-        default_factory=dict, description="$ per GB-month of a VM's boot disk, by disk type (pd-balanced, ...)")
+        default_factory=dict, description="$ per GB-month of a VM's boot disk, by disk type (pd-balanced, ...; the "
+                                          "extra boot_disks, as catalogs gave it before extras:)")
+    shapes: dict[str, ShapeEntry] = Field(
+        default_factory=dict, description="the shapes of machine types the cost model does not know, priced here")
 
     @field_validator("date", mode="before")
     @classmethod
@@ -189,6 +226,20 @@ class CatalogFile(PriceList):
         if provisioning == "spot":
             return self.spot or PriceList()
         return PriceList(rates=self.rates, machines=self.machines, machine_sources=self.machine_sources)
+
+    def all_extras(self) -> dict[str, dict[str, ExtraPrice]]:
+        """Every extra the catalog prices, by name and key: `extras:`, and the two it may give under names of their
+        own (external_ipv4, boot_disks)."""
+        named: dict[str, dict[str, ExtraPrice]] = {
+            "external_ipv4": {k: ExtraPrice(per_hour=v.per_hour, source=v.source, date=v.date)
+                              for k, v in self.external_ipv4.items()},
+            "boot_disks": {k: ExtraPrice(per_gb_month=v.per_gb_month, source=v.source, date=v.date)
+                           for k, v in self.boot_disks.items()}}
+        return {**{k: v for k, v in named.items() if v}, **self.extras}
+
+    def own_shapes(self) -> dict[str, MachineShape]:
+        return {name: MachineShape(name, s.vcpus, s.memory_gb, s.accelerators, s.accelerator_type, s.family, s.family)
+                for name, s in self.shapes.items()}
 
 
 @dataclass(frozen=True)
@@ -211,6 +262,16 @@ class PriceSource:
 
     def to_dict(self) -> dict:
         return {"price": self.what, "source": self.source, "date": self.date}
+
+
+@dataclass(frozen=True)
+class ExtraRate:
+    """What one unit of an extra costs per hour (a per-month price turned into hours as clouds do: 730 a month),
+    with where the price comes from."""
+
+    per_hour: float
+    source: str
+    date: str
 
 
 @dataclass(frozen=True)
@@ -289,6 +350,8 @@ class Catalog:
         self.data = data
         self.path = path
         self._lists = {p: data.prices(p) for p in PROVISIONING}
+        self._extras = data.all_extras()
+        self.shapes: dict[str, MachineShape] = {**MACHINES, **data.own_shapes()}  # every machine type it can price
 
     name = property(lambda self: self.data.name)
     date = property(lambda self: self.data.date)
@@ -320,21 +383,22 @@ class Catalog:
             return PriceSource(what, self.source, self.date, own=False)
         return PriceSource(what, own.source, own.date)
 
-    def ipv4_hour(self, provisioning: str) -> tuple[float, PriceSource] | None:
-        """$ per hour of one in-use external IPv4 address on a VM bought this way, with its source; None when the
-        catalog has no such price."""
-        entry = self.data.external_ipv4.get("spot" if check_provisioning(provisioning) == "spot" else "standard")
+    def extra_rate(self, extra: str, key: str) -> ExtraRate | None:
+        """$ per hour of one unit of `extra` under `key` (e.g. external_ipv4 / spot: an address on a Spot VM), with
+        its source; None when the catalog has no such price."""
+        entry = self._extras.get(extra, {}).get(key)
         if entry is None:
             return None
-        label = "Spot" if provisioning == "spot" else "standard"
-        return entry.per_hour, PriceSource(f"external IPv4 ({label} VMs)", entry.source, entry.date)
+        per_hour = entry.per_hour if entry.per_hour is not None else (entry.per_gb_month or 0.0) / HOURS_PER_MONTH
+        return ExtraRate(per_hour, entry.source, entry.date)
 
-    def disk_gb_month(self, disk_type: str) -> tuple[float, PriceSource] | None:
-        """$ per GB-month of a `disk_type` boot disk, with its source; None when the catalog has no such price."""
-        entry = self.data.boot_disks.get(disk_type)
-        if entry is None:
-            return None
-        return entry.per_gb_month, PriceSource(f"{disk_type} boot disk", entry.source, entry.date)
+    def extra_keys(self, extra: str) -> list[str]:
+        """The keys the catalog prices `extra` under (sorted)."""
+        return sorted(self._extras.get(extra, {}))
+
+    def storage_price(self, kind: str) -> float | None:
+        """$ per GB-month of cache storage of this kind, None when the catalog has no price for it."""
+        return next((price for name, price in self.data.storage.items() if name == kind), None)
 
     def storage_gb_month(self, kind: str) -> float:
         """$ per GB-month of cache storage of this kind; an error naming the kinds the catalog prices."""
@@ -354,8 +418,11 @@ class Catalog:
         return self._lists[check_provisioning(provisioning)]
 
     def machine(self, name: str) -> MachineShape:
-        """The shape of a machine type (unknown → SpecError listing known types, closest first)."""
-        return shape(name)
+        """The shape of a machine type: the cost model's, or one this catalog gives (unknown → SpecError listing the
+        known types, closest first)."""
+        if name in self.shapes:
+            return self.shapes[name]
+        return shape(name) if not self.data.shapes else _unknown(name, self.shapes)
 
     def rates_for(self, m: MachineShape, provisioning: str = "standard") -> FamilyRates | None:
         """Rates for the machine's series if the catalog has them (for this model), else for its family."""
@@ -395,9 +462,9 @@ class Catalog:
         """Every known machine type this catalog can price for this provisioning model."""
         check_provisioning(provisioning)
         out = []
-        for name in MACHINES:
+        for name in self.shapes:
             try:
-                self._split(MACHINES[name], provisioning)
+                self._split(self.shapes[name], provisioning)
             except SpecError:
                 continue
             out.append(name)
@@ -524,62 +591,75 @@ def catalog_from_source(src: YamlSource) -> Catalog:
     if isinstance(spot, dict):
         validate(PriceList, src, spot, prefix=("spot",))
     data = validate(CatalogFile, src)
-    _check(data.prices("standard"), src, ())
+    shapes = _check_shapes(data, src)
+    _check(data.prices("standard"), src, (), shapes)
     if data.spot is not None:
-        _check(data.spot, src, ("spot",))
-    check_sources(data, src)
+        _check(data.spot, src, ("spot",), shapes)
+    check_sources(data, src, shapes)
     catalog = Catalog(data, src.path)
     _check_spot_not_dearer(catalog, src)
     return catalog
 
 
-def _is_tpu(name: str) -> bool:
-    m = MACHINES.get(name)
+def _unknown(name: str, shapes: dict[str, MachineShape]) -> MachineShape:
+    raise SpecError(f"unknown machine type '{name}'. Known machine types, closest first: {known_list(name, shapes)}.")
+
+
+def _check_shapes(data: CatalogFile, src: YamlSource) -> dict[str, MachineShape]:
+    """The catalog's own shapes are of machine types the cost model does not know (it never redefines one); returns
+    every shape the catalog's prices may name."""
+    for name in data.shapes:
+        if name in MACHINES:
+            raise src.error(("shapes", name), f"{name} is a machine type dsctl knows the shape of "
+                                              f"({MACHINES[name].vcpus} vCPUs, {MACHINES[name].memory_gb:g} GB); "
+                                              "shapes: is for machine types it does not know. Remove it here.")
+    return {**MACHINES, **data.own_shapes()}
+
+
+def _is_tpu(m: MachineShape | None) -> bool:
     return bool(m and (m.accelerator_type or "").startswith("TPU"))
 
 
-_TPU_FAMILIES = frozenset(m.family for m in MACHINES.values() if (m.accelerator_type or "").startswith("TPU")) | \
-    frozenset(m.series for m in MACHINES.values() if (m.accelerator_type or "").startswith("TPU"))
-
-
-def check_sources(data: CatalogFile, src: YamlSource) -> None:
+def check_sources(data: CatalogFile, src: YamlSource, shapes: dict[str, MachineShape] = MACHINES) -> None:
     """Every Spot price and every TPU price has its own source and date beside it; a catalog without one is
     refused (file:line), so the rule holds for every catalog written later, the shipped ones included."""
     why = ("every Spot price and every TPU price in a price catalog says where it comes from and when, beside it "
            "(Spot prices change often; a figure you could not check says so: source: \"not re-checked: <why>\")")
+    tpu_families = {m.family for m in shapes.values() if _is_tpu(m)} | {m.series for m in shapes.values() if _is_tpu(m)}
     for prefix, prices in (((), data.prices("standard")), (("spot",), data.spot)):
         if prices is None:
             continue
         spot = bool(prefix)
         for name, value in prices.machines.items():
-            if (spot or _is_tpu(name)) and name not in prices.machine_sources:
+            if (spot or _is_tpu(shapes.get(name))) and name not in prices.machine_sources:
                 kind = f"the {'Spot' if spot else 'TPU'} price of {name}"
                 raise src.error((*prefix, "machines", name),
                                 f"{kind} has no source and date: write it as '{name}: {{per_hour: {value:g}, "
                                 f"source: \"...\", date: YYYY-MM}}'; {why}.")
         for fam, r in prices.rates.items():
-            if (spot or fam in _TPU_FAMILIES) and not (r.source and r.date):
+            if (spot or fam in tpu_families) and not (r.source and r.date):
                 missing = " and ".join(k for k in ("source", "date") if not getattr(r, k))
                 kind = f"the {'Spot' if spot else 'TPU'} rates of {fam}"
                 raise src.error((*prefix, "rates", fam),
                                 f"{kind} have no {missing}: add 'source: \"...\"' and 'date: YYYY-MM' to them; {why}.")
 
 
-def _check(prices: PriceList, src: YamlSource, prefix: tuple) -> None:
+def _check(prices: PriceList, src: YamlSource, prefix: tuple, shapes: dict[str, MachineShape] = MACHINES) -> None:
     """Names known, and machine prices agreeing with the rates, within one provisioning model's prices."""
+    families = FAMILIES | {m.family for m in shapes.values()} | {m.series for m in shapes.values()}
     for fam in prices.rates:
-        if fam not in FAMILIES:
+        if fam not in families:
             raise src.error(
                 (*prefix, "rates", fam),
-                f"unknown machine family or series '{fam}'. Known, closest first: {known_list(fam, FAMILIES)}.",
+                f"unknown machine family or series '{fam}'. Known, closest first: {known_list(fam, families)}.",
             )
     for name, price in prices.machines.items():
-        if name not in MACHINES:
+        if name not in shapes:
             raise src.error(
                 (*prefix, "machines", name),
-                f"unknown machine type '{name}'. Known machine types, closest first: {known_list(name, MACHINES)}.",
+                f"unknown machine type '{name}'. Known machine types, closest first: {known_list(name, shapes)}.",
             )
-        m = MACHINES[name]
+        m = shapes[name]
         r = prices.rates.get(m.series) or prices.rates.get(m.family)
         if r is None or r.vcpu_hour is None or r.gb_hour is None:
             continue
@@ -605,7 +685,7 @@ def _check_spot_not_dearer(catalog: Catalog, src: YamlSource) -> None:
     spot = catalog.data.spot
     if spot is None:
         return
-    for name, m in MACHINES.items():
+    for name, m in catalog.shapes.items():
         try:
             s = catalog._split(m, "spot").total
             d = catalog._split(m, "standard").total

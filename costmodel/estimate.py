@@ -62,11 +62,11 @@ def usage_from_spec(spec: JobSpec, *, job_time_s: float, batches: float | None =
 
 def estimate(spec: JobSpec, catalog: Catalog, *, batches_per_sec: float, steps: float | None = None,
              hours: float | None = None, basis: str | None = None, workers: int | None = None,
-             stand_in: bool = False) -> CostBreakdown:
+             notes: tuple[str, ...] = ()) -> CostBreakdown:
     """Cost of running `spec` at `batches_per_sec` for `steps` or `hours` (default: the spec's own).
 
-    basis defaults to spec.cost_basis; workers overrides spec.service.workers (0 = colocated); stand_in: the
-    spec's provider runs processes standing for its machine types (it is said in the notes).
+    basis defaults to spec.cost_basis; workers overrides spec.service.workers (0 = colocated); `notes` are added to
+    the breakdown's (how the caller priced it, e.g. processes standing for the machine types the spec names).
     """
     bps = _require_positive(
         batches_per_sec, "the throughput in batches per second",
@@ -87,10 +87,7 @@ def estimate(spec: JobSpec, catalog: Catalog, *, batches_per_sec: float, steps: 
         batches = bps * job_time_s
     usage = usage_from_spec(spec, job_time_s=job_time_s, batches=batches, workers=workers)
     result = price(usage, catalog, basis or spec.cost_basis)
-    if stand_in:
-        result = replace(result, notes=result.notes + (
-            f"this spec runs locally (provider: {spec.provider}); it is priced as the machine types it names.",))
-    return result
+    return replace(result, notes=result.notes + notes) if notes else result
 
 
 @dataclass(frozen=True)

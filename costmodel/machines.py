@@ -16,6 +16,7 @@ import difflib
 from dataclasses import dataclass
 
 from dsctl.specs.errors import SpecError
+from dsctl.specs.schema import Accelerator
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ def shape(name: str) -> MachineShape:
         ) from None
 
 
-def accelerator_of(machine: str) -> tuple[str, int]:
+def accelerator_of(machine: str) -> tuple[Accelerator, int]:
     """("tpu" | "gpu" | "none", count) of a machine type, for the trainer's distribution strategy.
 
     `local` and machine types dsctl does not know count as no accelerator: the trainer then
@@ -107,5 +108,5 @@ def accelerator_of(machine: str) -> tuple[str, int]:
     shape = MACHINES.get(machine)
     if shape is None or not shape.accelerator_type or not shape.accelerators:
         return "none", 0
-    kind = "tpu" if shape.accelerator_type.startswith("TPU") else "gpu"
+    kind: Accelerator = "tpu" if shape.accelerator_type.startswith("TPU") else "gpu"
     return kind, shape.accelerators

@@ -20,12 +20,6 @@ def check_provisioning(provisioning: str, what: str = "provisioning") -> str:
     return provisioning
 
 
-def dispatcher_provisioning(service: str, supervisor: str) -> str:
-    """How the dispatcher VM is bought: on-demand when it runs the run's supervisor (gcp.supervisor: vm), whatever
-    service.provisioning says, since a preempted supervisor would leave the run unsupervised; else as the service."""
-    return "standard" if supervisor == "vm" else service
-
-
 def provisioning_label(provisioning: str | None) -> str:
     """'on-demand' or 'Spot', as output names prices; '-' for a part that was not priced."""
     return PROVISIONING_LABEL.get(provisioning or "", "-")

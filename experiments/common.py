@@ -29,10 +29,13 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from dsctl.costmodel.money import usd
+from dsctl.orchestrator.home import dsctl_home
 from dsctl.orchestrator.preflight import load_job
+from dsctl.orchestrator.records import RunSummary
 from dsctl.orchestrator.run import JobRunner, Progress
-from dsctl.orchestrator.store import RunStore, dsctl_home
+from dsctl.orchestrator.store import RunStore
 from dsctl.specs import LoadedSpec
+from dsctl.specs.schema import Mode
 
 Log = Callable[[str], None]
 
@@ -187,8 +190,8 @@ def write_spec(out_dir: Path, name: str, text: str) -> LoadedSpec:
 @dataclass
 class JobOutcome:
     run_id: str
-    mode: str
-    summary: dict
+    mode: Mode
+    summary: RunSummary
     trainer_results: dict[int, dict]
     run_dir: Path
 
@@ -200,7 +203,7 @@ class StopRequested(KeyboardInterrupt):
     """Raised inside a JobRunner (through its listener) to make it tear down as on Ctrl-C."""
 
 
-def run_job(loaded: LoadedSpec, *, mode: str = "service", workers: int | None = None, duration_s: float | None = None,
+def run_job(loaded: LoadedSpec, *, mode: Mode = "service", workers: int | None = None, duration_s: float | None = None,
             repeat: bool = True, parent_id: str | None = None, stop: threading.Event | None = None,
             log: Log | None = None, label: str = "", **extra) -> JobOutcome:
     """One JobRunner run, recorded as a point of the experiment; returns its summary and per-trainer results.
@@ -225,7 +228,7 @@ def run_job(loaded: LoadedSpec, *, mode: str = "service", workers: int | None = 
     runner.run()
     store = runner.store
     record = store.recorded(runner.run_id)
-    outcome = JobOutcome(run_id=runner.run_id, mode=mode, summary=record.summary,
+    outcome = JobOutcome(run_id=runner.run_id, mode=mode, summary=record.job,
                          trainer_results=store.trainer_results(runner.run_id), run_dir=runner.run_dir)
     if log:
         bps = outcome.get("batches_per_s")
@@ -235,7 +238,7 @@ def run_job(loaded: LoadedSpec, *, mode: str = "service", workers: int | None = 
 
 
 def run_concurrently(jobs: list[Callable[[threading.Event], JobOutcome]]) -> list[JobOutcome]:
-    """Run jobs in threads (each builds its own JobRunner, store and provisioner inside its thread);
+    """Run jobs in threads (each builds its own JobRunner, store and provider inside its thread);
     Ctrl-C stops them all, each tearing down its own deployment, then re-raises."""
     stop = threading.Event()
     results: list[JobOutcome | None] = [None] * len(jobs)

@@ -5,7 +5,7 @@ paper's three modes.
   (service.job_name shared, cross_trainer_cache: true, epochs: null): each element computed once.
 - B: one deployment, no sharing: each of the k trainers gets its own job over the same workers.
 - C: one deployment per job: k separate runs of one trainer each, side by side (threads, each with
-  its own JobRunner and provisioner), so they compete for this machine's two cores as they would not
+  its own JobRunner and provider), so they compete for this machine's two cores as they would not
   on dedicated machines. C with k = 1 is B with k = 1 (the same deployment), run once.
 
 The pipeline is CPU-heavy (`synthetic`, 64 matmuls per element, ~18 ms of CPU per batch) and the

@@ -36,6 +36,7 @@ from matplotlib.figure import Figure
 from dsctl.costmodel import compare, estimate, load_catalog, price
 from dsctl.costmodel.estimate import usage_from_spec
 from dsctl.specs import load_spec_text
+from dsctl.specs.schema import Mode
 
 from .common import (
     MEASURED,
@@ -106,7 +107,7 @@ pipeline:
   params: {{num_files: 4, images_per_file: 64, image_size: 40, crop_size: 32, num_classes: 10, batch_size: 32,
            epochs: null}}
 """
-KERAS_MODES = ("colocated", "service")
+KERAS_MODES: tuple[Mode, ...] = ("colocated", "service")
 KERAS_PART = "measured, compact ResNet (keras)"
 
 PAPER_SPEC = """
@@ -147,7 +148,7 @@ def paper_rows() -> list[dict]:
     return out
 
 
-MODES = ("colocated", "service", "ideal")
+MODES: tuple[Mode, ...] = ("colocated", "service", "ideal")
 
 
 def _mean(values: list) -> float | None:
@@ -217,7 +218,7 @@ def run(out_dir: Path, quick: bool = False, log: Log | None = None) -> Experimen
     # one, so they run the modes in turn twice (colocated, service, ideal, colocated, ...) and keep each mode's
     # faster run; a burst rarely spans both runs of a mode, about 25 s apart.
     order = MODES + MODES if quick else MODES + MODES[::-1]
-    runs: dict[str, list] = {m: [] for m in MODES}
+    runs: dict[Mode, list] = {m: [] for m in MODES}
     for mode in order:
         runs[mode].append(run_job(loaded, mode=mode, parent_id=parent, log=log, label="fig8"))
     local: dict[str, dict[str, Any]] = {}

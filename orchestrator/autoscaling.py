@@ -9,11 +9,10 @@ rather than being outvoted by the others, which is what a synchronous job feels 
 
 from __future__ import annotations
 
-from typing import cast
-
 from dsctl.specs.schema import JobSpec
 
-from .policies import CachewPolicy, Observation, ScalingPolicy
+from .policies import Observation, ReadsQueue, ScalingPolicy
+from .policies.cachew import QUEUE_ROOM  # noqa: F401 - the buffer leave_queue_room gives under Cachew's policy
 
 
 class TrainerWindows:
@@ -59,9 +58,6 @@ def observe(windows: list[dict], trainers: int, *, workers: int, worker_cpu_util
     )
 
 
-QUEUE_ROOM = 32  # client buffer (elements) under Cachew's policy when the spec sets none
-
-
 def leave_queue_room(spec: JobSpec, policy: ScalingPolicy) -> JobSpec:
     """dsctl's own rule, so Cachew's queue-fill signal can work: a client buffer with room to fill.
 
@@ -74,11 +70,8 @@ def leave_queue_room(spec: JobSpec, policy: ScalingPolicy) -> JobSpec:
     many elements (batches) buffered; set the field lower for very large batches. The policy is
     told the buffer's size (`queue_capacity`).
     """
-    if policy.name != "cachew":
+    if not isinstance(policy, ReadsQueue):
         return spec
-    cachew = cast(CachewPolicy, policy)
-    room = spec.service.max_outstanding_requests or max(QUEUE_ROOM, cachew.config.max_workers)
-    # The policy is told the buffer's size, to know when the queue is too full to rise (see cachew.py).
-    cachew.config = cachew.config.model_copy(update={"queue_capacity": room})
+    room = policy.queue_room(spec.service.max_outstanding_requests)
     service = spec.service.model_copy(update={"max_outstanding_requests": room})
     return spec.model_copy(update={"service": service})

@@ -23,13 +23,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dsctl.errors import DsctlError
-from dsctl.provisioners import ProcessRef
-from dsctl.provisioners.processes import is_ours, reap, stop_groups
+from dsctl.providers import ProcessRef
+from dsctl.providers.processes import is_ours, reap, stop_groups
 from dsctl.runtime.logtail import tail
-from dsctl.specs import SpecError
+from dsctl.specs import SpecError, UsageError
 
 from .boardserver import BOARD_ENV
-from .store import RunStore, dsctl_home
+from .home import dsctl_home
+from .store import RunStore
 
 BOARDS = "boards"
 DEFAULT_PORT = 6006
@@ -139,7 +140,7 @@ def logdirs(store: RunStore, refs: list[str]) -> dict[str, str]:
     for ref in refs:
         record = store.find(ref)
         if record is None:
-            raise SpecError(f"no run '{ref}' is recorded; `dsctl runs` lists them.")
+            raise UsageError(f"no run '{ref}' is recorded; `dsctl runs` lists them.")
         board = record.summary.get("tensorboard") or {}
         here = board.get("dir") or (str(board_dir(record.run_dir)) if record.run_dir else None)
         copy = board.get("copy")

@@ -17,13 +17,13 @@ from pathlib import Path
 
 from dsctl.costmodel import load_catalog
 from dsctl.costmodel.storage import fit_read_model, held_out_errors
-from dsctl.provisioners import Deployment, TrainerLaunch
+from dsctl.providers import Deployment, TrainerLaunch
 from dsctl.specs import SpecError
 
 from .context import RunContext
+from .home import dsctl_home
 from .outcome import RunFailed
 from .policies.autocache import decide, hints_from_points
-from .store import dsctl_home
 from .tail import JsonlTail
 
 PROFILE_TIMEOUT_S = 300.0

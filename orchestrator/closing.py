@@ -1,7 +1,7 @@
 """Closing the records a deployment's removal interrupts: the run's own, from what its trainers wrote for
 themselves (reconcile.py), and a sweep's with its points.
 
-`dsctl down` calls it after the teardown (deployments.py): a record still "running" has lost the `dsctl up` or
+`dsctl down` calls it after the teardown (takedown.py): a record still "running" has lost the `dsctl up` or
 `dsctl sweep` that would have written how it ended, and is closed here from what is left on disk.
 """
 
@@ -12,11 +12,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from dsctl.provisioners import Deployment
+from dsctl.providers import Deployment
 
 from . import endings, reconcile
+from .home import remedy
 from .pricing import cost_summary
-from .store import RunRecord, RunStore, StoreError, remedy
+from .records import RunRecord, SweepPoint
+from .store import RunStore, StoreError
 from .summary import summarize_run
 
 
@@ -110,8 +112,8 @@ def close_run(store: RunStore, record: RunRecord, dep: Deployment, monitor_gone:
         message = (f"{owner}; {by} recorded the run {status} from "
                    + (f"its trainers' own metrics files in {Path(run_dir) / 'metrics'}: {said}" if files.trainers
                       else "the windows stored before (its trainers wrote no metrics files)"))
-    summary["recorded_by"] = message
-    summary["cost"] = cost_summary(replace(record, status=status, error=error, summary=summary))
+    summary.recorded_by = message
+    summary.cost = cost_summary(replace(record, status=status, error=error, summary=summary))
     store.update_run(record.id, status=status, ended_at=ended, error=error, summary=summary)
     store.add_event(record.id, kind, message)
     reconcile.forget_outcome(run_dir)
@@ -137,7 +139,7 @@ def close_points(store: RunStore, sweep_id: str, why: str | None = None, event: 
         ended = max((u["t"] for u in utilization), default=time.time())
         summary = summarize_run({}, windows, utilization, point.created_at, max(ended, point.created_at))
         error = f"interrupted: {why} before this point's measurement ended"
-        summary["cost"] = cost_summary(replace(point, status="interrupted", error=error, summary=summary))
+        summary.cost = cost_summary(replace(point, status="interrupted", error=error, summary=summary))
         store.update_run(point.id, status="interrupted", ended_at=time.time(), error=error, summary=summary)
         store.add_event(point.id, event, error)
 
@@ -145,10 +147,10 @@ def close_points(store: RunStore, sweep_id: str, why: str | None = None, event: 
 def close_sweep(store: RunStore, sweep: RunRecord, why: str = "its deployment was removed by dsctl down") -> None:
     """A sweep whose `dsctl sweep` had not recorded its end: interrupted, with the points it had finished."""
     done = [p for p in store.list(kinds=("point",), parent_id=sweep.id) if p.status == "succeeded"]
-    points = [{"workers": p.workers, "run_id": p.id, "mode": p.mode, "predicted": False, "source": "measured here",
-               "batches_per_s": p.summary.get("batches_per_s"), "input_stall_frac": p.summary.get("input_stall_frac")}
+    points = [SweepPoint(workers=p.workers, run_id=p.id, mode=p.mode, predicted=False, source="measured here",
+                         batches_per_s=p.job.batches_per_s, input_stall_frac=p.job.input_stall_frac)
               for p in sorted(done, key=lambda p: p.created_at) if p.mode == "service"]
     error = f"{why} before dsctl sweep recorded how it ended; {len(points)} point(s) had been measured"
-    summary = {**sweep.summary, "points": points, "recorded_by": f"dsctl down: {why}"}
+    summary = sweep.sweep.updated(points=points, recorded_by=f"dsctl down: {why}")
     store.update_run(sweep.id, status="interrupted", ended_at=time.time(), error=error, summary=summary)
     store.add_event(sweep.id, "down", error)

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
+from .records import CloudLatest
 from .store import RunStore
 
 LATEST = "latest.json"
@@ -57,7 +58,7 @@ class Publisher:
         self._parts = 0
         self._sampled: dict[tuple[str, int], float] = {}  # (role, index) -> time of its last published sample
 
-    def publish(self, progress: dict | None = None) -> None:
+    def publish(self, progress: dict[str, Any] | None = None) -> None:
         rows = {}
         for table in RunStore.COPIED:
             rows[table], self._after[table] = self.store.rows_after(table, self.run_id, self._after[table])
@@ -66,13 +67,13 @@ class Publisher:
             self._parts += 1
             part = {"run_id": self.run_id, **rows, "trainer_results": self.store.trainer_results(self.run_id)}
             self.objects.put(PART.format(self._parts), json.dumps(part).encode())
-        events = self.store.events(self.run_id)[-RECENT_EVENTS:]
+        events = [e.as_json() for e in self.store.events(self.run_id)[-RECENT_EVENTS:]]
         latest = {"run": self.store.run_row(self.run_id), "progress": progress or {}, "parts": self._parts,
                   "written_at": time.time(), "events": events}
         self.objects.put(LATEST, json.dumps(latest).encode())
 
 
-    def _due(self, row: dict) -> bool:
+    def _due(self, row: dict[str, Any]) -> bool:
         key = (row["role"], row["idx"])
         if row["t"] - self._sampled.get(key, -UTILIZATION_EVERY_S) < UTILIZATION_EVERY_S:
             return False
@@ -80,12 +81,12 @@ class Publisher:
         return True
 
 
-def read_latest(objects: Objects) -> dict | None:
+def read_latest(objects: Objects) -> CloudLatest | None:
     data = objects.get(LATEST)
-    return json.loads(data) if data else None
+    return CloudLatest.model_validate(json.loads(data)) if data else None
 
 
-def import_record(store: RunStore, objects: Objects, run_id: str, imported: set[str]) -> dict | None:
+def import_record(store: RunStore, objects: Objects, run_id: str, imported: set[str]) -> CloudLatest | None:
     """Bring `store`'s copy of the run up to date; `imported` holds the parts already taken (and gains the
     new ones). Returns latest.json, or None if the run has published nothing."""
     latest = read_latest(objects)
@@ -101,14 +102,14 @@ def import_record(store: RunStore, objects: Objects, run_id: str, imported: set[
         for trainer, result in part.get("trainer_results", {}).items():
             store.set_trainer_result(run_id, int(trainer), result)
         imported.add(name)
-    row = latest.get("run")
+    row = latest.run
     if row:
         local = store.run_row(run_id)
         # Keep where this machine has the run (its own run dir and spec path), take the rest.
         keep = {k: local[k] for k in ("run_dir", "spec_path") if local and local.get(k)}
         store.put_run_row({**row, **keep})
     left = left_behind(objects)  # written after the supervisor's last publish: an event of the record here
-    if left and not any(e["kind"] == LEFT_BEHIND for e in store.events(run_id)):
+    if left and not any(e.kind == LEFT_BEHIND for e in store.events(run_id)):
         store.add_event(run_id, LEFT_BEHIND, f"its supervisor could not delete everything: {left}")
     store.flush()
     return latest

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsctl.provisioners import EventSink, Provider
+from dsctl.providers import EventSink, Provider
 from dsctl.specs import JobSpec, LoadedSpec
+from dsctl.specs.schema import Mode
 
 from .store import RunStore
 from .supervision import Supervisor
@@ -22,7 +23,7 @@ from .supervision import Supervisor
 class RunContext:
     loaded: LoadedSpec
     spec: JobSpec  # the run's (its autoscale policy may have changed the client's buffer: not always loaded.spec)
-    mode: str
+    mode: Mode
     run_id: str
     run_dir: Path
     store: RunStore

@@ -32,6 +32,7 @@ from pathlib import Path
 from dsctl.specs import exits
 
 from .reconcile import CLEAN_ENDS
+from .records import Ending
 
 LOST = -1  # an exit status that could not be read (the local provider's: its launcher ended first)
 DOWN_REQUEST = "down-requested.json"  # in the run dir: `dsctl down` took the run down (who, when)
@@ -91,7 +92,7 @@ class Trainer:
 
 @dataclass
 class Verdict:
-    status: str  # succeeded | failed | interrupted
+    status: Ending
     detail: str | None = None  # why, in words (a trainer's own error message, as it wrote it)
     index: int | None = None  # the trainer that decided it
     user: bool = False  # the trainer's error is the user's to fix (bad input: exit 2)
@@ -125,7 +126,7 @@ def _exited(t: Trainer, log: str | None) -> str:
     how = t.ending or (exits.describe(code) if code < LOST else f"exited with code {code}")
     if t.end is not None and t.end.get("reason") in CLEAN_ENDS:
         how = f"ended its loop ({t.end.get('reason')}, {t.end.get('batches', 0)} batches) but then {how}"
-    return how + (f"; see {log}" if log else "")
+    return f"it {how}" + (f"; see {log}" if log else "")
 
 
 def judge(trainers: list[Trainer], count: int, steps: int | None = None, down: DownRequest | None = None,

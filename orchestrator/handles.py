@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from dsctl.provisioners import Deployment, EventSink, Provider, TrainerLaunch, TrainerState
+from dsctl.providers import Deployment, EventSink, Provider, TrainerLaunch, TrainerState, load_deployment
 from dsctl.runtime.sampler import Sample
 
 from .control import ControlClient, ControlServer, DeploymentBusy, SweepLock, process_alive, serving
@@ -26,36 +26,36 @@ ABANDONED_CHECK_S = 1.0
 class OwnedDeployment:
     """Started by this process; released by taking it down. Its servers are supervised as a job's are."""
 
-    def __init__(self, provisioner: Provider, dep: Deployment, supervisor: Supervisor):
-        self.provisioner, self.dep, self.supervisor = provisioner, dep, supervisor
+    def __init__(self, provider: Provider, dep: Deployment, supervisor: Supervisor):
+        self.provider, self.dep, self.supervisor = provider, dep, supervisor
 
     @property
     def workers(self) -> int:
         return len(self.dep.by_role("worker"))
 
     def scale(self, workers: int, events: EventSink) -> None:
-        self.provisioner.scale_workers(self.dep, workers, events)
+        self.provider.scale_workers(self.dep, workers, events)
 
     def start_trainers(self, launch: TrainerLaunch, events: EventSink) -> dict[int, str]:
-        self.provisioner.start_trainers(self.dep, launch, events)
+        self.provider.start_trainers(self.dep, launch, events)
         return trainer_metrics(self.dep)
 
     def poll(self, events: EventSink) -> TrainerState:
         return self.supervisor.poll()
 
     def sample(self) -> list[Sample]:
-        return self.provisioner.sample(self.dep)
+        return self.provider.sample(self.dep)
 
     def stop_trainers(self) -> None:
-        self.provisioner.stop_trainers(self.dep)
+        self.provider.stop_trainers(self.dep)
         self.dep.nodes = [n for n in self.dep.nodes if n.role != "trainer"]
         self.dep.save()
 
     def release(self, events: EventSink) -> None:
         try:
-            self.provisioner.down(self.dep, events)
+            self.provider.down(self.dep, events)
         except KeyboardInterrupt:  # a second Ctrl-C (or SIGTERM, SIGHUP) while tearing down: finish it, then stop
-            self.provisioner.down(self.dep, events)
+            self.provider.down(self.dep, events)
             raise
 
 
@@ -99,7 +99,7 @@ class AttachedDeployment:
 
     @property
     def workers(self) -> int:
-        return len(Deployment.load(self.dep.run_dir).by_role("worker"))
+        return len(load_deployment(self.dep.run_dir).by_role("worker"))
 
     def scale(self, workers: int, events: EventSink) -> None:
         self.client.call("scale", answer_s=STARTS_S, workers=workers)
@@ -139,7 +139,7 @@ def _serving(dep: Deployment) -> bool:
     is given a few seconds to start, so a sweep right after `dsctl logs RUN --follow` is not refused."""
     deadline = time.monotonic() + SERVING_GRACE_S
     while not serving(dep.run_dir):
-        state = Deployment.load(dep.run_dir)
+        state = load_deployment(dep.run_dir)
         if state.status != "up" or state.by_role("trainer") or time.monotonic() > deadline:
             return False
         time.sleep(0.1)
@@ -153,9 +153,9 @@ def _who(holder: dict | None) -> str:
     return f"sweep {holder['sweep']} (pid {holder.get('pid')})" if holder.get("sweep") else "another sweep"
 
 
-def serve_control(provisioner: Provider, supervisor: Supervisor, dep: Deployment, events: EventSink) -> ControlServer:
+def serve_control(provider: Provider, supervisor: Supervisor, dep: Deployment, events: EventSink) -> ControlServer:
     """The monitor's side of AttachedDeployment; from now on its sweeps are served (control/serving.json)."""
-    handle = OwnedDeployment(provisioner, dep, supervisor)
+    handle = OwnedDeployment(provider, dep, supervisor)
 
     def start_trainers(launch: dict) -> dict:
         paths = {k: Path(launch[k]) for k in ("spec_json", "metrics_dir", "base_dir", "cache_dir")}

@@ -22,13 +22,15 @@ import sqlite3
 import time
 from pathlib import Path
 
-from dsctl.provisioners import Deployment
-from dsctl.provisioners.processes import is_ours
+from dsctl.providers import Deployment, load_deployment
+from dsctl.providers.processes import is_ours
 from dsctl.runtime.readiness import write_json_atomic
 from dsctl.specs import SpecError
 
 from . import closing
-from .store import RunRecord, RunStore, StoreError, dsctl_home
+from .home import dsctl_home
+from .records import RunRecord
+from .store import RunStore, StoreError
 
 RUN_FILE = "run.json"  # the run's row as first recorded
 KEPT_DB = "records.db"  # the run's record, kept in its run dir when runs.db could not be made again
@@ -170,7 +172,7 @@ def _run_file(run_dir: Path) -> dict:
 
 def _not_up(run_dir: Path, run_id: str) -> None:
     try:
-        dep = Deployment.load(run_dir)
+        dep = load_deployment(run_dir)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return  # no state, or an unreadable one: nothing says it is up
     if dep.status != "down" and any(is_ours(n) for n in dep.nodes):
@@ -180,7 +182,7 @@ def _not_up(run_dir: Path, run_id: str) -> None:
 
 def _deployment(run_dir: Path, row: dict) -> Deployment:
     try:
-        return Deployment.load(run_dir)
+        return load_deployment(run_dir)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return Deployment(run_id=row["id"], provider=row.get("provider") or "local", run_dir=str(run_dir))
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from dsctl.errors import DsctlError
 from dsctl.specs import SpecError
 
+from .records import Ending
+
 
 class RunFailed(DsctlError):
     """The run failed at runtime (exit 1); it is recorded, and the deployment is gone."""
@@ -52,7 +54,7 @@ class TakenDown(Interrupted):
 
 @dataclass
 class Outcome:
-    status: str = "failed"  # succeeded | failed | interrupted
+    status: Ending = "failed"
     error: str | None = None
 
     @contextmanager

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dsctl.provisioners import CheckResult, ChecksPlace, Where, get_provider
+from dsctl.providers import CheckResult, ChecksPlace, Where, get_provider
 from dsctl.specs import LoadedSpec, SpecError, load_spec
 
 from .preflight import load_job
@@ -29,10 +29,9 @@ def _example(provider: str) -> LoadedSpec:
     return LoadedSpec(spec=spec, source=loaded.source)
 
 
-def check_place(provider: str, spec_path: Path | None, project: str | None = None,
-                zone: str | None = None) -> tuple[LoadedSpec, list[CheckResult]]:
-    """The spec checked (the one given, else the provider's smoke example) and every check's result, in `project` and
-    `zone` where given (else the spec's, or the environment's)."""
+def check_place(provider: str, spec_path: Path | None, where: Where = Where()) -> tuple[LoadedSpec, list[CheckResult]]:
+    """The spec checked (the one given, else the provider's smoke example) and every check's result, where `where`
+    says (the options that locate a place: else the spec's, or the environment's)."""
     place = get_provider(provider)
     if not isinstance(place, ChecksPlace):
         raise SpecError(f"provider {provider} has nothing to check before a run: it creates nothing that bills "
@@ -45,6 +44,6 @@ def check_place(provider: str, spec_path: Path | None, project: str | None = Non
     else:
         loaded = _example(provider)
     try:
-        return loaded, place.check_place(loaded.spec, Where(project=project, zone=zone))
+        return loaded, place.check_place(loaded.spec, where)
     except SpecError as exc:
         raise loaded.locate(exc) from None

@@ -3,7 +3,7 @@
 specs.load_spec checks the file itself (schema, rules); here come the checks that need more than the
 file: its entrypoints, imported in a child process that is contained (the child and everything the
 user's code starts in it, daemons included, are in a cgroup of their own and end with the check:
-provisioners/containment.py), the command it names, the price catalog it names, and its autoscale
+providers/containment.py), the command it names, the price catalog it names, and its autoscale
 policy with its settings.
 """
 
@@ -14,15 +14,15 @@ import os
 from pathlib import Path
 
 from dsctl.costmodel.catalog import load_catalog
-from dsctl.costmodel.machines import MACHINES, closest_first, shape
-from dsctl.provisioners import containment
-from dsctl.provisioners.registry import provider_class
+from dsctl.costmodel.machines import MACHINES, closest_first, known_list
+from dsctl.providers import containment
+from dsctl.providers.registry import provider_class
 from dsctl.specs import LoadedSpec, SpecError, entrypoints, load_spec
 from dsctl.specs.command import DEFAULT_ARG_MAX, activated, command_problem, exec_problem
 from dsctl.specs.epochs import epoch_findings
 from dsctl.specs.errors import Problems
 
-from .store import notices
+from .home import notices
 
 
 def load_job(path: str | Path, *, autoscale: str | None = None, check_entrypoints: bool = True,
@@ -52,12 +52,16 @@ def load_job(path: str | Path, *, autoscale: str | None = None, check_entrypoint
 
 
 def check_machines(loaded: LoadedSpec) -> None:
-    """Every machine type the spec names is one dsctl knows the shape and prices of, else the closest known ones
-    (a typo such as tpu-v9-8 would otherwise run, and end unpriced). Where the provider's machines stand in for the
-    spec's (local processes), a trainer may be `local`: this machine, unpriced."""
+    """Every machine type the spec names is one dsctl knows the shape and prices of (the cost model's, or one its
+    catalog gives), else the closest known ones (a typo such as tpu-v9-8 would otherwise run, and end unpriced).
+    Where the provider's processes run on this machine, a trainer may be `local`: this machine, unpriced."""
     spec = loaded.spec
     provider = provider_class(spec.provider)
-    here = bool(provider is not None and provider.stands_in)
+    here = bool(provider is not None and provider.runs_here)
+    try:
+        known = load_catalog(spec.pricing, base_dir=loaded.base_dir).shapes
+    except SpecError:  # check_pricing says why
+        known = MACHINES
     problems = Problems()
     named = [(("service", "worker_machine"), spec.service.worker_machine),
              (("service", "dispatcher_machine"), spec.service.dispatcher_machine),
@@ -66,13 +70,12 @@ def check_machines(loaded: LoadedSpec) -> None:
         if machine == "local" and loc == ("trainer", "machine") and here:
             continue
         with problems.check():
-            try:
-                shape(machine)
-            except SpecError as exc:
-                close = closest_first(machine, list(MACHINES), 1)
+            if machine not in known:
+                close = closest_first(machine, list(known), 1)
                 similar = close and difflib.SequenceMatcher(None, machine, close[0]).ratio() >= 0.6
                 hint = f" Did you mean '{close[0]}'?" if similar else ""
-                raise loaded.error(loc, exc.message.replace(". Known", f".{hint} Known", 1)) from None
+                raise loaded.error(loc, f"unknown machine type '{machine}'.{hint} Known machine types, closest first: "
+                                        f"{known_list(machine, known)}.")
     problems.raise_any()
 
 
@@ -104,7 +107,7 @@ def check_command(loaded: LoadedSpec) -> None:
     if trainer.command is None:
         return
     provider = provider_class(loaded.spec.provider)
-    here = bool(provider is not None and provider.stands_in)
+    here = bool(provider is not None and provider.runs_here)
     why = command_problem(trainer.command, loaded.base_dir, {**os.environ, **trainer.env}, on_this_machine=here)
     if why:
         raise loaded.error(("trainer", "command"), why)
@@ -142,7 +145,7 @@ def check_autoscale(loaded: LoadedSpec, policy: str | None = None):
         auto = (auto or AutoscaleSpec()).model_copy(update={"policy": policy, "settings": {}})
     if auto is None:
         return None
-    config_model = POLICIES[auto.policy][1]
+    config_model = POLICIES[auto.policy].settings
     for key in auto.settings:
         if key not in config_model.model_fields or key in SET_BY_SPEC:
             valid = sorted(k for k in config_model.model_fields if k not in SET_BY_SPEC)

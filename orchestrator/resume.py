@@ -17,12 +17,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dsctl.specs import LoadedSpec, SpecError
+from dsctl.specs import LoadedSpec, SpecError, UsageError
 from dsctl.specs.errors import dotted
 from dsctl.specs.schema import JobSpec
 
 from .checkpoints import Latest, latest, run_checkpoint_dir, trainer_dirs
-from .store import RunRecord, RunStore
+from .records import RunRecord
+from .store import RunStore
 
 SAME_JOB = (("pipeline",), ("trainer", "model"), ("trainer", "count"))  # what a checkpoint depends on
 
@@ -55,7 +56,7 @@ def plan_resume(store: RunStore, ref: str, loaded: LoadedSpec) -> Resume:
     """The checkpoints `dsctl up --resume ref` restores; SpecError (one paragraph) if it cannot resume."""
     record = store.find(ref)
     if record is None:
-        raise SpecError(f"--resume {ref}: no run '{ref}' is recorded; `dsctl runs` lists the recorded ones.")
+        raise UsageError(f"--resume {ref}: no run '{ref}' is recorded; `dsctl runs` lists the recorded ones.")
     rid = record.id
     if record.status == "running":
         raise SpecError(f"--resume {rid}: run {rid} is still running (its record says so), and a run resumed while "

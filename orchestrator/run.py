@@ -16,21 +16,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dsctl.provisioners import Deployment, HandsOff, ProcessRef, Provider, TrainerLaunch, get_provider
+from dsctl.providers import Deployment, ProcessRef, Provider, TrainerLaunch, get_provider
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 from dsctl.specs.epochs import epoch_findings
+from dsctl.specs.schema import Mode
 
 from . import caching, endings, imports, reconcile
 from .accelerators import trainer_accelerators
 from .autoscaling import TrainerWindows, leave_queue_room
 from .checkpoints import run_checkpoint_dir, saved_step
 from .context import RunContext
+from .home import dsctl_home, remedy
 from .outcome import Outcome, RunFailed, TakenDown
-from .policies import Observation
+from .policies import Limits, Observation
 from .preflight import check_autoscale
 from .pricing import cost_summary
+from .records import Ending, RunSummary
 from .resume import Resume
-from .store import FULL_BELOW, RunStore, dsctl_home, remedy
+from .store import FULL_BELOW, RunStore
 from .summary import epoch_line, epoch_note, summarize_run
 from .supervision import Supervisor
 from .tail import JsonlTail, trainer_metrics
@@ -76,7 +79,7 @@ def new_run_id(name: str) -> str:
 class JobRunner:
     """Runs one measurement of one spec in one mode and records it."""
 
-    def __init__(self, loaded: LoadedSpec, *, mode: str = "service", workers: int | None = None,
+    def __init__(self, loaded: LoadedSpec, *, mode: Mode = "service", workers: int | None = None,
                  store: RunStore | None = None, listener: Listener | None = None, kind: str = "job",
                  parent_id: str | None = None, run_id: str | None = None, detached: bool = False,
                  duration_s: float | None = None, repeat: bool = False, record_steps: bool = False,
@@ -94,7 +97,7 @@ class JobRunner:
         self.store = store or RunStore()
         self._own_store = store is None  # a store lent by a sweep is the sweep's to move (imports.rebuild)
         self.listener = listener or (lambda p: None)
-        self.provisioner: Provider = get_provider(self.spec.provider)
+        self.provider: Provider = get_provider(self.spec.provider)
         self.run_id = run_id or new_run_id(self.spec.name)
         self.run_dir = dsctl_home() / "runs" / self.run_id
         # Checkpoints: this run's own folder, and the run it restores from (dsctl up --resume).
@@ -113,13 +116,13 @@ class JobRunner:
         self.record_steps = record_steps  # per-batch records (experiments model synchronous training from them)
         self._results: dict[int, dict] = {}  # each trainer's end record, also kept here in case the store defers it
         self._stopped_s: dict[str, float] = {}  # role -> VM-seconds stopped (preempted VMs are not billed meanwhile)
-        self.summary: dict = {}
+        self.summary = RunSummary()
         self.trainer_spec_json: Path | None = None  # the spec the trainers get, when autocache decided a mode
         self.autocache_summary: dict | None = None
         self.cache: dict | None = None  # the cache this run wrote or read (caching.cache_used)
 
     # -- events -----------------------------------------------------------------
-    def _event(self, kind: str, message: str) -> None:
+    def event(self, kind: str, message: str) -> None:
         self.store.add_event(self.run_id, kind, message)
         if kind in ("worker-restarted", "dispatcher-restarted"):
             self.progress.restarts += 1
@@ -128,16 +131,18 @@ class JobRunner:
         self.progress.last_event = message
         self.listener(self.progress)
 
-    def _phase(self, phase: str) -> None:
+    def phase(self, phase: str) -> None:
         self.progress.phase = phase
         self.listener(self.progress)
 
     # -- the run ------------------------------------------------------------------
-    def prepare(self) -> Deployment:
+    def prepare(self, reserve: bool = True) -> Deployment:
+        """Check, record and save the run before anything is created; `reserve`: keep room in the run dir for its
+        outcome, should the disk fill before this process records it (not for a run another machine records)."""
         if self.mode == "service":
             most = max(self.workers, self.spec.autoscale.max_workers if self.policy and self.spec.autoscale else 0)
             try:
-                self.provisioner.check(self.spec, most, self.loaded.base_dir)
+                self.provider.check(self.spec, most, self.loaded.base_dir)
             except SpecError as exc:
                 raise self.loaded.locate(exc) from None
         # How this run reads its epochs with the workers it has (a repeated pipeline has none): refused, or warned.
@@ -145,7 +150,7 @@ class JobRunner:
         if refused:
             raise refused[0]
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if not self.hands_off:  # room for the outcome, should the disk fill before this process records the run
+        if reserve:
             reconcile.reserve(self.run_dir)
         spec_json = self.spec.model_dump_json(indent=1)
         (self.run_dir / "spec.json").write_text(spec_json)
@@ -176,12 +181,12 @@ class JobRunner:
                                      log=str(self.run_dir / "up.log"))
         dep.save()
         self.deployment = dep
-        self.supervisor = Supervisor(self.provisioner, dep, self.spec.service.fault_tolerant, self._event)
+        self.supervisor = Supervisor(self.provider, dep, self.spec.service.fault_tolerant, self.event)
         for warning in warnings:
-            self._event("warning", warning.render())
-        note = getattr(getattr(self.policy, "config", None), "start_note", None)
-        if note:  # autoscale.start: profile, and what it found
-            self._event("autoscale", note)
+            self.event("warning", warning.render())
+        settings = getattr(self.policy, "config", None)
+        if isinstance(settings, Limits) and settings.start_note:  # autoscale.start: profile, and what it found
+            self.event("autoscale", settings.start_note)
         return dep
 
     def supervise_until_stopped(self) -> None:
@@ -190,16 +195,16 @@ class JobRunner:
         from .handles import serve_control
 
         dep = self.deployment
-        control = serve_control(self.provisioner, self.supervisor, dep, self._event)
+        control = serve_control(self.provider, self.supervisor, dep, self.event)
         try:
             while True:
                 self.supervisor.poll()
                 control.serve_pending()
                 time.sleep(0.1)
         except KeyboardInterrupt:
-            self.provisioner.down(dep, self._event)
+            self.provider.down(dep, self.event)
 
-    def run(self, keep_up: bool = False) -> dict:
+    def run(self, keep_up: bool = False) -> RunSummary:
         """Run to the end; returns the summary. Raises RunFailed, SpecError or KeyboardInterrupt."""
         dep = self.prepare()
         started = self.store.recorded(self.run_id).created_at
@@ -224,162 +229,48 @@ class JobRunner:
                 outcome.error = down.says(self.progress.phase)
             raise
         finally:
-            self._finish(dep, outcome.status, outcome.error, started, keep_up)
+            self.finish(dep, outcome.status, outcome.error, started, keep_up)
         return self.summary
 
-    # -- a run supervised on the cloud: provisioned here, run there (orchestrator/supervise.py) -----------
-    @property
-    def hands_off(self) -> bool:
-        """Whether this run is supervised on one of its machines (the provider can, and the spec asks for it)."""
-        return isinstance(self.provisioner, HandsOff) and self.provisioner.hands_off(self.spec, self.mode)
-
-    @property
-    def _cloud(self) -> HandsOff:
-        assert isinstance(self.provisioner, HandsOff), f"provider {self.provisioner.name} cannot hand a run off"
-        return self.provisioner
-
-    def hand_off(self, attached: bool = False, wait_s: float | None = None, poll_s: float = 1.0) -> dict:
-        """`dsctl up --detach` on a provider that supervises runs itself: provision from here, hand the job to
-        the supervisor on the dispatcher VM, and return once it has published that the trainers run (or the
-        run already ended). Returns the supervisor's latest published state. Any failure until then tears
-        everything down here."""
-        from . import cloudrecord
-
-        self._cloud.prepare_hand_off(self.spec)  # before the checks: what is checked depends on it
-        dep = self.prepare()
-        started = self.store.recorded(self.run_id).created_at
-        outcome = Outcome()
-        try:
-            with outcome.classify(self.run_id):
-                self._phase("provisioning")
-                self.provisioner.up(self.spec, dep, self.workers, self._event)  # the machines only: see launch_servers
-                dep.status = "up"
-                dep.save()
-                self._phase("handing over")
-                self._cloud.hand_off(dep, self._hand_off_files(attached), self.loaded.base_dir, self._event)
-                first_batch_s = self._cloud.limits(self.spec).first_batch_s if wait_s is None else wait_s
-                latest = self._wait_supervisor(cloudrecord, dep, first_batch_s, poll_s)
-                run = latest.get("run") or {}
-                if run.get("status") in ("failed", "interrupted"):
-                    raise RunFailed(f"the run's supervisor on the dispatcher VM reported: {run.get('error')}", self.run_id)
-        except BaseException:
-            self._finish(dep, outcome.status, outcome.error, started, keep_up=False)
-            raise
-        return latest
-
-    def _hand_off_files(self, attached: bool) -> dict[str, bytes]:
-        files = {"spec.json": (self.run_dir / "spec.json").read_bytes(),
-                 "handoff.json": json.dumps({"run": self.store.run_row(self.run_id), "workers": self.workers,
-                                             "autoscale": self.policy.name if self.policy else None,
-                                             "attached": attached,
-                                             "resume": self.resume.as_dict() if self.resume else None}).encode()}
-        if (self.run_dir / "spec.yaml").exists():
-            files["spec.yaml"] = (self.run_dir / "spec.yaml").read_bytes()
-        return files
-
-    def _wait_supervisor(self, cloudrecord, dep: Deployment, wait_s: float, poll_s: float,
-                         look_every_s: float = 15.0) -> dict:
-        """Until the supervisor publishes a first batch or the run's end; no longer than wait_s, nor once the
-        supervisor is seen gone (looked at every look_every_s)."""
-        objects = self._cloud.run_objects(dep)
-        deadline = time.monotonic() + wait_s
-        next_look = time.monotonic() + look_every_s
-        while True:
-            latest = cloudrecord.read_latest(objects)
-            run = (latest or {}).get("run") or {}
-            if run.get("status") not in (None, "running") or (latest or {}).get("progress", {}).get("batches"):
-                return latest
-            now = time.monotonic()
-            if now > deadline or now > next_look:
-                status = self._cloud.supervisor_status(dep)
-                next_look = now + look_every_s
-                if now > deadline or status.startswith("gone"):
-                    waited = f"within {wait_s:.0f} s" if now > deadline else "before it was lost"
-                    raise RunFailed(f"the run's supervisor on the dispatcher VM has not reported a first batch "
-                                    f"{waited} (its process: {status}); everything was deleted.")
-            time.sleep(poll_s)
-
-    def follow_hand_off(self, poll_s: float = 2.0) -> dict:
-        """An attached `dsctl up` of a run handed over: its progress from what the supervisor publishes, until it
-        ends; then its record here. Ctrl-C asks the supervisor to stop the run (a second one deletes it all from
-        here). Raises RunFailed if the run did not succeed."""
-        from . import cloudruns
-
-        dep = self.deployment
-        objects = self._cloud.run_objects(dep)
-
-        def show(latest: dict) -> None:
-            p = latest.get("progress") or {}
-            self.progress.phase = p.get("phase") or self.progress.phase
-            self.progress.batches = p.get("batches") or 0
-            self.progress.batches_per_s = p.get("batches_per_s")
-            self.progress.workers_ready = p.get("workers") or self.progress.workers_ready
-            self.progress.restarts = p.get("restarts") or 0
-            self.progress.last_event = p.get("last_event") or self.progress.last_event
-            self.listener(self.progress)
-
-        limit = self._cloud.limits(self.spec).outage_limit_s
-        try:
-            # Heartbeats well within the limit, so the supervisor never takes a slow one for a gone follower.
-            cloudruns.follow(objects, show, outage_limit_s=limit, poll_s=poll_s,
-                             heartbeat_s=min(cloudruns.HEARTBEAT_S, limit / 3))
-        except KeyboardInterrupt:
-            try:
-                self._phase("stopping")
-                cloudruns.stop(self.store, objects, self.run_id, "the attached `dsctl up` (Ctrl-C)")
-            finally:
-                self.provisioner.down(dep, self._event)  # whatever the supervisor left, or all of it after a 2nd Ctrl-C
-            raise
-        except TimeoutError as exc:
-            raise RunFailed(str(exc), self.run_id) from None
-        cloudruns.refresh(self.store, dep, take_down_left=True)  # what its supervisor could not delete, from here
-        record = self.store.recorded(self.run_id)
-        self.summary = record.summary
-        if record.status != "succeeded":
-            raise RunFailed(f"the run {record.status}: {record.error}", self.run_id)
-        return self.summary
-
-    def run_adopted(self, dep: Deployment) -> dict:
-        """On the supervising VM: the job of a deployment provisioned elsewhere and handed over, to its end."""
+    def run_on(self, dep: Deployment, bring_up: Callable[[Deployment], None]) -> RunSummary:
+        """The job of a deployment provisioned by another process (a run handed over to its supervisor on the cloud,
+        orchestrator/supervise.py), to its end: `bring_up` makes its servers serve, then the trainers run here."""
         self.deployment = dep
-        self.supervisor = Supervisor(self.provisioner, dep, self.spec.service.fault_tolerant, self._event)
+        self.supervisor = Supervisor(self.provider, dep, self.spec.service.fault_tolerant, self.event)
         started = self.store.recorded(self.run_id).created_at
         outcome = Outcome()
         try:
             with outcome.classify(self.run_id):
-                self._cloud.adopt(dep, self.spec)
-                self._phase("provisioning")
-                self._cloud.launch_servers(dep, self._event)
-                self.provisioner.wait_ready(dep, self._event)
+                bring_up(dep)
                 self._start_trainers(dep)
-                self._phase("training")
+                self.phase("training")
                 self._train(dep)
         finally:
-            self._finish(dep, outcome.status, outcome.error, started, keep_up=False)
+            self.finish(dep, outcome.status, outcome.error, started, keep_up=False)
         return self.summary
 
     def _provision_and_train(self, dep: Deployment) -> None:
         if self.mode == "service":
-            self._phase("provisioning")
-            self.provisioner.up(self.spec, dep, self.workers, self._event)
+            self.phase("provisioning")
+            self.provider.up(self.spec, dep, self.workers, self.event)
         profiling = caching.needs_profile(self.spec, self.mode)  # autocache: profile first, then train
         # Trainers start while the servers import TensorFlow; their clients wait for the dispatcher.
         if not profiling:
             self._start_trainers(dep)
         if self.mode == "service":
-            self.provisioner.wait_ready(dep, self._event)
+            self.provider.wait_ready(dep, self.event)
             dep.status = "up"
             dep.save()
         if profiling:
             context = RunContext(loaded=self.loaded, spec=self.spec, mode=self.mode, run_id=self.run_id,
-                                 run_dir=self.run_dir, store=self.store, provider=self.provisioner,
-                                 supervisor=self.supervisor, event=self._event, phase=self._phase)
+                                 run_dir=self.run_dir, store=self.store, provider=self.provider,
+                                 supervisor=self.supervisor, event=self.event, phase=self.phase)
             self.trainer_spec_json, self.autocache_summary = caching.profile_and_decide(context, dep)
             self._start_trainers(dep)
-        self._phase("training")
+        self.phase("training")
         self._train(dep)
 
-    def _finish(self, dep: Deployment, status: str, error: str | None, started: float, keep_up: bool) -> None:
+    def finish(self, dep: Deployment, status: Ending, error: str | None, started: float, keep_up: bool) -> None:
         """Teardown first: nothing that fails while recording, logging or printing may leave a process running."""
         ended = time.time()
         try:
@@ -390,20 +281,20 @@ class JobRunner:
             finally:
                 self._record_end(status, error, started, ended)
 
-    def _tear_down(self, dep: Deployment, status: str, keep_up: bool) -> None:
+    def _tear_down(self, dep: Deployment, status: Ending, keep_up: bool) -> None:
         try:
-            self._phase("tearing down" if not keep_up else "left running")
+            self.phase("tearing down" if not keep_up else "left running")
         except Exception:  # noqa: BLE001 - a live view that cannot draw must not stop the teardown
             pass
         if keep_up and status == "succeeded":
-            self.provisioner.stop_trainers(dep)
+            self.provider.stop_trainers(dep)
             dep.nodes = [n for n in dep.nodes if n.role != "trainer"]
             dep.save()
             return
         try:
-            self.provisioner.down(dep, self._event)
+            self.provider.down(dep, self.event)
         except KeyboardInterrupt:  # a second Ctrl-C: finish the teardown, then stop
-            self.provisioner.down(dep, self._event)
+            self.provider.down(dep, self.event)
             raise
 
     def _keep_store(self) -> None:
@@ -411,9 +302,9 @@ class JobRunner:
         if self._own_store and self.store.replaced():
             self.store, said = imports.rebuild(self.store, self.run_id, self.run_dir)
             self._cost_record = None
-            self._event("records-rebuilt", said)
+            self.event("records-rebuilt", said)
 
-    def _record_end(self, status: str, error: str | None, started: float, ended: float) -> None:
+    def _record_end(self, status: Ending, error: str | None, started: float, ended: float) -> None:
         """The run's outcome and summary; what the database will not take now is kept in the run dir.
         Trainers that never sent their end record are summarized from their stored windows."""
         self._keep_store()
@@ -423,23 +314,24 @@ class JobRunner:
         results = {**store.trainer_results(self.run_id), **self._results}
         summary = summarize_run(results, store.windows(self.run_id), store.utilization(self.run_id), started, ended,
                                 self.first_batch_wall, self.measured_from_wall)
-        summary.update(self._element_accounting(results))
+        summary = summary.updated(**self._element_accounting(results))
         note = epoch_note(summary, self.mode, self.spec.service.processing_mode, self.workers)
         if note:
-            summary["epoch_note"] = note
-        summary.update({f"{role}_stopped_s": seconds for role, seconds in self._stopped_s.items() if seconds})
+            summary.epoch_note = note
+        summary = summary.updated(**{f"{role}_stopped_s": seconds for role, seconds in self._stopped_s.items()
+                                     if seconds})
         if self.policy is not None:
-            summary.update(self._scaling_summary())
+            summary = summary.updated(**self._scaling_summary())
         if self.autocache_summary is not None or self.cache is not None:
             chosen = self.autocache_summary
             if not chosen:
                 assert self.spec.autocache is not None, "trainers report a cache only under autocache:"
                 chosen = {"choice": self.spec.autocache.mode}
-            summary["autocache"] = {**chosen, "cache": self.cache}
-        summary.update(self._training_summary())
+            summary = summary.updated(autocache={**chosen, "cache": self.cache})
+        summary = summary.updated(**self._training_summary())
         store.update_run(self.run_id, status=status, ended_at=ended, error=error, summary=summary)
         record = replace(store.recorded(self.run_id), status=status, ended_at=ended, error=error, summary=summary)
-        summary["cost"] = cost_summary(record)
+        summary.cost = cost_summary(record)
         store.update_run(self.run_id, summary=summary)
         self.summary = summary
         reason = store.last_error
@@ -467,7 +359,7 @@ class JobRunner:
             raise RunFailed(f"{outcome}, and everything it started is stopped, but {store.path} would not take its "
                             f"record ({reason}); it is kept in {kept} and the next dsctl command adds it.")
 
-    def _full_disk_said(self, status: str, error: str | None) -> str | None:
+    def _full_disk_said(self, status: Ending, error: str | None) -> str | None:
         """A run that did not succeed while its disk was full: its error says so first. Whatever failed first (a
         server that could not write its journal, a trainer its metrics) seldom names the disk itself."""
         if status == "succeeded" or (error and "filled up" in error):
@@ -493,7 +385,7 @@ class JobRunner:
             checkpoint_dir=self.checkpoint_dir, restore_from=self.resume.restore_from if self.resume else None,
             command=bool(self.spec.trainer.command),
         )
-        self.provisioner.start_trainers(dep, launch, self._event)
+        self.provider.start_trainers(dep, launch, self.event)
 
     def _train(self, dep: Deployment) -> None:
         tails = {i: JsonlTail(path) for i, path in trainer_metrics(dep).items()}
@@ -539,7 +431,7 @@ class JobRunner:
             if now - last_sample >= SAMPLE_S:
                 last_sample = now
                 self._keep_store()
-                samples = self.provisioner.sample(dep)
+                samples = self.provider.sample(dep)
                 self.store.add_utilization(self.run_id, time.time(), samples)
                 self._board_warning(self.board.samples(samples))
                 workers = [x.cpu_cores for x in samples if x.role == "worker"]
@@ -594,9 +486,9 @@ class JobRunner:
         elif event == "error":
             errors[index] = rec
         elif event == "epoch":
-            self._event("epoch", epoch_line(index, rec))
+            self.event("epoch", epoch_line(index, rec))
         elif event == "autocache" and index == 0:  # what the hints did (put, get, fallback), once per job
-            self._event(rec.get("kind", "autocache"), rec.get("message", ""))
+            self.event(rec.get("kind", "autocache"), rec.get("message", ""))
             self.cache = caching.cache_used(rec, self.cache, self.spec)
 
     def _autoscale(self, obs: Observation) -> None:
@@ -605,8 +497,8 @@ class JobRunner:
         decision = self.policy.observe(obs)
         if decision.action == "hold" or decision.target == self.workers:
             return
-        self._event("autoscale", f"{decision.action} → {decision.target} worker(s): {decision.reason}")
-        self.provisioner.scale_workers(self.deployment, decision.target, self._event)
+        self.event("autoscale", f"{decision.action} → {decision.target} worker(s): {decision.reason}")
+        self.provider.scale_workers(self.deployment, decision.target, self.event)
         self.workers = decision.target
         self.progress.workers_wanted = self.progress.workers_ready = decision.target
 
@@ -639,7 +531,7 @@ class JobRunner:
     def _board_warning(self, warning: str | None) -> None:
         if warning:
             try:
-                self._event("warning", warning)
+                self.event("warning", warning)
             except Exception:  # noqa: BLE001 - at teardown the live view may be gone
                 pass
 

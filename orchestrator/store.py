@@ -19,23 +19,25 @@ StoreError paragraph naming the file and what to do.
 from __future__ import annotations
 
 import builtins
-import errno
 import json
-import logging
 import math
 import os
 import shlex
 import shutil
 import sqlite3
-import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from dsctl.errors import DsctlError
-from dsctl.specs import SpecError
+from dsctl.specs import UsageError
+
+from .home import StoreError, dsctl_home, existing, notices, private_home, read_only, tighten
+from .records import RunEvent, RunRecord, summary_json
+
+if TYPE_CHECKING:
+    from dsctl.runtime.sampler import Sample
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -102,222 +104,8 @@ WINDOW_FIELDS = ("trainer", "t_start", "t_end", "batches", "examples", "batches_
 ADDED_COLUMNS = {"windows": {"queue_fill": "REAL", "loss": "REAL", "metrics": "TEXT"},
                  "runs": {"resumed_from": "TEXT", "checkpoint_dir": "TEXT"}}
 
-
-PRIVATE_UMASK = 0o077  # records, specs, state, logs and metrics: the user's alone (0600 files, 0700 dirs)
-
-
-def dsctl_home() -> Path:
-    """DSCTL_HOME (default ~/.dsctl): where runs, records and caches are kept."""
-    return Path(os.environ.get("DSCTL_HOME") or Path.home() / ".dsctl")
-
-
-def private_umask() -> None:
-    """From here on, everything this process writes, and every process it starts, is the user's alone (umask
-    0o077). The CLI asks for it first thing (cli/errors.py run_app); a RunStore does when it opens the home."""
-    os.umask(PRIVATE_UMASK)
-
-
-def _tighten(path: Path, mode: int) -> bool:
-    """chmod `path` to `mode` if it is ours, not a symlink and looser; True if it was changed. Only the permission
-    bits change: a folder's setgid bit (a group's shared folder) is kept."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    perms = stat.S_IMODE(st.st_mode)
-    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or perms & 0o777 & ~mode == 0:
-        return False
-    if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX:
-        return False  # a shared directory such as /tmp: not ours to close
-    keep = stat.S_ISGID if stat.S_ISDIR(st.st_mode) else 0
-    os.chmod(path, perms & (mode | keep))
-    return True
-
-
-def private_home(home: Path) -> None:
-    """Make DSCTL_HOME hold dsctl's records, the user's alone, and keep them so for everything this process writes.
-
-    Sets the process umask to 0o077 (inherited by every process dsctl starts) and creates the home 0700 if it is
-    missing. A home dsctl did not create is never changed: its mode is the user's choice (a group's shared folder,
-    mode 2775, stays so), and one that other users can read is warned about, saying how to close it
-    (`notices`). What dsctl itself wrote below it and an older dsctl left open (runs/, every run in it: 0700
-    folders, 0600 files; the database files on every open) is tightened. A home that cannot hold records (a file,
-    under a file, read-only, not the user's to write, too long a path) is one HomeError paragraph.
-    """
-    private_umask()
-    created = _make_home(home)
-    runs = home / "runs"
-    try:
-        if runs.is_dir() and _tighten(runs, 0o700):
-            for root, dirs, files in os.walk(runs):
-                for name in dirs:
-                    _tighten(Path(root) / name, 0o700)
-                for name in files:
-                    _tighten(Path(root) / name, 0o600)
-        else:
-            runs.mkdir(mode=0o700, exist_ok=True)
-    except OSError:
-        pass  # a full disk: the records matter more; the next open tries again
-    if not created:
-        _warn_if_open(home)
-
-
-def _make_home(home: Path) -> bool:
-    """The home, as a folder this user can write in; True if it was created now. HomeError otherwise."""
-    try:
-        st = os.stat(home)
-    except FileNotFoundError:
-        try:
-            home.mkdir(mode=0o700, parents=True)
-            return True
-        except FileExistsError:
-            return _make_home(home)  # made by another dsctl command meanwhile (or a file is there now)
-        except OSError as exc:
-            raise HomeError(home_problem(home, exc)) from None
-    except OSError as exc:
-        raise HomeError(home_problem(home, exc)) from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise HomeError(home_problem(home, FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(home))))
-    if not os.access(home, os.W_OK | os.X_OK):
-        code = errno.EROFS if _read_only(home) else errno.EACCES
-        raise HomeError(home_problem(home, PermissionError(code, os.strerror(code), str(home))))
-    return False
-
-
-def _read_only(path: Path) -> bool:
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
-
-
-def home_problem(home: Path, exc: OSError) -> str:
-    """One paragraph: why `home` (DSCTL_HOME) cannot hold dsctl's records, from the error using it gave, and what
-    to do."""
-    named = f"DSCTL_HOME ({home})"
-    fix = "set DSCTL_HOME to a folder of yours that you can write in (the default is ~/.dsctl)"
-    code = exc.errno
-    if code == errno.ENOTDIR or code == errno.EEXIST:
-        blocker = next((p for p in (home, *home.parents) if p.exists() and not p.is_dir()), None)
-        if blocker == home:
-            return (f"{named} is a file, not a folder: dsctl keeps its runs and records in a folder there. Move the "
-                    f"file away, or {fix}, and run the command again.")
-        if blocker is not None:
-            return (f"{named} cannot be a folder: {blocker} is a file, not a folder. Move that file away, or {fix}, "
-                    "and run the command again.")
-    if code == errno.EROFS or (code in (errno.EACCES, errno.EPERM) and _read_only(_existing(home))):
-        return (f"{named} is on a read-only file system, and dsctl writes its records there (runs.db, a folder per "
-                f"run). Remount it read-write, or {fix}; to read these records from elsewhere, copy the folder and "
-                "point DSCTL_HOME at the copy.")
-    if code in (errno.EACCES, errno.EPERM):
-        return (f"{named} is not yours to write in (permission denied at {exc.filename or home}), and dsctl writes "
-                f"its records there. Ask its owner for write access, or {fix}, and run the command again.")
-    if code == errno.ENAMETOOLONG:
-        return (f"DSCTL_HOME ({str(home)[:80]}...) is too long a path for this file system (with the names dsctl "
-                f"adds below it); {fix}, and run the command again.")
-    if code in (errno.ENOSPC, errno.EDQUOT):
-        return f"{named} cannot be written: the disk is full; free some space there and run the command again."
-    return f"{named} cannot be used ({exc.strerror or exc}): {fix}, and run the command again."
-
-
-def remedy(exc: OSError, where: str | Path) -> str:
-    """What to do about a write to `where` that `exc` refused, by its real cause: a full disk, a read-only file
-    system, a folder that is not the user's to write in."""
-    code = exc.errno
-    if code in (errno.EROFS,) or (code in (errno.EACCES, errno.EPERM) and _read_only(_existing(Path(where)))):
-        return f"{where} is on a read-only file system: remount it read-write (or set DSCTL_HOME to a folder that is not)"
-    if code in (errno.ENOSPC, errno.EDQUOT):
-        return f"free some space in {where}"
-    return f"make {where} writable by you"
-
-
-def _existing(path: Path) -> Path:
-    """`path`, or its nearest ancestor that exists."""
-    return next((p for p in (path, *path.parents) if p.exists()), Path("/"))
-
-
-def home_error(exc: OSError) -> HomeError | None:
-    """An error of the file system about a path in DSCTL_HOME (a read-only mount, a file where a folder goes, a name
-    too long) as the one paragraph the CLI prints; None for anything else (a bug, shown as one)."""
-    if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST, errno.ENAMETOOLONG,
-                         errno.ELOOP, errno.EISDIR) or not exc.filename:
-        return None
-    home = dsctl_home()
-    path = os.fsdecode(exc.filename) if isinstance(exc.filename, (str, bytes)) else str(exc.filename)
-    if path != str(home) and not path.startswith(str(home).rstrip("/") + "/") and not str(home).startswith(path):
-        return None
-    if exc.errno == errno.ENAMETOOLONG and path != str(home) and len(os.fsencode(str(home))) < 1024:
-        name = Path(path).name
-        return HomeError(f"{path[:120]}...: a name of {len(os.fsencode(name))} bytes is too long for a file name "
-                         "here (at most 255); a run id is a file name, so use a shorter one.")
-    return HomeError(home_problem(home, exc))
-
-
-_warned: set[str] = set()
-
-
-def _warn_if_open(home: Path) -> None:
-    """Warn (once per process) when other users can read or write in the home: dsctl keeps its own files to the
-    user, but the list of runs, and anything else put there, is open. A home that no one else can reach (a folder
-    on the way is closed to them) is not warned about."""
-    try:
-        real = home.resolve()
-        perms = stat.S_IMODE(os.stat(real).st_mode)
-        if perms & 0o066 == 0 or any(stat.S_IMODE(os.stat(p).st_mode) & 0o011 == 0 for p in real.parents):
-            return
-    except OSError:
-        return
-    if str(real) in _warned:
-        return
-    _warned.add(str(real))
-    who = "other users" if perms & 0o006 else "its group"
-    can = "read and write in it" if perms & 0o022 and perms & 0o044 else ("write in it" if perms & 0o022 else "read it")
-    notices.warning(f"DSCTL_HOME ({home}) is open to {who}: they can {can} (mode {perms:04o}). dsctl keeps what it "
-                    "writes there to you (records 0600, a folder per run 0700), but it did not create that folder, "
-                    f"so it leaves its mode as it is. To keep your runs to yourself: chmod 700 {shlex.quote(str(home))} "
-                    "(or set DSCTL_HOME to a folder of your own).")
-
-
-@dataclass
-class RunRecord:
-    id: str
-    name: str
-    kind: str
-    parent_id: str | None
-    provider: str
-    mode: str
-    status: str
-    spec_path: str | None
-    spec_yaml: str | None
-    spec_json: str
-    spec_hash: str
-    workers: int
-    trainers: int
-    created_at: float
-    ended_at: float | None
-    run_dir: str | None
-    error: str | None
-    summary: dict = field(default_factory=dict)
-    resumed_from: str | None = None  # the run whose checkpoints this one restored
-    checkpoint_dir: str | None = None  # this run's checkpoints (one trainer-<i> folder per trainer below it)
-
-    def as_dict(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if k not in ("spec_yaml", "spec_json")}
-        d["spec"] = json.loads(self.spec_json)
-        return d
-
-
-# What the store did on its own that the user must hear of (a damaged file moved aside), as WARNING records
-# of this logger: the orchestrator prints nothing, the CLI shows them (cli/errors.py).
-notices = logging.getLogger("dsctl.notice")
-
-
-class StoreError(DsctlError):
-    """The records cannot be used now (exit 1); the message names the file and what to do."""
-
-
-class AmbiguousRun(SpecError):
-    """A run-id prefix that begins several runs' ids (bad input, exit 2): they are listed, newest first."""
+class AmbiguousRun(UsageError):
+    """A run-id prefix that begins several runs' ids (a usage error, exit 2): they are listed, newest first."""
 
     def __init__(self, ref: str, ids: builtins.list[str], what: str = "runs"):
         shown = ", ".join(ids[:AMBIGUOUS_SHOWN]) + (f" and {len(ids) - AMBIGUOUS_SHOWN} more"
@@ -325,10 +113,6 @@ class AmbiguousRun(SpecError):
         super().__init__(f"'{ref}' is ambiguous: it begins the ids of {len(ids)} {what}: {shown}. Give more of the id "
                          "(`dsctl runs` lists them).")
         self.ids = ids
-
-
-class HomeError(StoreError):
-    """DSCTL_HOME cannot hold dsctl's records (exit 1); the message names it, why, and what to do."""
 
 
 def _damaged(exc: sqlite3.Error) -> bool:
@@ -348,7 +132,7 @@ class RunStore:
     def __init__(self, path: str | Path | None = None):
         self.path = Path(path) if path else dsctl_home() / "runs.db"
         private_home(self.path.parent)
-        self._backlog: list[tuple[str, list]] = []  # (sql, rows) not written yet, oldest first
+        self._backlog: list[tuple[str, list[Any]]] = []  # (sql, rows) not written yet, oldest first
         self._next_retry = 0.0
         self.last_error: str | None = None
         try:
@@ -372,7 +156,7 @@ class RunStore:
         self._ino = _inode(self.path)  # the file as it is now made: what `replaced` compares with
         self._add_missing_columns()
         for suffix in ("", "-wal", "-shm"):
-            _tighten(Path(f"{self.path}{suffix}"), 0o600)
+            tighten(Path(f"{self.path}{suffix}"), 0o600)
         self._replay_unrecorded()
 
     def _set_aside(self, exc: sqlite3.Error) -> str:
@@ -402,7 +186,7 @@ class RunStore:
         if _busy(str(exc)):
             return ("another program holds a lock on it (an open sqlite3 shell, a backup?); close that and run the "
                     "command again.")
-        if _read_only(_existing(self.path.parent)):
+        if read_only(existing(self.path.parent)):
             return (f"{self.path.parent} is on a read-only file system: remount it read-write (or set DSCTL_HOME to a "
                     "folder that is not), and run the command again.")
         try:
@@ -423,7 +207,7 @@ class RunStore:
                 raise
             raise StoreError(self._set_aside(exc)) from None
 
-    def _rows(self, sql: str, args: tuple | list = ()) -> list[sqlite3.Row]:
+    def _rows(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[sqlite3.Row]:
         with self._guard():
             return self._db.execute(sql, args).fetchall()
 
@@ -446,7 +230,7 @@ class RunStore:
             return False  # cannot be looked at now (a permission changed): nothing to say it moved
 
     # -- writing ---------------------------------------------------------------
-    def create_run(self, **cols) -> None:
+    def create_run(self, **cols: Any) -> None:
         """The one write that is never deferred: a run that cannot be recorded does not start."""
         cols.setdefault("created_at", time.time())
         names = ", ".join(cols)
@@ -458,13 +242,13 @@ class RunStore:
             raise StoreError(f"{self.path} would not take the record of a new run ({exc}), so nothing was started: "
                              f"{self._remedy(exc)}") from None
 
-    def update_run(self, run_id: str, **cols) -> None:
+    def update_run(self, run_id: str, **cols: Any) -> None:
         if "summary" in cols:
-            cols["summary_json"] = json.dumps(cols.pop("summary"))
+            cols["summary_json"] = summary_json(cols.pop("summary"))
         sets = ", ".join(f"{k} = ?" for k in cols)
         self._write(f"UPDATE runs SET {sets} WHERE id = ?", [(*cols.values(), run_id)])
 
-    def add_window(self, run_id: str, window: dict, workers: int | None) -> None:
+    def add_window(self, run_id: str, window: dict[str, Any], workers: int | None) -> None:
         values = [window.get(f) for f in WINDOW_FIELDS]
         loss = values[WINDOW_FIELDS.index("loss")]
         if isinstance(loss, float) and math.isnan(loss):  # SQLite keeps NaN as NULL: as text, it stays NaN
@@ -477,11 +261,11 @@ class RunStore:
             [(run_id, *values, workers)],
         )
 
-    def set_trainer_result(self, run_id: str, trainer: int, result: dict) -> None:
+    def set_trainer_result(self, run_id: str, trainer: int, result: dict[str, Any]) -> None:
         self._write("INSERT OR REPLACE INTO trainer_results (run_id, trainer, result_json) VALUES (?, ?, ?)",
                     [(run_id, trainer, json.dumps(result))])
 
-    def add_utilization(self, run_id: str, t: float, rows: list) -> None:
+    def add_utilization(self, run_id: str, t: float, rows: list[Sample]) -> None:
         self._write(
             "INSERT INTO utilization (run_id, t, role, idx, cpu_cores, rss_bytes, cpu_seconds) VALUES (?, ?, ?, ?, ?, ?, ?)",
             [(run_id, t, s.role, s.index, s.cpu_cores, s.rss_bytes, s.cpu_seconds) for s in rows],
@@ -492,7 +276,7 @@ class RunStore:
                     [(run_id, t or time.time(), kind, message)])
 
     # -- writes that cannot be made now ---------------------------------------------
-    def _write(self, sql: str, rows: list) -> None:
+    def _write(self, sql: str, rows: list[Any]) -> None:
         self._backlog.append((sql, [list(r) for r in rows]))
         if time.monotonic() >= self._next_retry:
             self.flush()
@@ -557,7 +341,7 @@ class RunStore:
                 continue
             path.unlink(missing_ok=True)
 
-    def _transaction(self, statements: list[tuple[str, list]], once: str | None = None) -> None:
+    def _transaction(self, statements: list[tuple[str, list[Any]]], once: str | None = None) -> None:
         """All the statements or none (the connection is in autocommit mode otherwise). With `once` (a kept
         file's name): none if that name was written before, and the name with them otherwise."""
         self._db.execute("BEGIN IMMEDIATE")
@@ -573,7 +357,7 @@ class RunStore:
                 self._db.execute("ROLLBACK")
             raise
 
-    def _pending(self, table: str, run_id: str) -> list[dict]:
+    def _pending(self, table: str, run_id: str) -> list[dict[str, Any]]:
         """The run's rows of `table` still in the backlog: what a run reads back (its summary) counts them too."""
         head = f"INSERT INTO {table} ("
         out = []
@@ -585,9 +369,7 @@ class RunStore:
 
     # -- reading ---------------------------------------------------------------
     def _record(self, row: sqlite3.Row) -> RunRecord:
-        d = dict(row)
-        summary = json.loads(d.pop("summary_json") or "{}")
-        return RunRecord(summary=summary, **d)
+        return RunRecord.from_row(dict(row))
 
     def get(self, run_id: str) -> RunRecord | None:
         """The run of this id, or of the one id this prefix begins; None for none or several (`find` says which)."""
@@ -619,7 +401,7 @@ class RunStore:
     def list(self, limit: int | None = None, kinds: tuple[str, ...] = ("job", "sweep"), since: float | None = None,
              parent_id: str | None = None) -> list[RunRecord]:
         sql = f"SELECT * FROM runs WHERE kind IN ({', '.join('?' * len(kinds))})"
-        args: list = list(kinds)
+        args: list[Any] = list(kinds)
         if since is not None:
             sql += " AND created_at >= ?"
             args.append(since)
@@ -634,7 +416,7 @@ class RunStore:
     def ids(self) -> builtins.list[str]:
         return [r[0] for r in self._rows("SELECT id FROM runs ORDER BY created_at DESC")]
 
-    def windows(self, run_id: str) -> builtins.list[dict]:
+    def windows(self, run_id: str) -> builtins.list[dict[str, Any]]:
         """The run's windows by end time; `metrics` decoded (a dict, or None)."""
         stored = [dict(r) for r in self._rows("SELECT * FROM windows WHERE run_id = ? ORDER BY t_end", (run_id,))]
         pending = self._pending("windows", run_id)
@@ -649,26 +431,27 @@ class RunStore:
         """The runs that restored this run's checkpoints (`dsctl up --resume RUN`), oldest first."""
         return [r[0] for r in self._rows("SELECT id FROM runs WHERE resumed_from = ? ORDER BY created_at", (run_id,))]
 
-    def trainer_results(self, run_id: str) -> dict[int, dict]:
+    def trainer_results(self, run_id: str) -> dict[int, dict[str, Any]]:
         rows = self._rows("SELECT trainer, result_json FROM trainer_results WHERE run_id = ?", (run_id,))
         return {r[0]: json.loads(r[1]) for r in rows}
 
-    def utilization(self, run_id: str) -> builtins.list[dict]:
+    def utilization(self, run_id: str) -> builtins.list[dict[str, Any]]:
         stored = [dict(r) for r in self._rows("SELECT * FROM utilization WHERE run_id = ? ORDER BY t", (run_id,))]
         pending = self._pending("utilization", run_id)
         return sorted(stored + pending, key=lambda u: u["t"]) if pending else stored
 
-    def events(self, run_id: str) -> builtins.list[dict]:
-        return [dict(r) for r in self._rows("SELECT * FROM events WHERE run_id = ? ORDER BY t", (run_id,))]
+    def events(self, run_id: str) -> builtins.list[RunEvent]:
+        return [RunEvent.model_validate(dict(r)) for r in self._rows("SELECT * FROM events WHERE run_id = ? ORDER BY t",
+                                                                      (run_id,))]
 
     # -- copying a run's record between stores (orchestrator/cloudrecord.py) -------------------
     COPIED = ("windows", "events", "utilization")  # append-only tables, copied by rowid
 
-    def run_row(self, run_id: str) -> dict | None:
+    def run_row(self, run_id: str) -> dict[str, Any] | None:
         rows = self._rows("SELECT * FROM runs WHERE id = ?", (run_id,))
         return dict(rows[0]) if rows else None
 
-    def rows_after(self, table: str, run_id: str, rowid: int) -> tuple[builtins.list[dict], int]:
+    def rows_after(self, table: str, run_id: str, rowid: int) -> tuple[builtins.list[dict[str, Any]], int]:
         """A copied table's rows of the run written after `rowid`, and the last rowid seen."""
         if table not in self.COPIED:
             raise ValueError(f"not a copied table: {table}")
@@ -680,14 +463,14 @@ class RunStore:
             r.pop("_rowid", None)
         return out, last
 
-    def put_run_row(self, row: dict) -> None:
+    def put_run_row(self, row: dict[str, Any]) -> None:
         """Insert or replace a run's row as another store had it (its columns; unknown ones are dropped)."""
         known = [c[1] for c in self._rows("PRAGMA table_info(runs)")]
         cols = {k: row[k] for k in known if k in row}
         self._write(f"INSERT OR REPLACE INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
                     [tuple(cols.values())])
 
-    def add_rows(self, table: str, rows: builtins.list[dict]) -> None:
+    def add_rows(self, table: str, rows: builtins.list[dict[str, Any]]) -> None:
         """Append rows of a copied table as another store had them."""
         if table not in self.COPIED:
             raise ValueError(f"not a copied table: {table}")
@@ -707,7 +490,7 @@ def _inode(path: Path) -> int | None:
         return None
 
 
-def _replayable(text: str) -> list[tuple[str, list]]:
+def _replayable(text: str) -> list[tuple[str, list[Any]]]:
     """A kept file's statements: only those this module defers (REPLAYABLE); nothing else in it is run."""
     entries = [json.loads(line) for line in text.splitlines() if line.strip()]
     return [(e["sql"], e["rows"]) for e in entries if e["sql"].startswith(REPLAYABLE)]

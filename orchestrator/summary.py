@@ -16,11 +16,15 @@ and the summary says so ("summary_source": "windows").
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from statistics import mean
+from typing import Any
+
+from .records import RunSummary
 
 
 def summarize(trainer_results: dict[int, dict], utilization: list[dict], started_at: float, ended_at: float,
-              first_batch_wall: float | None, measured_from_wall: float | None = None) -> dict:
+              first_batch_wall: float | None, measured_from_wall: float | None = None) -> RunSummary:
     """Utilization is averaged over the measured part of the run (after warm-up) when it is known:
     TensorFlow's import and the warm-up would otherwise dilute it."""
     results = list(trainer_results.values())
@@ -51,25 +55,25 @@ def summarize(trainer_results: dict[int, dict], utilization: list[dict], started
         window = [u for u in utilization if measured_from_wall <= u["t"] <= max(ends) + 1.0]
         if len(window) >= 2:
             out.update(utilization_summary(window, measured_batches))
-            return out
+            return RunSummary.model_validate(out)
     out.update(utilization_summary(utilization, batches))
-    return out
+    return RunSummary.model_validate(out)
 
 
 def summarize_run(trainer_results: dict[int, dict], windows: list[dict], utilization: list[dict], started_at: float,
                   ended_at: float, first_batch_wall: float | None = None,
-                  measured_from_wall: float | None = None) -> dict:
+                  measured_from_wall: float | None = None) -> RunSummary:
     """summarize(), with the trainers whose end record is missing (or only the partial one dsctl up keeps)
     rebuilt from their windows."""
     results, rebuilt = complete_results(trainer_results, windows)
-    out = summarize(results, utilization, started_at, ended_at, first_batch_wall, measured_from_wall)
+    out = summarize(results, utilization, started_at, ended_at, first_batch_wall, measured_from_wall).as_json()
     out.update(loss_summary(windows))
     out.update(epoch_summary(results))
     if rebuilt:
         out["summary_source"] = "windows"
         # Which ones: a reader must not be told that every trainer's end record is missing when one wrote its own.
         out["rebuilt_trainers"] = sorted(i for i, r in results.items() if r is not trainer_results.get(i))
-    return out
+    return RunSummary.model_validate(out)
 
 
 def epoch_summary(results: dict[int, dict]) -> dict:
@@ -88,17 +92,18 @@ def epoch_summary(results: dict[int, dict]) -> dict:
     return out
 
 
-def epoch_note(summary: dict, mode: str, processing_mode: str, workers: int) -> str | None:
+def epoch_note(summary: RunSummary | Mapping[str, Any], mode: str, processing_mode: str, workers: int) -> str | None:
     """Why a run's epochs differ from a pass read alone, when they do: parallel_epochs gives every worker the whole
     dataset; distributed_epoch has each worker batch the shards it was handed, so a pass ends with a partial batch
     per worker (or, with drop_remainder, drops each worker's remainder)."""
-    got, alone = summary.get("epoch_batches") or [], summary.get("pass_batches")
+    s = summary if isinstance(summary, RunSummary) else RunSummary.model_validate(dict(summary))
+    got, alone = s.epoch_batches or [], s.pass_batches
     if not got or alone is None or all(b == alone for b in got):
         return None
     shown = ", ".join(map(str, got[:8])) + (", ..." if len(got) > 8 else "")
-    elements = summary.get("epoch_examples") or []
+    elements = s.epoch_examples or []
     held = f" ({', '.join(map(str, elements[:8]))}{', ...' if len(elements) > 8 else ''} elements)" if elements else ""
-    alone_elements = summary.get("pass_examples")
+    alone_elements = s.pass_examples
     said = f"epochs of {shown} batches{held} against {alone} batches a pass read alone" + (
         f" ({alone_elements} elements)" if alone_elements else "")
     if mode == "service" and processing_mode in ("parallel_epochs", "off") and workers > 1:

@@ -9,7 +9,7 @@ lasted gcp.max_duration_s. Its record is published every PUBLISH_S (cloudrecord.
 dsctl reads it, the user's machine no longer needed. Its own VM is deleted last, after the final
 record is published: until then it is the one machine still billing. It is kept when anything else
 of the run is left (cloudrecord.LEFT_BEHIND says what): the supervisor's heartbeat ends with this
-process, and every VM of the run then deletes itself (provisioners/gcp/watchdog.py).
+process, and every VM of the run then deletes itself (providers/gcp/watchdog.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from dsctl.provisioners import Deployment, HandsOff
+from dsctl.providers import Deployment, HandOffLimits, HandsOff, load_deployment
 from dsctl.specs import load_spec_text
 
 from . import cloudrecord
@@ -53,10 +53,12 @@ class _Watchdog(threading.Thread):
     (SIGTERM to this process, which tears it down like Ctrl-C) when `dsctl down` asks for it or the run passes
     its maximum duration."""
 
-    def __init__(self, runner: JobRunner, objects, deadline: float, attached_limit_s: float | None):
+    def __init__(self, runner: JobRunner, objects: cloudrecord.Objects, deadline: float, limits: HandOffLimits,
+                 attached: bool):
         super().__init__(name="dsctl-publish", daemon=True)
-        self.runner, self.objects, self.deadline = runner, objects, deadline
-        self.attached_limit_s = attached_limit_s  # an attached run: how long without the follower's heartbeat
+        self.runner, self.objects, self.deadline, self.limits = runner, objects, deadline, limits
+        # An attached run: how long it may go without the follower's heartbeat.
+        self.attached_limit_s = limits.outage_limit_s if attached else None
         self.over = threading.Event()
         self.reason: str | None = None
         self._beat: tuple[int | None, float] = (None, time.monotonic())  # the follower's last beat, when it changed
@@ -75,10 +77,11 @@ class _Watchdog(threading.Thread):
                     if asked is not None:
                         self._end(store, f"stopped by {asked}")
                     elif time.time() > self.deadline:
-                        self._end(store, "the run reached gcp.max_duration_s and was stopped")
+                        self._end(store, f"the run reached {self.limits.max_duration_field} and was stopped")
                     elif unheard is not None and self.attached_limit_s is not None and unheard > self.attached_limit_s:
                         self._end(store, f"the attached `dsctl up` has not been heard from for {unheard:.0f} s "
-                                         "(gcp.outage_limit_s), so nobody follows the run; it was stopped")
+                                         f"({self.limits.outage_limit_field}), so nobody follows the run; it was "
+                                         "stopped")
             except Exception:  # noqa: BLE001 - a publish that fails now is made again at the next one
                 pass
             if last:
@@ -112,11 +115,11 @@ def supervise(run_dir: Path) -> int:
     store = RunStore()
     if store.get(row["id"]) is None:
         store.put_run_row({**row, "run_dir": str(run_dir)})
-    dep = Deployment.load(run_dir)
+    dep = load_deployment(run_dir)
     dep.run_dir = str(run_dir)  # the state was written on the user's machine, where the run dir is elsewhere
     runner = JobRunner(_loaded(run_dir), run_id=row["id"], store=store, workers=handoff["workers"],
                        autoscale=handoff.get("autoscale"), resume=Resume.from_dict(handoff.get("resume")))
-    cloud = runner.provisioner
+    cloud = runner.provider
     assert isinstance(cloud, HandsOff), f"provider {cloud.name} supervises no run on the cloud"
     objects = cloud.run_objects(dep)
     try:
@@ -127,13 +130,18 @@ def supervise(run_dir: Path) -> int:
         cloudrecord.Publisher(store, objects, runner.run_id).publish({"phase": "refused"})
         return 1
     limits = cloud.limits(runner.spec)
-    deadline = row["created_at"] + limits.max_duration_s
-    attached = limits.outage_limit_s if handoff.get("attached") else None
-    watchdog = _Watchdog(runner, objects, deadline, attached)
+    watchdog = _Watchdog(runner, objects, row["created_at"] + limits.max_duration_s, limits, bool(handoff.get("attached")))
     watchdog.start()
+
+    def bring_up(dep: Deployment) -> None:  # the servers of the machines `dsctl up` created, started from here
+        cloud.adopt(dep, runner.spec)
+        runner.phase("provisioning")
+        cloud.launch_servers(dep, runner.event)
+        runner.provider.wait_ready(dep, runner.event)
+
     code = 1
     try:
-        runner.run_adopted(dep)
+        runner.run_on(dep, bring_up)
         code = 0
     except KeyboardInterrupt:
         code = 130

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from dsctl.provisioners import (
+from dsctl.providers import (
     Deployment,
     EventSink,
     MachineBack,

@@ -11,29 +11,37 @@ machine cannot hold are predicted by the calibrated throughput model
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean
-from typing import Any
+from typing import Any, Literal
 
 from dsctl.costmodel import RunUsage, ThroughputModel, load_catalog, price
 from dsctl.costmodel.estimate import usage_from_spec
-from dsctl.provisioners import Capacity, Deployment, Provider, TrainerLaunch, get_provider
+from dsctl.errors import signum_of
+from dsctl.providers import Capacity, Deployment, Provider, TrainerLaunch, get_provider
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 from dsctl.specs.calibration import Calibration
+from dsctl.specs.schema import Mode
 
 from . import closing
 from .accelerators import trainer_accelerators
+from .deployments import active_deployments
 from .handles import AttachedDeployment, OwnedDeployment
-from .outcome import Outcome, RunFailed
+from .home import dsctl_home
+from .outcome import Interrupted, Outcome, RunFailed
 from .plots import plot_sweep
+from .preflight import load_job
 from .pricing import price_record
+from .profiling.uses import profile_calibration
 from .recommend import recommend
+from .records import RunRecord, SweepSummary
 from .run import JobRunner, Progress, new_run_id
-from .store import RunRecord, RunStore, dsctl_home
+from .store import RunStore
 from .summary import utilization_summary
 from .supervision import Supervisor
 from .tail import JsonlTail
@@ -85,8 +93,9 @@ class SweepOptions:
     simulate: bool = False
     tolerance: float = 0.03
     out_dir: Path | None = None
-    strategy: str = "in-place"  # in-place | restart (restart: a fresh deployment per point, for comparison)
+    strategy: Literal["in-place", "restart"] = "in-place"  # restart: a fresh deployment per point, for comparison
     calibration: Calibration | None = None  # given: nothing runs, every count is predicted from it
+    profile: str | None = None  # a profile's run id or file (sweep --profile): the calibration made from it
     asked: str | None = None  # --workers as typed (e.g. 1..4), for saying which counts it gives
 
 
@@ -97,7 +106,7 @@ class SweepRunner:
         self.store = store or RunStore()
         self.listener = listener or (lambda p: None)
         self.attach = attach
-        self._provisioner: Provider | None = None
+        self._provider: Provider | None = None
         self.sweep_id = new_run_id(self.spec.name + "-sweep")
         self.run_dir = dsctl_home() / "runs" / self.sweep_id
         self.out_dir = options.out_dir or self.run_dir
@@ -110,11 +119,11 @@ class SweepRunner:
         self._attached: AttachedDeployment | None = None
 
     @property
-    def provisioner(self) -> Provider:
+    def provider(self) -> Provider:
         """Created on first use: a sweep predicted from a calibration file provisions nothing."""
-        if self._provisioner is None:
-            self._provisioner = get_provider(self.spec.provider)
-        return self._provisioner
+        if self._provider is None:
+            self._provider = get_provider(self.spec.provider)
+        return self._provider
 
     # -- planning ---------------------------------------------------------------------
     def plan(self) -> tuple[list[int], list[int]]:
@@ -128,13 +137,13 @@ class SweepRunner:
         counts = sorted(self.opt.counts)
         if self.opt.calibration is not None:
             return [], counts
-        if not isinstance(self.provisioner, Capacity) or self.attach is not None:
+        if not isinstance(self.provider, Capacity) or self.attach is not None:
             return counts, []  # a place without a bound measures every count
-        capacity = self.provisioner.capacity(self.spec.trainer.count)
+        capacity = self.provider.capacity(self.spec.trainer.count)
         fits = [c for c in counts if c <= capacity]
         if not self.opt.simulate:
             try:
-                self.provisioner.check(self.spec, counts[-1], self.loaded.base_dir)
+                self.provider.check(self.spec, counts[-1], self.loaded.base_dir)
             except SpecError as exc:
                 raise self.loaded.locate(exc) from None
             return counts, []
@@ -158,7 +167,7 @@ class SweepRunner:
         self.listener(self.progress)
 
     # -- the sweep -------------------------------------------------------------------------
-    def run(self) -> dict:
+    def run(self) -> SweepSummary:
         measured, predicted = self.plan()
         self._attached = self._claim(measured)  # a busy deployment is refused at once, before anything is recorded
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -182,7 +191,7 @@ class SweepRunner:
             summary = self._conclude(predicted if succeeded else [])
             self.store.update_run(self.sweep_id, status=outcome.status, ended_at=time.time(), error=outcome.error,
                                   summary=summary)
-        return self.store.recorded(self.sweep_id).summary
+        return self.store.recorded(self.sweep_id).sweep
 
     def _measure(self, measured: list[int]) -> None:
         if self.opt.calibration is not None:
@@ -201,7 +210,7 @@ class SweepRunner:
         yield
         self.timings[phase] = time.monotonic() - t0
 
-    def _measure_baselines(self, measure: Callable[[str], dict]) -> None:
+    def _measure_baselines(self, measure: Callable[[Mode], dict]) -> None:
         """The colocated and ideal baselines not already known (e.g. from a calibration), each measured once."""
         with self._timed("baselines_s"):
             for mode in ("colocated", "ideal"):
@@ -237,7 +246,7 @@ class SweepRunner:
         with self._timed("deployment_s"):
             handle = self._deployment(counts[0])
         try:
-            def measure_baseline(mode: str) -> dict:
+            def measure_baseline(mode: Mode) -> dict:
                 tails = self._start_trainers(handle, mode)
                 measured = self._baseline_from(self._measure_point(handle, tails, 0, mode))
                 handle.stop_trainers()
@@ -256,7 +265,7 @@ class SweepRunner:
             self._phase("tearing down")
             handle.release(self._event)
 
-    def _start_trainers(self, handle, mode: str) -> dict[int, JsonlTail]:
+    def _start_trainers(self, handle, mode: Mode) -> dict[int, JsonlTail]:
         """Trainers that read until stopped, in `mode`, on the sweep's deployment."""
         launch = TrainerLaunch(
             mode=mode, spec_json=self.run_dir / "spec.json", metrics_dir=self.run_dir / "metrics" / mode,
@@ -267,7 +276,7 @@ class SweepRunner:
         return {i: JsonlTail(path) for i, path in handle.start_trainers(launch, self._event).items()}
 
     def _baseline_from(self, record) -> dict:
-        bps = record.summary.get("batches_per_s")
+        bps = record.job.batches_per_s
         if not bps:
             raise RunFailed(f"the {record.mode} baseline measured no throughput; see run {record.id}.", record.id)
         # Priced per hour of steady state, like every point.
@@ -288,14 +297,14 @@ class SweepRunner:
                          labels={"dsctl-run": self.sweep_id, "dsctl-job": self.spec.name})
         dep.save()
         self._phase("provisioning", workers)
-        self.provisioner.up(self.spec, dep, workers, self._event)
-        self.provisioner.wait_ready(dep, self._event)
+        self.provider.up(self.spec, dep, workers, self._event)
+        self.provider.wait_ready(dep, self._event)
         dep.status = "up"
         dep.save()
-        return OwnedDeployment(self.provisioner, dep,
-                               Supervisor(self.provisioner, dep, self.spec.service.fault_tolerant, self._event))
+        return OwnedDeployment(self.provider, dep,
+                               Supervisor(self.provider, dep, self.spec.service.fault_tolerant, self._event))
 
-    def _measure_point(self, handle, tails: dict[int, JsonlTail], workers: int, mode: str):
+    def _measure_point(self, handle, tails: dict[int, JsonlTail], workers: int, mode: Mode):
         """Discard the warm-up after a change, then record one window as a point run."""
         point_id = new_run_id(f"{self.spec.name}-{mode if workers == 0 else f'w{workers}'}")
         start = time.time() + self.opt.warmup_s
@@ -371,11 +380,11 @@ class SweepRunner:
     # -- results ---------------------------------------------------------------------------
     def _add_point(self, record) -> None:
         _, cost, _ = price_record(record, self.catalog)
-        s = record.summary
+        s = record.job
         point = {"workers": record.workers, "run_id": record.id, "predicted": False, "source": "measured here",
-                 "batches_per_s": s.get("batches_per_s"), "cost_per_1000_batches": cost.per_1000_batches,
-                 "input_stall_frac": s.get("input_stall_frac"),
-                 "worker_cpu_cores": s.get("worker_cpu_cores"), "worker_mem_gb": s.get("worker_mem_gb")}
+                 "batches_per_s": s.batches_per_s, "cost_per_1000_batches": cost.per_1000_batches,
+                 "input_stall_frac": s.input_stall_frac, "worker_cpu_cores": s.worker_cpu_cores,
+                 "worker_mem_gb": s.worker_mem_gb}
         self.points.append(self._relative(point))
         self._event("point", f"{record.workers} worker(s): {point['batches_per_s']:.2f} batches/s")
 
@@ -434,3 +443,53 @@ class SweepRunner:
             summary["plots"] = [str(p) for p in plot_sweep(self.points, colocated_bps=colocated, ideal_bps=ideal,
                                                            out_dir=self.out_dir, title=title)]
         return summary
+
+
+def detached_target() -> tuple[Deployment, LoadedSpec]:
+    """The deployment `dsctl up --detach` left running, and its spec, for `dsctl sweep` without a spec; whether it
+    can take a sweep now is for the sweep to say (AttachedDeployment.claim), so one still running its job is named,
+    not missed."""
+    detached = [d for d in active_deployments() if d.monitor is not None]
+    if not detached:
+        raise SpecError("no deployment is up to sweep. Start one with `dsctl up JOB.yaml --detach`, "
+                        "or name a spec: `dsctl sweep JOB.yaml --workers 1..8`.")
+    if len(detached) > 1:
+        raise SpecError(f"{len(detached)} deployments are up ({', '.join(d.run_id for d in detached)}); "
+                        "name the spec to sweep, or take the others down with `dsctl down RUN`.")
+    dep = detached[0]
+    record = RunStore().get(dep.run_id)
+    spec_path = Path(record.spec_path) if record and record.spec_path and Path(record.spec_path).exists() \
+        else Path(dep.run_dir) / "spec.yaml"
+    return dep, load_job(spec_path)
+
+
+def sweep(spec_path: Path | None, options: SweepOptions, listener: Callable[[Progress], None],
+          on_plan: Callable[[list[int], list[int]], None]) -> RunRecord:
+    """`dsctl sweep`: the job over worker counts, on its own deployment (`spec_path`) or the one `dsctl up --detach`
+    left running (None); `on_plan` is told which counts run and which are predicted before anything is measured.
+    Returns the sweep's record. Ctrl-C, SIGTERM or SIGHUP end it as Interrupted, keeping the finished points and
+    leaving nothing running."""
+    runner = None
+    try:
+        attach = None
+        if spec_path is None:
+            attach, loaded = detached_target()
+        else:
+            # entrypoints are imported and checked in a (contained) child process; a sweep repeats the pipeline, so
+            # it reads no epochs (mode None)
+            loaded = load_job(spec_path, mode=None)
+        if options.profile is not None:
+            options.calibration = profile_calibration(options.profile, loaded)
+        runner = SweepRunner(loaded, options, attach=attach)
+        on_plan(*runner.plan())
+        runner.listener = listener
+        runner.run()
+    except KeyboardInterrupt as exc:
+        name = signal.Signals(signum_of(exc)).name
+        if runner is None:
+            raise Interrupted(f"interrupted ({name}) before the sweep started; nothing was started.",
+                              signum_of(exc)) from None
+        raise Interrupted(f"interrupted ({name}): sweep {runner.sweep_id} keeps the points it finished "
+                          f"(`dsctl runs show {runner.sweep_id}`); nothing it started is left running.",
+                          signum_of(exc)) from None
+    return runner.store.recorded(runner.sweep_id)

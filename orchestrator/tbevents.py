@@ -24,8 +24,8 @@ from pathlib import Path
 
 from dsctl.costmodel import Catalog
 
-from .pricing import price_record, stands_in
-from .store import RunRecord
+from .pricing import price_record, stands_in_for
+from .records import RunRecord, RunSummary
 
 SUBDIR = "tensorboard"
 UPLOAD_S = 30.0
@@ -176,7 +176,7 @@ class RunBoard:
         summary = {"duration_s": max(wall - record.created_at, 1e-3), "batches": sum(self._steps.values())}
         for role, (cores, rss, n) in self._use.items():
             summary[f"{role}_cpu_cores"], summary[f"{role}_mem_gb"] = cores / n, rss / n / 2**30
-        so_far = replace(record, workers=workers or record.workers, summary=summary)
+        so_far = replace(record, workers=workers or record.workers, summary=RunSummary.model_validate(summary))
         try:
             _, breakdown, self._catalog = price_record(so_far, self._catalog)
         except Exception as exc:  # noqa: BLE001 - a run that cannot be priced still has its other scalars
@@ -184,7 +184,7 @@ class RunBoard:
             self._unpriced = (f"TensorBoard gets no cost_so_far_usd for this run, which cannot be priced ({detail}); "
                               "its other scalars are written.")
             return
-        local = " (each process priced as the machine type the spec names for it)" if stands_in(record.provider) else ""
+        local = " (each process priced as the machine type the spec names for it)" if stands_in_for(record.provider) else ""
         assert self._file is not None, "_window opened the file"
         self._file.scalar("cost_so_far_usd", breakdown.total, step, wall,
                           f"measured here: the run's time so far and its sampled CPU and memory, priced with catalog "

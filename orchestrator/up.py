@@ -17,20 +17,22 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from dsctl.errors import DsctlError, signum_of
-from dsctl.provisioners import HandsOff, Plans, get_provider
+from dsctl.providers import HandOffLimits, HandsOff, Plans, get_provider
 from dsctl.specs import LoadedSpec, SpecError
+from dsctl.specs.schema import Mode
 
+from .handoff import HandOff, hands_off
+from .home import dsctl_home
 from .outcome import Interrupted
+from .records import CloudLatest, RunRecord
 from .resume import Resume, plan_resume
 from .run import JobRunner, Progress, new_run_id
-from .store import RunRecord, RunStore, dsctl_home
-
-MODES = ("service", "colocated", "ideal")
+from .store import RunStore
 
 
 class Conversation(Protocol):
@@ -53,7 +55,7 @@ class Conversation(Protocol):
 class UpOptions:
     path: Path  # the spec file (a detached `dsctl up` reads it again)
     workers: int | None = None
-    mode: str = "service"
+    mode: Mode = "service"
     detach: bool = False
     autoscale: str | None = None
     dry_run: bool = False
@@ -67,12 +69,12 @@ class UpOptions:
 class UpResult:
     """What came of `dsctl up`; `outcome` says which fields are set."""
 
-    outcome: str  # planned (dry run) | declined | finished | detached (here) | handed-off (to the cloud)
+    outcome: Literal["planned", "declined", "finished", "detached", "handed-off"]  # planned: a dry run; detached: here
     run_id: str | None = None
     record: RunRecord | None = None  # finished
-    latest: dict = field(default_factory=dict)  # handed-off: what the supervisor last published
+    latest: CloudLatest | None = None  # handed-off: what the supervisor last published
     log: Path | None = None  # detached: where the detached `dsctl up` writes
-    max_duration_s: float | None = None  # handed-off: when the cloud tears the run down at the latest
+    limits: HandOffLimits | None = None  # handed-off: when the cloud tears the run down at the latest, and why
 
 
 def up(loaded: LoadedSpec, opt: UpOptions, talk: Conversation,
@@ -95,9 +97,10 @@ def up(loaded: LoadedSpec, opt: UpOptions, talk: Conversation,
         return _hand_off(loaded, runner, opt, on_sigterm)
     on_sigterm()
     try:
-        if runner.hands_off:
-            runner.hand_off(attached=True)
-            runner.follow_hand_off()
+        if hands_off(runner):
+            handoff = HandOff(runner)
+            handoff.start(attached=True)
+            handoff.follow()
         else:
             runner.run(keep_up=opt.detached_child)
     except KeyboardInterrupt as exc:
@@ -142,18 +145,17 @@ def _hand_off(loaded: LoadedSpec, runner: JobRunner, opt: UpOptions, on_sigterm:
     if opt.mode != "service":
         raise SpecError(f"--detach hands the run to the cloud, which runs the job through the service; --mode "
                         f"{opt.mode} is measured attached.", field="--detach")
-    refusal = runner._cloud.detaching(runner.spec)
+    handoff = HandOff(runner)
+    refusal = handoff.cloud.detaching(runner.spec)
     if refusal is not None:
         raise loaded.locate(refusal)
     on_sigterm()
     try:
-        latest = runner.hand_off()
+        latest = handoff.start()
     except KeyboardInterrupt as exc:
         raise Interrupted(f"interrupted ({signal.Signals(signum_of(exc)).name}): everything run {runner.run_id} "
                           "started has been deleted.", signum_of(exc)) from None
-    cloud = runner._cloud
-    return UpResult("handed-off", runner.run_id, latest=latest,
-                    max_duration_s=cloud.limits(runner.spec).max_duration_s)
+    return UpResult("handed-off", runner.run_id, latest=latest, limits=handoff.cloud.limits(runner.spec))
 
 
 def _detach(loaded: LoadedSpec, opt: UpOptions) -> UpResult:

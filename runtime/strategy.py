@@ -17,15 +17,16 @@ job must not train on the host's CPUs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+from dsctl.specs.schema import ACCELERATORS
 
 from .models import ModelError
-
-ACCELERATORS = ("none", "gpu", "tpu")
 
 
 @dataclass(frozen=True)
 class Choice:
-    kind: str  # "tpu" | "mirrored" | "default"
+    kind: Literal["tpu", "mirrored", "default"]
     devices: int  # accelerators the strategy expects (0: none)
     why: str  # one phrase, for messages
 

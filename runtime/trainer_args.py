@@ -12,15 +12,16 @@ import os
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
+from dsctl.specs.schema import MODES, Accelerator, Mode
+
 ENV_VAR = "DSCTL_TRAINER"
-MODES = ("service", "colocated", "ideal")
 
 
 @dataclass(frozen=True)
 class TrainerArgs:
     spec: str  # the job spec as JSON, written by dsctl up
     metrics: str  # the JSON-lines metrics file this trainer writes
-    mode: str = "service"  # service | colocated | ideal
+    mode: Mode = "service"
     dispatcher: str | None = None  # host:port, in service mode
     index: int = 0  # which trainer this is (coordinated reads' consumer index)
     cache_dir: str = str(Path.home() / ".dsctl" / "cache")  # builtin data, autocache (local or gs://)
@@ -31,7 +32,7 @@ class TrainerArgs:
     repeat: bool = False  # repeat a finite pipeline (steady-state measurements: sweeps)
     window_s: float | None = None  # overrides trainer.window_s
     record_steps: str | None = None  # per-batch wait, step time and token counts (JSON), for experiments
-    accelerator: str = "none"  # none | gpu | tpu: what the trainer machine has (distribution strategy)
+    accelerator: Accelerator = "none"  # what the trainer machine has (distribution strategy)
     accelerators: int = 0  # how many
     checkpoint_dir: str | None = None  # this trainer's checkpoint folder (local or gs://)
     restore_from: str | None = None  # the folder of the run resumed (dsctl up --resume), this trainer's

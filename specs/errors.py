@@ -35,6 +35,11 @@ class SpecError(DsctlError):
         return " ".join(paragraph.split()) + lines
 
 
+class UsageError(SpecError):
+    """Bad input on the command line, as Click's UsageError: a flag's value, or a run that does not exist. Exit 2,
+    one paragraph naming the option or the run and what would be valid. A SpecError (bad input, exit 2), so that
+    whatever takes a user's bad input as one takes this too."""
+
 
 class SpecErrors(SpecError):
     """Several problems found in one spec, each its own paragraph: `dsctl validate` reports every one it finds.

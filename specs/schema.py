@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from .autocache import AutocacheSpec
 from .pipeline_options import PipelineOptions, check_order
+from .places import places, quoted
 
 ProcessingMode = Literal[
     "parallel_epochs",  # = ShardingPolicy.OFF: every worker produces the whole dataset
@@ -27,6 +29,13 @@ ProcessingMode = Literal[
     "off", "dynamic", "file", "data", "file_or_data", "hint",
 ]
 PROCESSING_MODES = get_args(ProcessingMode)
+# How a run reads its pipeline: through the tf.data service, in the trainer process (the paper's baseline), or
+# ideal input that never stalls (§4.1).
+Mode = Literal["service", "colocated", "ideal"]
+MODES: tuple[Mode, ...] = get_args(Mode)
+# What a trainer machine has, for its distribution strategy (from its machine type's shape: costmodel/machines.py).
+Accelerator = Literal["none", "gpu", "tpu"]
+ACCELERATORS: tuple[Accelerator, ...] = get_args(Accelerator)
 BuiltinPipeline = Literal["synthetic", "images", "text"]
 BUILTIN_PIPELINES = get_args(BuiltinPipeline)
 ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -142,10 +151,15 @@ class CheckpointSpec(Strict):
         return v
 
 
+# The scaling policies a spec may name, each the module orchestrator/policies/<name>.py (which defines POLICY): a new
+# policy is that module and its name here.
+AutoscalePolicy = Literal["cachew", "cpu"]
+
+
 class AutoscaleSpec(Strict):
     """Scale workers while the job runs (Cachew's policy, or the CPU-utilization baseline)."""
 
-    policy: Literal["cachew", "cpu"] = "cachew"
+    policy: AutoscalePolicy = "cachew"
     min_workers: int = Field(1, ge=1, le=MAX_WORKERS, description="the job starts here")
     start: Literal["min", "profile"] = Field(
         "min", description="min: start at min_workers; profile: at the worker count the newest `dsctl profile` of this "
@@ -439,15 +453,35 @@ class GcpSpec(Strict):
 
 class JobSpec(Strict):
     name: str = Field(description="lower-case letters, digits and dashes; names the run and its resources")
-    provider: Literal["local", "gcp"] = "local"
+    provider: str = Field("local", description="where the run goes: a provider shipped with dsctl (local, gcp) or "
+                                                "one a package installed (specs/places.py)")
     service: ServiceSpec = Field(default_factory=ServiceSpec)
     trainer: TrainerSpec
     pipeline: PipelineSpec
     autoscale: AutoscaleSpec | None = None
     autocache: AutocacheSpec | None = Field(None, description="cache the pipeline at an autocache hint when faster")
-    pricing: str = Field("gcp-us-central1-2025", description="a shipped price catalog name or a path to a prices YAML")
+    pricing: str = Field("gcp-us-central1-2025", description="a shipped price catalog name or a path to a prices "
+                                                            "YAML; default: the provider's own")
     cost_basis: Literal["utilization", "vm-hours"] = "utilization"
     gcp: GcpSpec | None = Field(None, description="Google Cloud settings, used with provider: gcp")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _provider_pricing(cls, data: Any) -> Any:
+        """A spec that names no catalog is priced from its provider's own (specs/places.py)."""
+        if isinstance(data, dict) and "pricing" not in data:
+            place = places().get(str(data.get("provider", "local")))
+            if place is not None:
+                data = {**data, "pricing": place.pricing}
+        return data
+
+    @field_validator("provider")
+    @classmethod
+    def _provider(cls, v: str) -> str:
+        known = places()
+        if v not in known:  # said as pydantic says a Literal's choices, so validate() offers the closest
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": quoted(list(known))})
+        return v
 
     @field_validator("name")
     @classmethod

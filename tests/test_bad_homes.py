@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dsctl.orchestrator.store import RunStore
-from dsctl.provisioners import Deployment
+from dsctl.providers import Deployment
 from dsctl.specs import load_spec_text, spec_hash
 from helpers import dsctl, processes_under, write_spec
 
@@ -149,7 +149,7 @@ def test_a_write_refused_mid_run_names_its_real_cause_not_a_full_disk(tmp_path):
     read-only file system is told to remount, not to "free some space"."""
     import errno
 
-    from dsctl.orchestrator.store import remedy
+    from dsctl.orchestrator.home import remedy
 
     assert remedy(OSError(errno.EROFS, "Read-only file system"), tmp_path).startswith(
         f"{tmp_path} is on a read-only file system: remount it read-write")

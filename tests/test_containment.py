@@ -3,7 +3,7 @@
 A process that starts a daemon (setsid, or a double fork) moves it out of its process group, and
 teardown used to stop process groups: the daemon outlived `dsctl validate` and `dsctl up`, and
 `dsctl down` could not find it. Now every process dsctl starts for a run, and the entrypoint check's
-child, is in a cgroup of its own (provisioners/containment.py), ended with the run or the check.
+child, is in a cgroup of its own (providers/containment.py), ended with the run or the check.
 These tests start real daemons (`sleep` with a number no other process uses in its command line)
 from a pipeline entrypoint and from a user's script, and look for them afterwards.
 """
@@ -23,8 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dsctl.provisioners import Deployment
-from dsctl.provisioners.containment import (
+from dsctl.providers import Deployment, load_deployment
+from dsctl.providers.containment import (
     CHECK_PREFIX,
     CONTAINMENT_ENV,
     RUN_PREFIX,
@@ -228,7 +228,7 @@ def test_a_check_whose_dsctl_was_killed_is_ended_by_the_next_check(home, tmp_pat
 @needs_cgroups
 @pytest.mark.parametrize("how", ["auto", "none"])
 def test_the_run_says_whether_its_processes_are_contained(home, tmp_path, monkeypatch, how):
-    from dsctl.provisioners.local.provisioner import LocalProvisioner
+    from dsctl.providers.local.provider import LocalProvider
     from dsctl.specs import load_spec
 
     monkeypatch.setenv(CONTAINMENT_ENV, how)
@@ -238,10 +238,10 @@ def test_the_run_says_whether_its_processes_are_contained(home, tmp_path, monkey
     run_dir.mkdir(parents=True)
     dep = Deployment(run_id="contained-1", provider="local", run_dir=str(run_dir))
     events: list[tuple[str, str]] = []
-    p = LocalProvisioner()
+    p = LocalProvider()
     try:
         p.up(loaded.spec, dep, 1, lambda kind, message: events.append((kind, message)))
-        again = Deployment.load(run_dir)  # what `dsctl down` in a new process reads
+        again = load_deployment(run_dir)  # what `dsctl down` in a new process reads
         group = container_of(again.state)
         if how == "auto":
             assert group is not None and group.path.name == "dsctl-run-contained-1"
@@ -320,7 +320,7 @@ def test_a_daemon_of_a_users_script_is_counted_and_stopped_by_down_after_its_run
     try:
         wait_for(lambda: started.exists() and len(daemons(mark)) == 2, timeout=120, what="the script's daemons")
         [run_dir] = (home / "runs").iterdir()
-        dep = wait_for(lambda: (d := Deployment.load(run_dir)).by_role("trainer")[0].pid and d, timeout=30,
+        dep = wait_for(lambda: (d := load_deployment(run_dir)).by_role("trainer")[0].pid and d, timeout=30,
                        what="the trainer's pid in the state file")
         [trainer] = dep.by_role("trainer")
         up.kill()
@@ -359,7 +359,7 @@ def test_a_daemon_of_a_users_script_is_counted_and_stopped_by_down_after_its_run
 
 
 def _dsctl_cgroups() -> list[Path]:
-    from dsctl.provisioners.containment import leftover_cgroups
+    from dsctl.providers.containment import leftover_cgroups
 
     return leftover_cgroups()
 
@@ -369,8 +369,8 @@ def _dsctl_cgroups() -> list[Path]:
 def test_an_empty_cgroup_of_a_run_whose_state_is_garbled_is_removed_by_down_all(home):
     """A `dsctl down` killed before it removed the run's cgroup leaves it empty, with nothing else of the run: the next
     `down --all` still finds it (by the run's name) and removes it."""
-    from dsctl.orchestrator import deployments
-    from dsctl.provisioners import Where
+    from dsctl.orchestrator import deployments, takedown
+    from dsctl.providers import Where
 
     run_dir = home / "runs" / "empty-1129-040000-abcd"
     run_dir.mkdir(parents=True)
@@ -378,7 +378,7 @@ def test_an_empty_cgroup_of_a_run_whose_state_is_garbled_is_removed_by_down_all(
     group, _ = Cgroup.make(cgroup_name(RUN_PREFIX, run_dir.name))
     assert group is not None and group.exists() and group.pids() == []
     said: list[str] = []
-    deployments.down(None, True, Where(), say=said.append)
+    takedown.down(None, True, Where(), say=said.append)
     assert not group.exists(), said
     assert said and said[0].startswith(f"{run_dir.name}: down (its state file could not be read: rebuilt from its "
                                        f"cgroup {group.path} (0 process(es) in it)"), said

@@ -23,7 +23,7 @@ import pytest
 from dsctl.orchestrator.control import ControlClient, ControlError, ControlServer, DeploymentBusy, SweepLock, control_dir
 from dsctl.orchestrator.handles import AttachedDeployment, _AbandonedSweeps
 from dsctl.orchestrator.outcome import RunFailed
-from dsctl.provisioners import Deployment, Node, ProcessRef
+from dsctl.providers import Deployment, Node, ProcessRef, load_deployment
 from helpers import wait_for
 
 CALLER = """
@@ -39,8 +39,8 @@ except ControlError as exc:
 SWEEP = """
 import sys, time
 from dsctl.orchestrator.handles import AttachedDeployment
-from dsctl.provisioners import Deployment
-AttachedDeployment.claim(Deployment.load(sys.argv[1]), "sweep-killed")
+from dsctl.providers import Deployment
+AttachedDeployment.claim(load_deployment(sys.argv[1]), "sweep-killed")
 print("held", flush=True)
 time.sleep(600)
 """
@@ -296,10 +296,10 @@ def test_a_sweep_that_cannot_put_the_deployment_back_leaves_that_to_the_monitor(
 
 
 class FakeHandle:
-    """The monitor's own deployment, as _AbandonedSweeps acts on it (the provisioner is tested elsewhere)."""
+    """The monitor's own deployment, as _AbandonedSweeps acts on it (the provider is tested elsewhere)."""
 
     def __init__(self, run_dir: Path, workers: int):
-        self.dep, self.workers, self.calls = Deployment.load(run_dir), workers, []
+        self.dep, self.workers, self.calls = load_deployment(run_dir), workers, []
 
     def stop_trainers(self):
         self.calls.append("stop_trainers")

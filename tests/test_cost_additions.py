@@ -1,9 +1,9 @@
 """Additions to the paper's Equation 1: what a run's external IPv4 addresses and boot disks cost.
 
-The arithmetic (costmodel/additions.py) to the cent; the shipped catalog's prices for them, with their
-sources; and `dsctl cost report`'s columns for them (json, csv, table): from what the run recorded, from an
-older record's spec when it names the settings, "not recorded" when it does not, and for a local run as a
-gcp run of its spec would have them."""
+The arithmetic (costmodel/extras.py, of what providers/gcp/billing.py declares) to the cent; the shipped catalog's
+prices for them, with their sources; and `dsctl cost report`'s columns for them (json, csv, table): from what the run
+recorded, from an older record's spec when it names the settings, "not recorded" when it does not, and for a local
+run as a gcp run of its spec would have them."""
 
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from dsctl.cli.cost import ADDITION_FIELDS, FIELDS, cost_app
-from dsctl.costmodel import Created, load_catalog, price_additions
-from dsctl.costmodel.additions import LABEL, VmGroup
+from dsctl.cli.cost import cost_app
+from dsctl.costmodel import load_catalog
+from dsctl.costmodel.extras import LABEL
+from dsctl.orchestrator.costs import ADDITION_FIELDS, FIELDS
 from dsctl.orchestrator.pricing import cost_summary
 from dsctl.orchestrator.store import RunStore
+from dsctl.providers.gcp.billing import Created, VmGroup, price_additions
 from dsctl.specs import SpecError, load_spec_text, spec_hash
 
 GCP = load_catalog("gcp-us-central1-2025")
@@ -95,9 +97,10 @@ def test_without_a_price_the_addition_is_not_priced_and_says_why():
 
 # -- the shipped catalog --------------------------------------------------------------------------------------
 def test_the_2025_catalog_prices_the_additions_and_its_spot_figures_from_2025_data():
-    assert GCP.ipv4_hour("standard")[0] == 0.005 and GCP.ipv4_hour("spot")[0] == 0.0025
-    assert {k: GCP.disk_gb_month(k)[0] for k in ("pd-balanced", "pd-standard", "pd-ssd")} == {
-        "pd-balanced": 0.10, "pd-standard": 0.04, "pd-ssd": 0.17}
+    assert GCP.extra_rate("external_ipv4", "standard").per_hour == 0.005
+    assert GCP.extra_rate("external_ipv4", "spot").per_hour == 0.0025
+    assert {k: GCP.extra_rate("boot_disks", k).per_hour * HOURS for k in ("pd-balanced", "pd-standard", "pd-ssd")} \
+        == pytest.approx({"pd-balanced": 0.10, "pd-standard": 0.04, "pd-ssd": 0.17})
     # n2-standard-8: $0.388472/h on demand, about $0.12/h Spot in March 2025 data.
     assert GCP.machine_hour("n2-standard-8") == pytest.approx(0.388472, abs=1e-9)
     assert GCP.machine_hour("n2-standard-8", provisioning="spot") == pytest.approx(0.119904, abs=1e-9)
@@ -193,7 +196,7 @@ def test_cost_report_json_has_the_additions_beside_equation_1s_total(runs):
     assert kept["additions"]["label"] == "not in Equation 1"
     assert kept["additions"]["external_ipv4"]["quantity"] == "10 addresses"
     assert any("Equation 1 does not price" in n for n in kept["notes"])
-    assert {"price": "external IPv4 (standard VMs)", "source": GCP.ipv4_hour("standard")[1].source,
+    assert {"price": "external IPv4 (standard VMs)", "source": GCP.extra_rate("external_ipv4", "standard").source,
             "date": "2025-03"} in kept["price_sources"]
 
     named = rows["named"]  # from its spec: 100 GB disks; the dispatcher VM runs the supervisor, so it is standard

@@ -81,7 +81,7 @@ def test_spec_without_spot_is_refused_by_the_papers_catalog_not_underpriced(pape
 def test_recorded_runs_are_priced_at_their_specs_provisioning(service, trainer):
     """usage_from_record reads service.provisioning and trainer.provisioning from the recorded spec."""
     from dsctl.orchestrator.pricing import cost_summary, price_record, usage_from_record
-    from dsctl.orchestrator.store import RunRecord
+    from dsctl.orchestrator.records import RunRecord
 
     gcp = load_catalog("gcp-us-central1-2025")
     text = SPEC.replace("pricing: paper-2023-06", "pricing: gcp-us-central1-2025").replace(

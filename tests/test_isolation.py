@@ -28,9 +28,9 @@ import psutil
 import pytest
 
 from dsctl.orchestrator.store import RunStore
-from dsctl.provisioners import Deployment
-from dsctl.provisioners.local.provisioner import LocalProvisioner
-from dsctl.provisioners.processes import is_ours
+from dsctl.providers import Deployment, load_deployment
+from dsctl.providers.local.provider import LocalProvider
+from dsctl.providers.processes import is_ours
 from dsctl.runtime.readiness import read_json
 from dsctl.specs import load_spec_text
 from helpers import ClientNetns, listening_ports, processes_under, wait_for, wildcard_listeners, write_spec
@@ -80,7 +80,7 @@ def _deployment_with(home: Path, role: str, skip: set[str] = frozenset()) -> Dep
             if run_dir.name in skip:
                 continue
             try:
-                dep = Deployment.load(run_dir)
+                dep = load_deployment(run_dir)
             except (OSError, ValueError):
                 continue
             if dep.by_role(role) and all(n.pid for n in dep.by_role(role)):
@@ -92,7 +92,7 @@ def _deployment_with(home: Path, role: str, skip: set[str] = frozenset()) -> Dep
 def _training(run_dir: Path) -> Deployment:
     metrics = run_dir / "metrics" / "trainer-0.jsonl"
     wait_for(lambda: metrics.exists() and '"window"' in metrics.read_text(), timeout=150, what="training to start")
-    return Deployment.load(run_dir)
+    return load_deployment(run_dir)
 
 
 def _isolation(dep: Deployment) -> dict:
@@ -216,7 +216,7 @@ def test_where_namespaces_are_not_allowed_the_run_goes_on_and_says_its_ports_are
 
 def test_a_process_started_after_the_launcher_died_joins_the_runs_network(home, monkeypatch):
     """Without its launcher, the provider starts processes itself: inside the run's network, through nsenter."""
-    from dsctl.provisioners.local import provisioner as local
+    from dsctl.providers.local import provider as local
 
     monkeypatch.setattr(local, "READY_TIMEOUT_S", 45.0)  # outside the network, the worker would never be ready
     reason = namespaces_unavailable()
@@ -231,7 +231,7 @@ pipeline: {builtin: synthetic}
     run_dir = home / "runs" / "orphan"
     run_dir.mkdir(parents=True)
     dep = Deployment(run_id="orphan", provider="local", run_dir=str(run_dir))
-    prov = LocalProvisioner()
+    prov = LocalProvider()
     events = []
     try:
         prov.up(spec, dep, 1, lambda kind, message: events.append(kind))

@@ -1,4 +1,4 @@
-"""A trainer the launcher forked ends; the launcher reaps it and writes how (provisioners/local/provisioner.py).
+"""A trainer the launcher forked ends; the launcher reaps it and writes how (providers/local/provider.py).
 
 On a loaded machine the launcher can write that well after the trainer is gone: a trainer pushed to its memory
 cgroup's limit makes every process in the cgroup fault its pages back in, the launcher included. A CI run once saw
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import psutil
 
-from dsctl.provisioners import Deployment, Node, ProcessRef
-from dsctl.provisioners.local import LocalProvisioner
-from dsctl.provisioners.local import provisioner as local
-from dsctl.provisioners.local.launcher import Launcher
-from dsctl.provisioners.local.state import LocalDeployment, LocalNode
+from dsctl.providers import Deployment, Node, ProcessRef
+from dsctl.providers.local import LocalProvider
+from dsctl.providers.local import provider as local
+from dsctl.providers.local.launcher import Launcher
+from dsctl.providers.local.state import LocalDeployment, LocalNode
 from dsctl.runtime.readiness import write_json_atomic
 
 STARTED = psutil.Process().create_time()
@@ -37,13 +37,13 @@ def deployment(tmp_path: Path, launcher_alive: bool) -> Deployment:
                       state=LocalDeployment(launcher=launcher))
 
 
-def gone_for(provider: LocalProvisioner, seconds: float) -> None:
+def gone_for(provider: LocalProvider, seconds: float) -> None:
     """As if the provider had first seen the trainer gone `seconds` ago."""
     provider._vanished[os.getpid()] = time.monotonic() - seconds
 
 
 def test_a_live_launchers_answer_is_waited_for_however_late_it_comes(tmp_path):
-    dep, provider = deployment(tmp_path, launcher_alive=True), LocalProvisioner()
+    dep, provider = deployment(tmp_path, launcher_alive=True), LocalProvider()
     gone_for(provider, 60.0)  # far past the 10 s that once reported the status lost
     state = provider.poll(dep, lambda *_: None).trainers
     assert state.running == [0] and state.exit_codes == {}
@@ -51,13 +51,13 @@ def test_a_live_launchers_answer_is_waited_for_however_late_it_comes(tmp_path):
     said = "was killed by the kernel's out-of-memory killer (SIGKILL): it ran out of memory. Evidence: ..."
     Launcher(tmp_path).dir.mkdir()
     write_json_atomic(Launcher(tmp_path).dir / f"exit-{os.getpid()}.json", {"code": -9, "ended": said, "oom": True})
-    state = LocalProvisioner().poll(dep, lambda *_: None).trainers  # any dsctl process reads the launcher's answer
+    state = LocalProvider().poll(dep, lambda *_: None).trainers  # any dsctl process reads the launcher's answer
     assert state.exit_codes == {0: -9} and state.endings == {0: said}
 
 
 def test_a_status_the_launcher_ended_without_giving_is_reported_lost_and_why(tmp_path):
     dep = deployment(tmp_path, launcher_alive=False)
-    state = LocalProvisioner().poll(dep, lambda *_: None).trainers
+    state = LocalProvider().poll(dep, lambda *_: None).trainers
     assert state.running == [] and state.exit_codes == {0: -1}
     log = tmp_path / "logs" / "launcher.log"
     assert state.endings[0] == f"ended, and its exit status is lost: the launcher that forked it ended without saying " \
@@ -65,7 +65,7 @@ def test_a_status_the_launcher_ended_without_giving_is_reported_lost_and_why(tmp
 
 
 def test_a_live_launcher_silent_past_its_limit_is_named(tmp_path):
-    dep, provider = deployment(tmp_path, launcher_alive=True), LocalProvisioner()
+    dep, provider = deployment(tmp_path, launcher_alive=True), LocalProvider()
     gone_for(provider, local.LAUNCHER_REAP_WAIT_S + 1)
     state = provider.poll(dep, lambda *_: None).trainers
     assert state.exit_codes == {0: -1}

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dsctl.orchestrator.store import RunStore, private_umask
+from dsctl.orchestrator.home import private_umask
+from dsctl.orchestrator.store import RunStore
 from dsctl.runtime import readiness
 
 pytestmark = pytest.mark.usefixtures("keep_umask")  # dsctl sets the umask of the process it runs in

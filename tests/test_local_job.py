@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from dsctl.orchestrator.store import RunStore
-from dsctl.provisioners import Deployment
+from dsctl.providers import Deployment, load_deployment
 from helpers import EXAMPLES, dsctl, processes_under, wait_for, write_spec
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ def test_quickstart_runs_records_and_leaves_nothing(home):
     store = RunStore()
     assert store.windows(record["id"]), "per-window metrics are recorded"
     assert store.utilization(record["id"]), "utilization samples are recorded"
-    assert Deployment.load(home / "runs" / record["id"]).status == "down"
+    assert load_deployment(home / "runs" / record["id"]).status == "down"
 
 
 @pytest.mark.parametrize("mode,copies", [("distributed_epoch", 1), ("parallel_epochs", 2)])
@@ -84,7 +84,7 @@ def test_killed_worker_is_restarted_and_losses_are_counted(home, tmp_path):
         return metrics.exists() and '"window"' in metrics.read_text()
 
     wait_for(first_batches_seen, timeout=120, what="training to start")
-    victim = Deployment.load(run_dir).by_role("worker")[0]
+    victim = load_deployment(run_dir).by_role("worker")[0]
     os.kill(victim.pid, signal.SIGKILL)
     out, err = up.communicate(timeout=240)
     assert up.returncode == 0, err
@@ -97,14 +97,14 @@ def test_killed_worker_is_restarted_and_losses_are_counted(home, tmp_path):
     assert s["elements_duplicated"] == 0
     assert 0 <= s["elements_lost"] <= 2048 // 16 * 2
     assert s["elements_received"] + s["elements_lost"] == 2048
-    assert Deployment.load(run_dir).by_role("worker")[0].pid != victim.pid
+    assert load_deployment(run_dir).by_role("worker")[0].pid != victim.pid
 
 
 def _kill_dispatcher_mid_run(home, spec):
     up = subprocess.Popen([sys.executable, "-m", "dsctl.cli.main", "up", str(spec), "--json"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = _wait_training(home)
-    victim = Deployment.load(run_dir).by_role("dispatcher")[0]
+    victim = load_deployment(run_dir).by_role("dispatcher")[0]
     os.kill(victim.pid, signal.SIGKILL)
     killed = time.monotonic()
     out, err = up.communicate(timeout=240)
@@ -122,7 +122,7 @@ def test_killed_fault_tolerant_dispatcher_is_restarted_from_its_journal(home, tm
     assert s["elements_duplicated"] == 0
     assert 0 <= s["elements_lost"] <= 2048 // 16 * 2, "no more lost than was in flight"
     assert s["elements_received"] + s["elements_lost"] == 2048
-    restarted = Deployment.load(run_dir).by_role("dispatcher")[0]
+    restarted = load_deployment(run_dir).by_role("dispatcher")[0]
     assert restarted.pid != victim.pid and restarted.address == victim.address
     assert processes_under(home) == []
 
@@ -215,7 +215,7 @@ def test_down_of_a_killed_run_whose_state_file_is_garbled_stops_the_run_and_neve
     """Garbled state (how each garbling is read: tests/test_down_safety.py): the deployment is rebuilt from its
     cgroup and the processes dsctl started for it; the calling script, its `tail -f` of the run's log and `dsctl down`
     itself are none of them, and survive; the run's cgroup is gone after."""
-    from dsctl.provisioners import containment
+    from dsctl.providers import containment
 
     up = _start_long_run(tmp_path)
     run_dir = _wait_training(home)
@@ -264,8 +264,8 @@ def test_a_worker_whose_port_is_taken_waits_for_it_then_moves_and_the_job_goes_o
     import threading
 
     from dsctl.orchestrator.run import JobRunner
-    from dsctl.provisioners.local import provisioner as local
-    from dsctl.provisioners.local.processes import enter_namespaces_of
+    from dsctl.providers.local import provider as local
+    from dsctl.providers.local.processes import enter_namespaces_of
     from dsctl.specs import load_spec
     from helpers import hold_port
 
@@ -300,7 +300,7 @@ def test_a_worker_whose_port_is_taken_waits_for_it_then_moves_and_the_job_goes_o
             return [e["kind"] for e in store.events(run_dir.name)]
 
         def kill_holding_its_port(index: int):
-            victim = Deployment.load(run_dir).by_role("worker")[index]
+            victim = load_deployment(run_dir).by_role("worker")[index]
             holder = hold_port(victim.state.port, enter_namespaces_of(victim.pid))
             holders.append(holder)
             os.kill(victim.pid, signal.SIGKILL)
@@ -314,34 +314,34 @@ def test_a_worker_whose_port_is_taken_waits_for_it_then_moves_and_the_job_goes_o
         holder.stdin.close()
         holder.wait(timeout=10)
         wait_for(lambda: "worker-port-free" in kinds(), timeout=60, what="the worker to get its port back")
-        back = Deployment.load(run_dir).by_role("worker")[1]
+        back = load_deployment(run_dir).by_role("worker")[1]
         assert back.address == first.address and back.pid != first.pid and back.state.ready
 
         # Held for good: after the wait, the worker moves to a new port, registers there, and serves.
         second, _ = kill_holding_its_port(0)
         wait_for(lambda: "worker-moved" in kinds(), timeout=60, what="the worker to move")
-        moved = Deployment.load(run_dir).by_role("worker")[0]
+        moved = load_deployment(run_dir).by_role("worker")[0]
         # Ready means registered: a WorkerServer starts only once the dispatcher has taken it.
         assert moved.address != second.address and moved.state.ready and moved.pid != second.pid
         assert thread.is_alive(), f"the job goes on: {outcome}"
 
         # A (fault-tolerant) dispatcher cannot move: it waits for its port, then comes back from its journal.
-        dispatcher = Deployment.load(run_dir).by_role("dispatcher")[0]
+        dispatcher = load_deployment(run_dir).by_role("dispatcher")[0]
         holder = hold_port(dispatcher.state.port, enter_namespaces_of(dispatcher.pid))
         holders.append(holder)
         os.kill(dispatcher.pid, signal.SIGKILL)
         wait_for(lambda: "dispatcher-port-taken" in kinds(), timeout=60, what="the dispatcher to find its port taken")
         holder.stdin.close()
-        wait_for(lambda: Deployment.load(run_dir).by_role("dispatcher")[0].state.ready, timeout=60,
+        wait_for(lambda: load_deployment(run_dir).by_role("dispatcher")[0].state.ready, timeout=60,
                  what="the dispatcher to come back")
-        restarted = Deployment.load(run_dir).by_role("dispatcher")[0]
+        restarted = load_deployment(run_dir).by_role("dispatcher")[0]
         assert restarted.pid != dispatcher.pid and restarted.address == dispatcher.address
 
         metrics = run_dir / "metrics" / "trainer-0.jsonl"
         lines = len(metrics.read_text().splitlines())
         wait_for(lambda: len(metrics.read_text().splitlines()) > lines + 1, timeout=60, what="more windows from the trainer")
         # End the job early: the trainer stops on SIGTERM and reports, and the run does not take that for its end.
-        os.kill(Deployment.load(run_dir).by_role("trainer")[0].pid, signal.SIGTERM)
+        os.kill(load_deployment(run_dir).by_role("trainer")[0].pid, signal.SIGTERM)
         thread.join(timeout=90)
     finally:
         for holder in holders:
@@ -352,7 +352,7 @@ def test_a_worker_whose_port_is_taken_waits_for_it_then_moves_and_the_job_goes_o
                 os.kill(trainer.pid, signal.SIGTERM)
             thread.join(timeout=60)
             if thread.is_alive():
-                runners[0].provisioner.down(runners[0].deployment, lambda kind, message: None)
+                runners[0].provider.down(runners[0].deployment, lambda kind, message: None)
     assert "stopped by SIGTERM" in str(outcome.get("error")), outcome
     record = RunStore().get(run_dir.name)
     assert record.status == "failed" and "trainer 0 failed: it was stopped by SIGTERM" in record.error, record.error
@@ -362,7 +362,7 @@ def test_a_worker_whose_port_is_taken_waits_for_it_then_moves_and_the_job_goes_o
 def test_a_new_worker_whose_port_is_taken_starts_at_another(home, monkeypatch):
     """No client knows a worker's address before it is first ready, so a port taken meanwhile is simply
     replaced. Outside a private network (DSCTL_LOCAL_ISOLATION=none) any process here can take it."""
-    from dsctl.provisioners.local import provisioner as local
+    from dsctl.providers.local import provider as local
     from dsctl.specs import load_spec_text
     from helpers import hold_port
 
@@ -376,7 +376,7 @@ def test_a_new_worker_whose_port_is_taken_starts_at_another(home, monkeypatch):
     run_dir = home / "runs" / "fresh"
     run_dir.mkdir(parents=True)
     dep = Deployment(run_id="fresh", provider="local", run_dir=str(run_dir))
-    prov = local.LocalProvisioner()
+    prov = local.LocalProvider()
     events = []
     try:
         prov.up(spec, dep, 1, lambda kind, message: events.append((kind, message)))

@@ -1,8 +1,8 @@
-"""A local run's state file as older dsctl wrote it (provisioners/local/state.py LocalCodec.from_legacy): read back as
+"""A local run's state file as older dsctl wrote it (providers/local/state.py LocalCodec.from_legacy): read back as
 today's typed state, and taken down by `dsctl down`.
 
 legacy_local_state.json is a detached local run mid-training as dsctl wrote it before the typed state (`git show
-c608d42~1:provisioners/local/provisioner.py`, launcher.py and orchestrator/run.py): every detail of a node in its
+c608d42~1:providers/local/provider.py`, launcher.py and orchestrator/run.py): every detail of a node in its
 `extra` dict (a server's port, ready file and launch id, the dispatcher's argv to restart it from its journal, a
 trainer's metrics, steps and ids files, pinned cores), the launcher a `launcher` pseudo-node whose `extra` holds
 its request folder and what it said of the run's network, and the detached `dsctl up` a `monitor` pseudo-node.
@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dsctl.provisioners import Deployment, ProcessRef
-from dsctl.provisioners.local.state import Isolation, LocalDeployment, LocalNode
+from dsctl.providers import ProcessRef, load_deployment
+from dsctl.providers.local.state import Isolation, LocalDeployment, LocalNode
 
 RUN = "legacy-local-0001"
 LEGACY = Path(__file__).parent / "legacy_local_state.json"
@@ -40,7 +40,7 @@ def legacy_run(home: Path, pids: dict[str, psutil.Process] | None = None) -> Pat
 
 def test_an_old_local_state_file_reads_as_typed_state(tmp_path):
     run_dir = legacy_run(tmp_path)
-    dep = Deployment.load(run_dir)
+    dep = load_deployment(run_dir)
     assert [(n.role, n.index) for n in dep.nodes] == [("dispatcher", 0), ("worker", 0), ("worker", 1), ("trainer", 0)]
     assert all(isinstance(n.state, LocalNode) for n in dep.nodes)
     assert dep.monitor == ProcessRef(pid=381502, pgid=381502, create_time=1764146912.41, log=f"{run_dir}/up.log")
@@ -64,15 +64,15 @@ def test_an_old_local_state_file_reads_as_typed_state(tmp_path):
     # Saved again, it is in today's form, and reads back the same.
     dep.save()
     assert '"extra"' not in (run_dir / "state.json").read_text()
-    assert Deployment.load(run_dir) == dep
+    assert load_deployment(run_dir) == dep
 
 
 @pytest.mark.integration
 def test_dsctl_down_of_an_old_local_state_file_stops_every_process_it_names(home):
     """The monitor, the launcher, the servers and the trainer the old file names, each a live process group here,
     are all stopped by `dsctl down RUN`, which then records the deployment as down."""
-    from dsctl.orchestrator.deployments import down
-    from dsctl.provisioners import Where
+    from dsctl.orchestrator.takedown import down
+    from dsctl.providers import Where
 
     keys = ["monitor-0", "launcher-0", "dispatcher-0", "worker-0", "worker-1", "trainer-0"]
     # Each names the run's folder on its command line, as dsctl's processes do (the home fixture finds leftovers).
@@ -87,7 +87,7 @@ def test_dsctl_down_of_an_old_local_state_file_stops_every_process_it_names(home
         assert said == [f"{RUN}: down"]
         for key, proc in procs.items():
             assert not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE, f"{key} (pid {proc.pid}) still runs"
-        dep = Deployment.load(run_dir)
+        dep = load_deployment(run_dir)
         assert dep.status == "down"
     finally:
         for p in popens.values():

@@ -154,7 +154,7 @@ def test_a_builtin_trainer_killed_for_memory_fails_the_run_naming_the_oom_kill(r
                       r"it ran \(its limit: 1024 MiB\)", err)
     assert kills and int(kills[1]) >= 1, err
     assert "exited with code -9" not in err and "code -1" not in err, err
-    named = "trainer 0 failed: trainer 0 was killed by the kernel's out-of-memory killer (SIGKILL): it ran out of " \
+    named = "trainer 0 failed: it was killed by the kernel's out-of-memory killer (SIGKILL): it ran out of " \
             "memory. Evidence: memory cgroup "
     if os.access(exits.KMSG, os.R_OK):
         assert named in err and "the kernel log says: '" in err and "Killed process " in err, err

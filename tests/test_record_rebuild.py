@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from dsctl.orchestrator import deployments, imports
+from dsctl.orchestrator import imports, takedown
 from dsctl.orchestrator.store import RunStore
-from dsctl.provisioners import Deployment
+from dsctl.providers import Deployment
 from dsctl.specs import SpecError, load_spec_text
 
 SPEC = "name: job\nservice: {workers: 1}\ntrainer: {steps: 20}\npipeline: {builtin: synthetic}\n"
@@ -108,7 +108,7 @@ def test_down_rebuilds_a_record_that_is_gone_before_it_closes_it(home):
     dep = Deployment(run_id="job-1", provider="local", run_dir=str(run_dir), status="down")
     for suffix in ("", "-wal", "-shm"):
         Path(f"{home / 'runs.db'}{suffix}").unlink(missing_ok=True)
-    deployments.take_down(dep)
+    takedown.take_down(dep)
     store = RunStore()
     record = store.get("job-1")
     assert record.status == "interrupted" and record.summary["batches"] == 20
@@ -134,7 +134,7 @@ def test_a_run_closed_by_down_whose_log_says_its_disk_was_full_says_so(home):
     run_dir = new_run(store, home)
     trainer_files(run_dir, finished=False)
     (run_dir / "metrics" / "trainer-0.log").write_text("OSError: [Errno 28] No space left on device\n")
-    deployments.take_down(Deployment(run_id="job-1", provider="local", run_dir=str(run_dir), status="down"))
+    takedown.take_down(Deployment(run_id="job-1", provider="local", run_dir=str(run_dir), status="down"))
     record = RunStore().get("job-1")
     assert record.status == "interrupted" and "when dsctl down removed the run" in record.error
     assert "says its disk was full (No space left on device)" in record.error

@@ -195,3 +195,63 @@ def test_cost_report_prices_a_runs_cache_by_the_month_apart_from_the_total(home)
     no_storage.write_text(yaml.safe_dump({**data, "name": "no-storage"}))
     table = " ".join(dsctl("cost", "report", "cached", "--prices", no_storage, check=True).stdout.split())
     assert "not priced: no-storage has no gcs storage price" in table
+
+
+# -- typed records: one definition for the store, the CLI and --json; old records load as they were written ----------
+
+def test_a_summary_written_by_an_older_dsctl_loads_typed_and_is_written_back_as_it_was(home):
+    """A record of before the typed summary (some fields, a cost whose additions were not kept yet, a key this dsctl
+    no longer writes) loads with its fields typed; what it does not hold stays unset, and its JSON is the JSON it had,
+    the unknown key included."""
+    from dsctl.orchestrator.records import CostSummary, RunSummary
+
+    old = {"batches": 300, "batches_per_s": 12.5, "duration_s": 30.0, "input_stall_frac": 0.25,
+           "worker_cpu_cores": 0.5, "worker_mem_gb": 0.3, "loss_first": 2.0, "loss_last": 0.5,
+           "loss_nonfinite": {"trainer": 1, "value": "inf", "batches": 40},
+           "cost": {"total": 0.01, "basis": "utilization", "catalog": "paper-2023-06", "note": "list prices"},
+           "queue_fill_mean": 3.5}  # a key of another version
+    store = RunStore()
+    make_run(store, summary=old)
+    record = store.get("rec-1")
+    s = record.summary
+    assert isinstance(s, RunSummary) and isinstance(s.cost, CostSummary)
+    assert (s.batches, s.batches_per_s, s.cost.total, s.loss_nonfinite.batches) == (300, 12.5, 0.01, 40)
+    assert s.epochs is None and "epochs" not in s and s.cost.created is None
+    assert s.as_json() == old  # unset fields stay out, the unknown key stays in
+    assert record.as_dict()["summary"] == old
+    assert s["queue_fill_mean"] == 3.5 and s.get("epochs") is None  # read as its JSON, for scripts
+    with pytest.raises(KeyError):
+        s["epochs"]
+    # Written back, nothing is lost or added.
+    store.update_run("rec-1", summary=s.updated(recorded_by="dsctl down"))
+    assert json.loads(sqlite3.connect(home / "runs.db").execute("SELECT summary_json FROM runs").fetchone()[0]) == {
+        **old, "recorded_by": "dsctl down"}
+
+
+def test_a_sweep_record_and_a_cloud_record_load_typed():
+    """A sweep's summary (points, baselines, its recommendation) and a supervisor's latest.json, as they were
+    written, read as the typed records the CLI renders."""
+    from dsctl.orchestrator.records import CloudLatest, RunRecord, SweepSummary
+
+    row = {"id": "s-1", "name": "s", "kind": "sweep", "parent_id": None, "provider": "local", "mode": "service",
+           "status": "succeeded", "spec_path": None, "spec_yaml": None, "spec_json": SPEC.model_dump_json(),
+           "spec_hash": "h", "workers": 4, "trainers": 1, "created_at": 1.0, "ended_at": 2.0, "run_dir": None,
+           "error": None, "resumed_from": None, "checkpoint_dir": None, "a_column_of_later": 1,
+           "summary_json": json.dumps({"counts": [1, 2], "points": [{"workers": 1, "batches_per_s": 1.5,
+                                                                     "predicted": False, "source": "measured here"}],
+                                       "baselines": {"ideal": {"batches_per_s": 2.0}},
+                                       "recommendation": {"smallest": {"workers": 1, "batches_per_s": 1.5,
+                                                                       "cost_per_1000_batches": None,
+                                                                       "predicted": False, "reason": "the best"},
+                                                          "cheapest": None, "best_bps": 1.5, "best_workers": 1,
+                                                          "best_predicted": False, "tolerance": 0.03}})}
+    record = RunRecord.from_row(row)
+    assert isinstance(record.summary, SweepSummary) and record.sweep.points[0].batches_per_s == 1.5
+    assert record.sweep.baselines["ideal"].batches_per_s == 2.0 and record.sweep.recommendation.smallest.workers == 1
+    assert record.job.batches is None  # a sweep has no job summary of its own
+    latest = CloudLatest.model_validate({"run": {**row, "status": "running"}, "progress": {"phase": "training",
+                                                                                         "batches": 40},
+                                         "parts": 2, "written_at": 5.0,
+                                         "events": [{"run_id": "s-1", "t": 3.0, "kind": "ready", "message": "up"}]})
+    assert not latest.ended and latest.progress.batches == 40 and latest.events[0].key == (3.0, "ready", "up")
+    assert latest.record.id == "s-1" and CloudLatest.model_validate({}).status is None

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dsctl.orchestrator.store import RunStore
-from dsctl.provisioners import Deployment
+from dsctl.providers import load_deployment
 from helpers import dsctl, processes_under, stepped_job, wait_for
 
 pytestmark = pytest.mark.slow
@@ -37,7 +37,7 @@ def metrics(run_dir: Path, event: str) -> list[dict]:
 def test_a_run_whose_monitor_died_is_recorded_as_its_trainers_ended_it(home, tmp_path):
     dsctl("up", job(tmp_path), "--detach", check=True)
     run_dir = next((home / "runs").iterdir())
-    monitor = wait_for(lambda: (Deployment.load(run_dir).monitor if (run_dir / "state.json").exists() else None),
+    monitor = wait_for(lambda: (load_deployment(run_dir).monitor if (run_dir / "state.json").exists() else None),
                        timeout=60, what="the detached monitor's state")
     wait_for(lambda: RunStore().windows(run_dir.name), timeout=180, what="a first stored window")
     os.kill(monitor.pid, signal.SIGKILL)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dsctl.orchestrator.checkpoints import latest
-from dsctl.provisioners import Deployment
+from dsctl.providers import load_deployment
 from helpers import EXAMPLES, dsctl, processes_under, wait_for, write_spec
 
 STEPS, EVERY = 120, 20
@@ -59,7 +59,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_trains_only_the_rest(home,
         index = wait_for(lambda: next(iter((tmp_path / "ck").glob("*/trainer-0/checkpoint")), None), timeout=120,
                          interval=0.05, what="the first checkpoint")
         run_id = index.parent.parent.name
-        trainer = Deployment.load(home / "runs" / run_id).by_role("trainer")[0]
+        trainer = load_deployment(home / "runs" / run_id).by_role("trainer")[0]
         os.kill(trainer.pid, signal.SIGKILL)
         out, err = first.communicate(timeout=120)
     finally:
@@ -69,7 +69,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_trains_only_the_rest(home,
     assert first.returncode == 1, out + err
     assert "trainer 0 failed" in err and run_id in err
     assert processes_under(home) == [], "the failed run left processes running"
-    assert Deployment.load(home / "runs" / run_id).status == "down"
+    assert load_deployment(home / "runs" / run_id).status == "down"
     saved = latest(str(index.parent))
     assert saved.found and 0 < saved.step < STEPS and saved.step % EVERY == 0
     assert not [e for e in events(home, run_id) if e["event"] == "end"]  # it was killed before its end

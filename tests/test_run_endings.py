@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from dsctl.orchestrator.store import RunStore
-from dsctl.provisioners import Deployment, containment
+from dsctl.providers import containment, load_deployment
 from helpers import dsctl, processes_under, wait_for, write_spec
 
 pytestmark = pytest.mark.slow
@@ -64,7 +64,7 @@ def test_a_sigterm_mid_run_is_never_succeeded_and_a_lost_status_after_the_last_s
     # The program itself is sent SIGTERM a few windows in: its loop stops, it exits 0, its end record says why.
     proc = up(spec, "--mode", "colocated")
     run_dir = wait_for(lambda: windows(home, 3), timeout=120, what="the program's third window")
-    runner = Deployment.load(run_dir).by_role("trainer")[0].pid
+    runner = load_deployment(run_dir).by_role("trainer")[0].pid
     [program] = psutil.Process(runner).children()
     program.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -78,7 +78,7 @@ def test_a_sigterm_mid_run_is_never_succeeded_and_a_lost_status_after_the_last_s
     # can read its exit status any more: its end record says it finished, and that decides.
     proc = up(spec, "--mode", "colocated", "--json")
     run_dir = wait_for(lambda: windows(home, besides=record.id), timeout=120, what="the second run's first window")
-    os.kill(Deployment.load(run_dir).state.launcher.pid, signal.SIGKILL)
+    os.kill(load_deployment(run_dir).state.launcher.pid, signal.SIGKILL)
     (home / "runs.db").unlink()  # and the records go, as `rm ~/.dsctl/runs.db` would take them
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err
@@ -115,7 +115,7 @@ def test_down_racing_an_attached_up_is_interrupted_whatever_phase_it_meets(home,
     else:
         run_dir = wait_for(lambda: windows(home), timeout=120, what="the trainer's first window")
         # First its one worker hangs (stopped, not dead): found within the bound, named, ended, restarted.
-        worker = Deployment.load(run_dir).by_role("worker")[0]
+        worker = load_deployment(run_dir).by_role("worker")[0]
         os.kill(worker.pid, signal.SIGSTOP)
         wait_for(lambda: "worker-restarted" in [e["kind"] for e in RunStore().events(run_dir.name)], timeout=60,
                  what="the hung worker to be restarted")

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from dsctl.orchestrator import deployments
+from dsctl.orchestrator import takedown
 from dsctl.orchestrator.store import AmbiguousRun, RunStore
-from dsctl.provisioners import Deployment, Where
+from dsctl.providers import Deployment, Where
 from dsctl.specs import SpecError, load_spec_text
 
 SPEC = load_spec_text("name: job\nservice: {workers: 1}\ntrainer: {steps: 20}\npipeline: {builtin: synthetic}\n").spec
@@ -41,7 +41,7 @@ def test_down_of_a_prefix_of_two_deployments_lists_them_instead_of_finding_none(
         run_dir.mkdir(parents=True)
         Deployment(run_id=run_id, provider="local", run_dir=str(run_dir), status="up").save()
     with pytest.raises(AmbiguousRun, match="begins the ids of 2 deployments that are up"):
-        deployments.down("job-1129", False, Where(), say=print)
+        takedown.down("job-1129", False, Where(), say=print)
 
 
 def test_down_of_a_prefix_of_two_recorded_runs_with_no_deployment_lists_them(home):
@@ -49,4 +49,25 @@ def test_down_of_a_prefix_of_two_recorded_runs_with_no_deployment_lists_them(hom
     for run_id in ("job-1129-0401-aaaa", "job-1129-0402-bbbb"):
         record(store, run_id)
     with pytest.raises(AmbiguousRun, match="begins the ids of 2 runs"):
-        deployments.down("job-1129", False, Where(), say=print)
+        takedown.down("job-1129", False, Where(), say=print)
+
+
+def test_a_run_that_does_not_exist_and_a_bad_flag_are_usage_errors(home):
+    """As Click's UsageError: exit 2, one paragraph naming the run or the option and what would be valid."""
+    from dsctl.cli.up import choice
+    from dsctl.orchestrator.runs import find_run
+    from dsctl.specs import UsageError
+
+    record(RunStore(), "job-1129-0401-aaaa")
+    with pytest.raises(UsageError) as missing:
+        find_run(RunStore(), "nosuch")
+    assert missing.value.exit_code == 2 and str(missing.value) == ("no run 'nosuch' is recorded; `dsctl runs` lists "
+                                                                   "the recorded ones.")
+    with pytest.raises(UsageError, match="--mode must be one of service, colocated, ideal, got 'fast'"):
+        choice("fast", ("service", "colocated", "ideal"), "--mode")
+    assert issubclass(AmbiguousRun, UsageError)
+    for run_id in ("job-1", "job-2"):
+        (home / "runs" / run_id).mkdir(parents=True)
+        Deployment(run_id=run_id, provider="local", run_dir=str(home / "runs" / run_id), status="up").save()
+    with pytest.raises(UsageError, match="2 deployments are up .* name one with `dsctl down RUN` or use --all"):
+        takedown.down(None, False, Where(), say=print)

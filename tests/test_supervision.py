@@ -8,7 +8,7 @@ import pytest
 
 from dsctl.orchestrator.outcome import RunFailed
 from dsctl.orchestrator.supervision import MAX_RESTARTS, OUTAGE_EVENT_AFTER_S, Supervisor
-from dsctl.provisioners import (
+from dsctl.providers import (
     Deployment,
     MachineBack,
     MachineLost,

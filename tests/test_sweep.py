@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dsctl.orchestrator.store import RunStore
-from dsctl.provisioners import Deployment
+from dsctl.providers import Deployment, load_deployment
 from helpers import EXAMPLES, dsctl, processes_under, wait_for, write_spec
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -143,7 +143,7 @@ def detached(home: Path, spec: Path) -> Path:
 
 def state(run_dir: Path) -> Deployment | None:
     try:
-        return Deployment.load(run_dir)
+        return load_deployment(run_dir)
     except (OSError, ValueError):
         return None
 

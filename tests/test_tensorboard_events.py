@@ -146,7 +146,7 @@ def test_a_run_whose_board_fails_is_still_torn_down_and_recorded(home):
     dep = runner.prepare()
     (runner.run_dir / "tensorboard").write_text("not a folder")
     runner._record(0, win(0, time.time(), 5, 2.0), {0: 0}, {}, {})
-    runner._finish(dep, "succeeded", None, runner.store.get(runner.run_id).created_at, keep_up=False)
+    runner.finish(dep, "succeeded", None, runner.store.get(runner.run_id).created_at, keep_up=False)
     record = runner.store.get(runner.run_id)
     assert record.status == "succeeded" and dep.status == "down"
     assert "no longer written" in record.summary["tensorboard"]["error"]
@@ -165,7 +165,7 @@ def test_the_runner_records_what_a_resumed_run_restored_and_puts_its_scalars_at_
     assert runner.store.get(runner.run_id).resumed_from == "fit-before"
     runner._record(0, {"event": "start", "trainer": 0, "restored_step": 100}, {0: 0}, {}, {})
     runner._record(0, win(0, time.time(), 5, 2.0), {0: 0}, {}, {})
-    runner._finish(dep, "succeeded", None, runner.store.get(runner.run_id).created_at, keep_up=False)
+    runner.finish(dep, "succeeded", None, runner.store.get(runner.run_id).created_at, keep_up=False)
     assert scalars(runner.run_dir / "tensorboard")["loss"] == [(105, 2.0)]
     summary = runner.store.get(runner.run_id).summary
     assert summary["restored_step"] == 100  # what the trainer restored (the plan's 90 was read before it started)

@@ -7,27 +7,32 @@ experiments.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+import importlib
+from collections.abc import Mapping
+from typing import Any, get_args
 
-from .base import Decision, Limits, Measurement, Observation, ScalingPolicy, summarize
+from dsctl.specs.schema import AutoscalePolicy
+
+from .base import Decision, Limits, Measurement, Observation, Policy, ReadsQueue, ScalingPolicy, summarize
 from .cachew import CachewConfig, CachewPolicy
 from .cpu import CpuConfig, CpuUtilizationPolicy, hpa_desired
 
-# Each policy by its name: the class, made with its config, and the config's model.
-POLICIES: dict[str, tuple[Callable[[Any], ScalingPolicy], type[Limits]]] = {
-    "cachew": (CachewPolicy, CachewConfig), "cpu": (CpuUtilizationPolicy, CpuConfig)}
+# Each policy by the name a spec (autoscale.policy) and --autoscale give it: the module of that name in this folder,
+# whose POLICY says its class and its settings' model. A new policy is a module here and its name in
+# specs/schema.py AutoscalePolicy.
+POLICIES: dict[str, Policy] = {name: importlib.import_module(f".{name}", __name__).POLICY
+                               for name in get_args(AutoscalePolicy)}
 
 
 def make_policy(name: str, config: Mapping[str, Any] | None = None) -> ScalingPolicy:
     """A fresh policy by its spec/CLI name; unknown names and config keys are errors."""
     if name not in POLICIES:
         raise ValueError(f"unknown autoscale policy {name!r}: choose one of {', '.join(POLICIES)}")
-    cls, cfg = POLICIES[name]
-    return cls(cfg.model_validate(dict(config or {})))
+    policy = POLICIES[name]
+    return policy.make(policy.settings.model_validate(dict(config or {})))
 
 
 __all__ = [
     "CachewConfig", "CachewPolicy", "CpuConfig", "CpuUtilizationPolicy", "Decision", "Limits",
-    "Measurement", "Observation", "POLICIES", "ScalingPolicy", "hpa_desired", "make_policy", "summarize",
+    "Measurement", "Observation", "POLICIES", "Policy", "ReadsQueue", "ScalingPolicy", "hpa_desired", "make_policy", "summarize",
 ]

@@ -8,9 +8,9 @@ ended), so a recorded sequence replayed through a fresh policy gives the same de
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -126,6 +126,25 @@ class ScalingPolicy(Protocol):
     def initial_workers(self) -> int: ...
 
     def observe(self, obs: Observation) -> Decision: ...
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A scaling policy as dsctl knows it (its module's POLICY): how to make one from its settings, and their model
+    (Limits and the policy's own constants; unknown keys are errors)."""
+
+    make: Callable[[Any], ScalingPolicy]
+    settings: type[Limits]
+
+
+@runtime_checkable
+class ReadsQueue(Protocol):
+    """A policy that reads how full the trainers' client queue is (Cachew's scale-down): the client needs a buffer
+    with room to fill (orchestrator/autoscaling.py leave_queue_room), whose size the policy is told."""
+
+    def queue_room(self, asked: int | None) -> int:
+        """The buffer the client is to have (`asked`: the spec's service.max_outstanding_requests, if any), now the
+        policy's to reckon with."""
 
 
 class Limits(BaseModel):

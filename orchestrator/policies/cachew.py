@@ -59,7 +59,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from .base import Decision, Limits, Measurement, Observation, ms, pct, summarize
+from .base import Decision, Limits, Measurement, Observation, Policy, ms, pct, summarize
+
+QUEUE_ROOM = 32  # client buffer (elements) under this policy when the spec sets none (autoscaling.leave_queue_room)
 
 Phase = Literal["search", "settle", "converged", "confirm", "shrink"]
 FULL_FRACTION = 0.9  # a queue that reads this share of the client's buffer is full
@@ -113,6 +115,13 @@ class CachewPolicy:
     @property
     def initial_workers(self) -> int:
         return self.config.initial
+
+    def queue_room(self, asked: int | None) -> int:
+        """ReadsQueue: the client buffer its queue-fill signal needs (the spec's, else max(QUEUE_ROOM, max_workers)),
+        and the policy told its size, to know when the queue is too full to rise."""
+        room = asked or max(QUEUE_ROOM, self.config.max_workers)
+        self.config = self.config.model_copy(update={"queue_capacity": room})
+        return room
 
     @property
     def phase(self) -> Phase:
@@ -306,3 +315,6 @@ class CachewPolicy:
 
     def _hold(self, reason: str) -> Decision:
         return Decision("hold", self._target, reason)
+
+
+POLICY = Policy(make=CachewPolicy, settings=CachewConfig)  # this module's registration (policies/__init__.py)

@@ -23,7 +23,7 @@ import math
 
 from pydantic import Field
 
-from .base import Decision, Limits, Observation, pct
+from .base import Decision, Limits, Observation, Policy, pct
 
 
 class CpuConfig(Limits):
@@ -122,3 +122,6 @@ class CpuUtilizationPolicy:
 
     def _hold(self, reason: str) -> Decision:
         return Decision("hold", self._target, reason)
+
+
+POLICY = Policy(make=CpuUtilizationPolicy, settings=CpuConfig)  # this module's registration (policies/__init__.py)

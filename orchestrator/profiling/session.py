@@ -1,6 +1,6 @@
 """`dsctl profile`: one profile of one spec, from the first measurement to the recorded run.
 
-    profile_job(loaded, ProfileOptions(...), listener) -> Profile
+    profile_job(spec_path, ProfileOptions(...), listener) -> Profile
 
 The order, and why:
 1. The trainers' consumption rate, when --target-bps does not give it: a synthetic model's step time is
@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsctl.costmodel.machines import shape
-from dsctl.provisioners.registry import provider_class
+from dsctl.providers.registry import provider_class
 from dsctl.runtime.profiling.record import Measurement, Structure, Variant, measurement_from, step_from, structure_from, to_json
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 from dsctl.specs.pipelines import examples_per_epoch
 
 from ..outcome import Outcome
+from ..records import ProfileSummary
 from ..run import JobRunner, new_run_id
 from ..store import RunStore, dsctl_home
 from . import advice
@@ -112,10 +113,10 @@ class ProfileSession:
             with outcome.classify(self.run_id, "interrupted by the user; nothing it started is left running"):
                 profile = self._profile(spec_json)
         finally:
-            summary = {}
+            summary = ProfileSummary()
             if profile is not None:
-                summary = {**profile.to_dict(), "batches_per_s": profile.rate.batches_per_s,
-                           "duration_s": profile.rate.seconds}
+                summary = ProfileSummary.model_validate({**profile.to_dict(), "batches_per_s": profile.rate.batches_per_s,
+                                                         "duration_s": profile.rate.seconds})
             self.store.update_run(self.run_id, status=outcome.status, ended_at=time.time(), error=outcome.error,
                                   summary=summary)
         assert profile is not None, "an outcome that is not succeeded raised"
@@ -140,7 +141,7 @@ class ProfileSession:
         provider = provider_class(self.spec.provider)
         prediction = predict(baseline, target_bps=target_bps, target_source=target_source, worker_machine=worker,
                              cores_per_worker=shape(worker).vcpus,
-                             here_cap=bool(provider is not None and provider.stands_in))
+                             here_cap=bool(provider is not None and provider.runs_here))
         notes = list(self.notes) + list(baseline.notes)
         if structure.finite:
             notes.append("the pipeline ends; it was repeated for the measurement, which is of its steady state")
@@ -196,7 +197,7 @@ class ProfileSession:
         runner = JobRunner(self.loaded, mode="ideal", store=self.store, kind="point", parent_id=self.run_id,
                            duration_s=IDEAL_S, repeat=True)
         runner.run()
-        bps = self.store.recorded(runner.run_id).summary.get("batches_per_s")
+        bps = self.store.recorded(runner.run_id).job.batches_per_s
         if not bps:
             raise SpecError(f"the ideal mode measured no throughput for this job's model (run {runner.run_id}); "
                             "give the trainers' rate with --target-bps.", field="--target-bps")
@@ -272,9 +273,9 @@ class ProfileSession:
         runner = JobRunner(loaded, mode="service", workers=1, store=self.store, kind="point", parent_id=self.run_id,
                            duration_s=self.opt.warmup_s + self.opt.seconds, repeat=True)
         runner.run()
-        s = self.store.recorded(runner.run_id).summary
-        bps = s.get("batches_per_s") or 0.0
-        worker = s.get("worker_cpu_seconds_per_batch")
+        s = self.store.recorded(runner.run_id).job
+        bps = s.batches_per_s or 0.0
+        worker = s.worker_cpu_seconds_per_batch
         return ServiceView(run_id=runner.run_id, batches_per_s=bps, worker_cpu_s_per_batch=worker,
                            overhead=worker / cpu_s_per_batch if worker and cpu_s_per_batch else None,
                            trainer_view="a trainer's own autotune model stops at the service (one DataService node "
@@ -288,7 +289,11 @@ def _with(rec: Recommendation, **changes) -> Recommendation:
     return replace(rec, **changes)
 
 
-def profile_job(loaded: LoadedSpec, options: ProfileOptions, listener: Listener | None = None,
+def profile_job(spec_path: Path, options: ProfileOptions, listener: Listener | None = None,
                 store: RunStore | None = None) -> Profile:
-    """Profile a spec's pipeline (module docstring); the profile, also recorded as a run."""
-    return ProfileSession(loaded, options, store=store, listener=listener).run()
+    """`dsctl profile`: the spec at `spec_path` loaded (its entrypoints checked in a contained child; a profile
+    repeats the pipeline, so it reads no epochs) and its pipeline profiled (module docstring); the profile, also
+    recorded as a run."""
+    from ..preflight import load_job
+
+    return ProfileSession(load_job(spec_path, mode=None), options, store=store, listener=listener).run()

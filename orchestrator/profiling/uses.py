@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dsctl.specs import LoadedSpec, SpecError
+from dsctl.specs import LoadedSpec, SpecError, UsageError
 from dsctl.specs.calibration import Calibration
 
 from ..store import RunStore
@@ -17,23 +17,24 @@ from .record import Profile, is_profile
 
 
 def load_profile(ref: str, store: RunStore | None = None) -> Profile:
-    """A profile by run id (or unique prefix) or by file; SpecError naming what was looked for."""
+    """A profile by run id (or unique prefix) or by file; a usage error naming what was looked for."""
     path = Path(ref).expanduser()
     if path.is_file():
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
-            raise SpecError(f"{ref} cannot be read as JSON ({exc}); give a profile's run id or the profile.json that "
+            raise UsageError(f"{ref} cannot be read as JSON ({exc}); give a profile's run id or the profile.json that "
                             "`dsctl profile` wrote.", field="--profile") from None
         if not is_profile(data):
-            raise SpecError(f"{ref} is not a dsctl profile (`dsctl profile JOB.yaml --json` writes one).",
-                            field="--profile")
+            raise UsageError(f"{ref} is not a dsctl profile (`dsctl profile JOB.yaml --json` writes one).",
+                             field="--profile")
         return Profile.from_dict(data)
     record = (store or RunStore()).find(ref)
-    if record is None or record.kind != "profile" or not is_profile(record.summary):
-        raise SpecError(f"no profile '{ref}' is recorded; `dsctl runs` lists runs (profiles are of kind profile), "
-                        "`dsctl profile JOB.yaml` makes one.", field="--profile")
-    return Profile.from_dict(record.summary)
+    profile = record.profiled.profile() if record is not None else None
+    if profile is None:
+        raise UsageError(f"no profile '{ref}' is recorded; `dsctl runs` lists runs (profiles are of mode profile), "
+                         "`dsctl profile JOB.yaml` makes one.", field="--profile")
+    return profile
 
 
 def calibration_from(profile: Profile, *, trainers: int, trainer_vcpus: int) -> Calibration:
@@ -63,11 +64,12 @@ def latest_for(loaded: LoadedSpec, store: RunStore | None = None) -> Profile | N
     """The newest successful profile of a job with this name and this pipeline."""
     spec = loaded.spec
     for record in (store or RunStore()).list(kinds=("profile",)):
-        if record.name != spec.name or record.status != "succeeded" or not is_profile(record.summary):
+        profile = record.profiled.profile()
+        if record.name != spec.name or record.status != "succeeded" or profile is None:
             continue
         if json.loads(record.spec_json).get("pipeline") != json.loads(spec.model_dump_json()).get("pipeline"):
             continue
-        return Profile.from_dict(record.summary)
+        return profile
     return None
 
 

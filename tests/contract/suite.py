@@ -1,4 +1,4 @@
-"""The provider contract (provisioners/contract.py) as every provider must keep it, with real processes.
+"""The provider contract (providers/contract.py) as every provider must keep it, with real processes.
 
 A provider's test module subclasses ProviderContract and says how to make the provider, how to kill one
 of its server processes (as a crash would) and what of it is left running; the suite then walks one
@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from dsctl.orchestrator.supervision import Supervisor
-from dsctl.provisioners import Deployment, Provider, TrainerLaunch
+from dsctl.providers import Deployment, Provider, TrainerLaunch, load_deployment
 from dsctl.specs import LoadedSpec, load_spec
 from helpers import wait_for, write_spec
 
@@ -66,7 +66,7 @@ class ProviderContract:
             assert dep.dispatcher_address and [n.index for n in dep.by_role("worker")] == [0]
 
             # What `dsctl down` in a new process reads: the same nodes, their provider state typed by its codec.
-            again = Deployment.load(run_dir)
+            again = load_deployment(run_dir)
             assert [(n.role, n.index, n.address) for n in again.nodes] == [(n.role, n.index, n.address) for n in dep.nodes]
             assert all(type(n.state) is type(m.state) and n.state is not None for n, m in zip(again.nodes, dep.nodes))
             assert type(again.state) is type(dep.state)
@@ -103,6 +103,6 @@ class ProviderContract:
             p.down(dep, sink)
             raise
         # Down from the state file alone, by a new instance: nothing of the run is left.
-        type(p)().down(Deployment.load(run_dir), sink)
-        assert Deployment.load(run_dir).status == "down"
-        assert self.leftovers(Deployment.load(run_dir)) == []
+        type(p)().down(load_deployment(run_dir), sink)
+        assert load_deployment(run_dir).status == "down"
+        assert self.leftovers(load_deployment(run_dir)) == []

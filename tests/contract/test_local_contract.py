@@ -8,16 +8,16 @@ import signal
 import pytest
 
 from contract.suite import ProviderContract
-from dsctl.provisioners import Deployment
-from dsctl.provisioners.local import LocalProvisioner
-from dsctl.provisioners.processes import is_ours
+from dsctl.providers import Deployment
+from dsctl.providers.local import LocalProvider
+from dsctl.providers.processes import is_ours
 
 pytestmark = pytest.mark.slow
 
 
 class TestLocalProvider(ProviderContract):
     def provider(self):
-        return LocalProvisioner()
+        return LocalProvider()
 
     def kill(self, dep: Deployment, role: str, index: int) -> None:
         node = next(n for n in dep.by_role(role) if n.index == index)

@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -37,7 +38,7 @@ VM_ADDRESSES = 16  # sshd listens on 127.0.0.2 .. 127.0.0.17 (OpenSSH allows 16 
 INTERNAL_FIRST, EXTERNAL_FIRST = "127.0.0.2", "127.0.1.2"  # the stand-in's internal / external address ranges
 
 
-# The APIs whose endpoint dsctl reads from DSCTL_<API>_ENDPOINT (provisioners/gcp/settings.py).
+# The APIs whose endpoint dsctl reads from DSCTL_<API>_ENDPOINT (providers/gcp/settings.py).
 ENDPOINT_APIS = ("GCE", "TPU", "CRM", "IAM", "ORGPOLICY", "OSLOGIN", "SERVICEUSAGE", "QUOTAS")
 
 
@@ -115,18 +116,24 @@ def no_credentials(tmp_path, monkeypatch):
     monkeypatch.setenv("NO_GCE_CHECK", "True")  # not on a GCE VM: do not probe the metadata server
 
 
-def kill_vm_processes(resource: dict) -> None:
-    """What deleting a VM does to its processes: every process started in that VM's directory dies."""
-    name = resource.get("name", "").rsplit("/", 1)[-1]
-    if not name:
-        return
-    marker = f"/{name}/"
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if p.pid != os.getpid() and marker in " ".join(p.info["cmdline"] or []):
-                p.kill()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
+def vm_process_killer(scope: Path) -> Callable[[dict], None]:
+    """What deleting a VM does to its processes: every process started in that VM's directory dies.
+
+    Only processes below `scope` (the test's own folder): tests on other xdist workers may use the same run id, and
+    so the same VM names, and their "VMs" are not this stand-in's to end."""
+    def kill(resource: dict) -> None:
+        name = resource.get("name", "").rsplit("/", 1)[-1]
+        if not name:
+            return
+        marker, root = f"/{name}/", str(scope)
+        for p in psutil.process_iter(["cmdline", "cwd"]):
+            try:
+                text = " ".join(p.info["cmdline"] or []) + " " + (p.info["cwd"] or "") + "/"
+                if p.pid != os.getpid() and marker in text and root in text:
+                    p.kill()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+    return kill
 
 
 def vm_addresses(resource: dict) -> set[str]:
@@ -158,6 +165,7 @@ def cloud(request, gcs_emulator, monkeypatch, home):
     fake = FakeCloud(Faults(), Timing(op_s=0.05, provisioning_s=0.1, staging_s=0.1, stopping_s=0.1, tpu_creating_s=0.2))
     # A project dsctl has been run in: its APIs on, the caller its owner (as on a personal project).
     fake.define_project(PROJECT, owners=(CALLER,))
+    kill_vm_processes = vm_process_killer(home.parent)
     fake.on_deleted.append(kill_vm_processes)
     if sshd_available():
         server_sshd = request.getfixturevalue("sshd")

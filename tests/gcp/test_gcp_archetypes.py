@@ -28,6 +28,7 @@ import pytest
 from conftest import CALLER, SESSION, ZONE, act_as, changes, gcp_spec
 from fake_identity import DEFAULT_SERVICES
 
+from dsctl.orchestrator.handoff import HandOff
 from dsctl.orchestrator.run import JobRunner
 from dsctl.orchestrator.store import RunStore
 from dsctl.specs import load_spec
@@ -71,8 +72,9 @@ def _runs(spec, monkeypatch, project: str) -> None:
     account), and nothing left."""
     monkeypatch.setitem(SESSION, "account", f"dsctl-workers@{project}.iam.gserviceaccount.com")
     runner = JobRunner(load_spec(spec))
-    runner.hand_off(attached=True)
-    runner.follow_hand_off()
+    handoff = HandOff(runner)
+    handoff.start(attached=True)
+    handoff.follow()
     record = RunStore().get(runner.run_id)
     assert record.status == "succeeded", record.error
     # Each VM ran as dsctl's own account for its kind, made in this project: no fallback to a wider account.
@@ -155,7 +157,7 @@ def test_a_company_project_under_a_security_baseline(cloud, sshd, home, tmp_path
 
 def test_a_shared_vpc_service_project_uses_standing_rules_a_network_administrator_adds(cloud, sshd, home, tmp_path,
                                                                                      monkeypatch):
-    from dsctl.provisioners.gcp import firewall
+    from dsctl.providers.gcp import firewall
 
     host, project = "net-host-1", "team-svc-1"
     cloud.define_project(host, owners=("netadmin@example.com",), default_network=False)

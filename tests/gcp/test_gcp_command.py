@@ -18,7 +18,7 @@ from conftest import gcp_spec
 from dsctl.orchestrator.outcome import RunFailed
 from dsctl.orchestrator.run import JobRunner
 from dsctl.orchestrator.store import RunStore
-from dsctl.provisioners.gcp import GcpProvisioner, naming
+from dsctl.providers.gcp import GcpProvider, naming
 from dsctl.specs import SpecError, load_spec
 
 pytestmark = pytest.mark.slow
@@ -104,10 +104,9 @@ def test_a_command_that_fails_fails_the_run_with_its_last_lines(cloud, sshd, hom
         runner.run()
     record = RunStore().get(runner.run_id)
     assert record.status == "failed"
-    error = record.error
-    assert "\n" not in error
-    assert "`python train.py --lr fast` exited with code 3 before reading any batch" in error
-    assert "loading the model" in error and "ValueError: the learning rate 'fast' is not a number" in error
+    paragraph, *lines = record.error.split("\n")  # one paragraph, then the program's last lines as lines
+    assert "`python train.py --lr fast` exited with code 3 before reading any batch" in paragraph
+    assert "  | loading the model" in lines and "  | ValueError: the learning rate 'fast' is not a number" in lines
     [tpu] = [body["tpu"]["nodeSpec"][0]["node"] for kind, body in cloud.created if kind == "queued_resource"]
     assert tpu["runtimeVersion"] == "tpu-ubuntu2204-base"
     assert cloud.counts() == {"instances": 0, "firewalls": 0, "tpus": 0}
@@ -121,5 +120,5 @@ def test_a_spec_folder_over_the_limit_is_refused_by_the_check_before_anything_is
     (folder / ".dsctlignore").write_text("")  # the 300 MB checkpoint is staged now
     loaded = load_spec(spec, check_entrypoints=False)
     with pytest.raises(SpecError, match=r"holds 300.0 MB .*more than the 100 MB limit.* Largest: checkpoints/ \(300.0 MB\)"):
-        GcpProvisioner().check(loaded.spec, 1, loaded.base_dir)
+        GcpProvider().check(loaded.spec, 1, loaded.base_dir)
     assert not list(home.glob("vms/*")), "nothing was created"

@@ -1,6 +1,6 @@
 """The Google Cloud provider keeps the provider contract (tests/contract/suite.py), on the stand-ins.
 
-The suite drives a GcpProvisioner through one deployment's whole life against the loopback Compute Engine
+The suite drives a GcpProvider through one deployment's whole life against the loopback Compute Engine
 stand-in, the Cloud Storage emulator and a real sshd: its "VMs" are loopback addresses, their servers and trainer
 real processes on this machine started over SSH (below DSCTL_HOME/vms/<vm name>/). A crash is a SIGKILL of the
 server's pid on its VM; what is left after `down` is what still bills on the stand-in (instances, firewall rules,
@@ -18,9 +18,9 @@ import pytest
 from conftest import BUCKET, PROJECT, ZONE, owner_storage
 
 from contract.suite import ProviderContract
-from dsctl.provisioners import Deployment
-from dsctl.provisioners.gcp import GcpProvisioner
-from dsctl.provisioners.gcp.state import gcp
+from dsctl.providers import Deployment
+from dsctl.providers.gcp import GcpProvider
+from dsctl.providers.gcp.state import gcp
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +49,7 @@ class TestGcpContract(ProviderContract):
             "  ssh_timeout_s: 20",
             "  ready_timeout_s: 120",
             ""])
-        self.made: list[GcpProvisioner] = []
+        self.made: list[GcpProvider] = []
         yield
         # The suite's first instance is left as `kill -9` of `dsctl up` would leave it, but this process lives on:
         # its watcher (a thread reading the deleted VMs over SSH) and its connections go with the test.
@@ -61,7 +61,7 @@ class TestGcpContract(ProviderContract):
                     p._ctx.ssh.close()
 
     def provider(self):
-        self.made.append(GcpProvisioner())
+        self.made.append(GcpProvider())
         return self.made[-1]
 
     def kill(self, dep: Deployment, role: str, index: int) -> None:

@@ -27,8 +27,8 @@ from conftest import BUCKET, CALLER, PROJECT, ZONE, gcp_spec
 
 from dsctl.orchestrator.run import JobRunner, RunFailed
 from dsctl.orchestrator.store import RunStore
-from dsctl.provisioners import Deployment
-from dsctl.provisioners.gcp import down_by_label, find_by_label
+from dsctl.providers import load_deployment
+from dsctl.providers.gcp import down_by_label, find_by_label
 from dsctl.specs import load_spec
 from helpers import dsctl, processes_under, wait_for
 
@@ -73,7 +73,7 @@ def test_a_quota_too_small_for_the_workers_leaves_nothing_and_names_the_quota(cl
     assert {"key": "install-nvidia-driver", "value": "True"} in gpu["metadata"]["items"]
     assert cloud.counts() == NOTHING and staged(runner.run_id) == []
     assert RunStore().get(runner.run_id).status == "failed"
-    dep = Deployment.load(runner.run_dir)
+    dep = load_deployment(runner.run_dir)
     assert dep.status == "down" and not dep.nodes and not dep.state.firewalls
 
 
@@ -125,7 +125,7 @@ def test_tensorflow_version_mismatch_is_refused(cloud, sshd, home, tmp_path):
     fake_python.chmod(0o755)
     spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=2, python=str(fake_python))
     runner, message = _run_failing(spec)
-    from dsctl.provisioners.gcp.settings import local_tensorflow_version
+    from dsctl.providers.gcp.settings import local_tensorflow_version
 
     tf = local_tensorflow_version()
     assert f"TensorFlow versions differ: the trainer (trainer-0) runs TensorFlow {tf}, but worker-1 has 2.20.0" in message
@@ -188,14 +188,14 @@ def test_each_api_retries_its_first_failed_call(cloud, home, tmp_path):
     """The first call to each path of every API dsctl calls before and while it makes a run's accounts (Resource
     Manager, Service Usage, IAM, Organization Policy, Compute Engine, Cloud Quotas, Cloud Storage) and registers an SSH
     key (OS Login) fails once, with 500, 502, 504 and 408 in turn: each is retried; nothing reaches the user."""
-    from dsctl.provisioners.gcp import GcpProvisioner, accounts, oslogin
-    from dsctl.provisioners.gcp.keys import ensure_key_pair
+    from dsctl.providers.gcp import GcpProvider, accounts, oslogin
+    from dsctl.providers.gcp.keys import ensure_key_pair
 
     cloud.secure_by_default = True
     cloud.faults.first_call_statuses = (500, 502, 504, 408)
     cloud.faults.storage_bursts = True
     spec = load_spec(gcp_spec(tmp_path / "job", home=home, trainer_machine="tpu-v2-8")).spec
-    p = GcpProvisioner()
+    p = GcpProvider()
     p.check(spec, 1, tmp_path / "job")
     accounts.ensure(p._clients, p._findings.accounts, lambda kind, msg: None)
     oslogin.register(p._clients, ensure_key_pair(tmp_path / "run", comment="t"), 600)
@@ -212,8 +212,7 @@ JobRunner(load_spec(sys.argv[1]), run_id=sys.argv[2]).run()   # what `dsctl up J
 """
 
 
-def _start_then_kill(spec, home, cloud) -> str:
-    run_id = "killed-up-0001"
+def _start_then_kill(spec, home, cloud, run_id: str) -> str:
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(spec), run_id], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
     try:
@@ -232,7 +231,7 @@ def _start_then_kill(spec, home, cloud) -> str:
 def test_kill_9_then_down_by_label_with_no_local_state(cloud, sshd, home, tmp_path):
     spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=1, trainer_machine="tpu-v2-8",
                     epochs=None, steps=10**6)
-    run_id = _start_then_kill(spec, home, cloud)
+    run_id = _start_then_kill(spec, home, cloud, "killed-label-0001")
     shutil.rmtree(home / "runs" / run_id)  # no local state at all
     found = find_by_label(PROJECT, ZONE, run_id)
     assert (len(found.instances), len(found.tpus), found.firewalls) == (2, 1, [f"dsctl-{run_id}-svc",
@@ -248,11 +247,11 @@ def test_kill_9_then_down_by_label_with_no_local_state(cloud, sshd, home, tmp_pa
 def test_kill_9_then_dsctl_down_from_state(cloud, sshd, home, tmp_path):
     spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=1, trainer_machine="tpu-v2-8",
                     epochs=None, steps=10**6)
-    run_id = _start_then_kill(spec, home, cloud)
+    run_id = _start_then_kill(spec, home, cloud, "killed-state-0001")
     proc = dsctl("down", run_id, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert cloud.counts() == NOTHING and staged(run_id) == []
-    dep = Deployment.load(home / "runs" / run_id)
+    dep = load_deployment(home / "runs" / run_id)
     assert dep.status == "down" and not dep.nodes and not dep.state.firewalls
     # `down` stopped the servers over SSH and brought their logs home before deleting the VMs.
     assert (home / "runs" / run_id / "logs" / "dispatcher-0.log").exists()

@@ -19,7 +19,7 @@ from conftest import BUCKET, VM_ACCOUNT, gcp_spec
 
 from dsctl.orchestrator.run import JobRunner
 from dsctl.orchestrator.store import RunStore
-from dsctl.provisioners import Deployment
+from dsctl.providers import Deployment, load_deployment
 from dsctl.specs import load_spec
 
 pytestmark = pytest.mark.slow
@@ -46,7 +46,7 @@ def test_job_runs_on_the_stand_in_cloud_and_leaves_nothing(cloud, sshd, home, tm
 
     # Nothing is left on the cloud, and the state has forgotten everything it deleted.
     assert cloud.counts() == {"instances": 0, "firewalls": 0, "tpus": 0}
-    dep = Deployment.load(runner.run_dir)
+    dep = load_deployment(runner.run_dir)
     assert dep.status == "down"
     assert not [n for n in dep.nodes if n.role in ("dispatcher", "worker", "trainer")] and not dep.state.firewalls
     assert not dep.state.trainer_vms
@@ -114,8 +114,8 @@ def test_one_deployment_measured_twice_and_scaled_as_a_sweep_does(cloud, sshd, h
 
     from dsctl.orchestrator.handles import OwnedDeployment
     from dsctl.orchestrator.supervision import Supervisor
-    from dsctl.provisioners import TrainerLaunch
-    from dsctl.provisioners.gcp import GcpProvisioner
+    from dsctl.providers import TrainerLaunch
+    from dsctl.providers.gcp import GcpProvider
 
     spec_path = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=1, trainer_machine="tpu-v2-8", epochs=None,
                          steps=20)
@@ -126,7 +126,7 @@ def test_one_deployment_measured_twice_and_scaled_as_a_sweep_does(cloud, sshd, h
     dep = Deployment(run_id="sweep-0001", provider="gcp", run_dir=str(run_dir))
     events = []
     sink = lambda kind, message: events.append((kind, message))  # noqa: E731
-    p = GcpProvisioner()
+    p = GcpProvider()
     owned = OwnedDeployment(p, dep, Supervisor(p, dep, spec.service.fault_tolerant, sink))
 
     def measure(point: str) -> int:
@@ -152,7 +152,7 @@ def test_one_deployment_measured_twice_and_scaled_as_a_sweep_does(cloud, sshd, h
         assert len({w.address for w in workers}) == 3
         assert measure("point-3") == 20
         owned.scale(1, sink)
-        assert [w.index for w in Deployment.load(dep.run_dir).by_role("worker")] == [0]
+        assert [w.index for w in load_deployment(dep.run_dir).by_role("worker")] == [0]
         assert ("scaled", "removed 2 worker(s); 1 remain") in events
         assert cloud.counts() == {"instances": 2, "firewalls": 2, "tpus": 1}
     finally:
@@ -161,7 +161,7 @@ def test_one_deployment_measured_twice_and_scaled_as_a_sweep_does(cloud, sshd, h
     assert [k for k, _ in cloud.created].count("queued_resource") == 1
     assert len([path for m, path in cloud.calls if m == "POST" and path.endswith("/bulkInsert")]) == 2
     assert cloud.counts() == {"instances": 0, "firewalls": 0, "tpus": 0}
-    assert not Deployment.load(run_dir).state.trainer_vms
+    assert not load_deployment(run_dir).state.trainer_vms
 
 
 def test_the_images_builtin_runs_on_the_cloud_with_its_data_in_cloud_storage(cloud, sshd, gcs_emulator, home, tmp_path):
@@ -223,7 +223,7 @@ def test_a_dead_fault_tolerant_dispatcher_is_restarted_on_its_vm(cloud, sshd, ho
     deadline = time.monotonic() + 120
     while not (metrics.exists() and '"window"' in metrics.read_text()) and time.monotonic() < deadline:
         time.sleep(0.2)
-    victim = Deployment.load(run_dir).by_role("dispatcher")[0]
+    victim = load_deployment(run_dir).by_role("dispatcher")[0]
     os.kill(victim.state.remote_pid, signal.SIGKILL)
     thread.join(timeout=240)
     assert not thread.is_alive()

@@ -1,7 +1,7 @@
 """A company project as organizations set them up: OS Login enforced, external addresses forbidden.
 
 The stand-in refuses any VM that turns OS Login off (constraints/compute.requireOsLogin) or asks for an
-external address (constraints/compute.vmExternalIpAccess), and its "guest agent" (tests/gcp/sshd.py) lets
+external address (constraints/compute.vmExternalIpAccess), and its "guest agent" (standins/sshd.py) lets
 in, on a VM with OS Login on, only keys registered with the OS Login API, never `ssh-keys` metadata. A run
 from inside the VPC (gcp.public_ips: false) must still go end to end, with its key in OS Login for the
 caller only while the run lasts.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 from conftest import CALLER, PROJECT, gcp_spec
 
+from dsctl.orchestrator.handoff import HandOff, hands_off
 from dsctl.orchestrator.run import JobRunner
 from dsctl.orchestrator.store import RunStore
 from dsctl.specs import load_spec
@@ -48,9 +49,10 @@ def test_a_run_goes_end_to_end_with_os_login_enforced_and_no_external_addresses(
     cloud.on_oslogin_changed.append(seen)
 
     runner = JobRunner(load_spec(spec))
-    assert runner.hands_off, "a run through the service on Google Cloud is supervised on its dispatcher VM"
-    runner.hand_off(attached=True)
-    runner.follow_hand_off()
+    assert hands_off(runner), "a run through the service on Google Cloud is supervised on its dispatcher VM"
+    handoff = HandOff(runner)
+    handoff.start(attached=True)
+    handoff.follow()
     record = RunStore().get(runner.run_id)
     assert record.status == "succeeded", record.error
     wait_for(lambda: cloud.counts() == {"instances": 0, "firewalls": 0, "tpus": 0}, timeout=60,

@@ -19,9 +19,9 @@ REGION = ZONE.rsplit("-", 1)[0]
 
 
 def _check(spec_path):
-    from dsctl.provisioners.gcp import GcpProvisioner
+    from dsctl.providers.gcp import GcpProvider
 
-    GcpProvisioner().check(load_spec(spec_path).spec, 1, spec_path.parent)
+    GcpProvider().check(load_spec(spec_path).spec, 1, spec_path.parent)
 
 
 def _refusal(spec_path) -> str:
@@ -56,7 +56,7 @@ def test_internal_only_vms_need_a_way_to_cloud_storage(cloud, home, tmp_path):
 def test_missing_permissions_are_named_before_anything_is_created(cloud, home, tmp_path, monkeypatch):
     """Someone an administrator gave Compute Instance Admin, Service Account User and Storage Admin on the project,
     but not TPU Admin: a TPU run is refused, naming the TPU permissions and the role that has them."""
-    from dsctl.provisioners.gcp.preflight import required_permissions
+    from dsctl.providers.gcp.preflight import required_permissions
 
     spec = gcp_spec(tmp_path / "job", home=home, trainer_machine="tpu-v2-8")
     wanted = required_permissions(load_spec(spec).spec)
@@ -88,10 +88,10 @@ def test_what_the_spec_names_must_exist_in_the_zone(cloud, home, tmp_path):
 
 
 def test_a_network_without_ssh_is_refused_and_wider_rules_are_reported(cloud, home, tmp_path):
-    from dsctl.provisioners.gcp import GcpProvisioner
+    from dsctl.providers.gcp import GcpProvider
 
     spec = gcp_spec(tmp_path / "job", home=home)
-    p = GcpProvisioner()
+    p = GcpProvider()
     p.check(load_spec(spec).spec, 1, spec.parent)
     # The default network's default-allow-internal admits every port from 10.128.0.0/9: the run's deny rule
     # (priority 910) closes the service ports to it, and the plan says so.
@@ -100,8 +100,8 @@ def test_a_network_without_ssh_is_refused_and_wider_rules_are_reported(cloud, ho
     # A rule ahead of the deny rule would keep them open: a warning, not a silent hole.
     from google.cloud import compute_v1 as c
 
-    from dsctl.provisioners.gcp import operations
-    from dsctl.provisioners.gcp.clients import Clients
+    from dsctl.providers.gcp import operations
+    from dsctl.providers.gcp.clients import Clients
 
     clients = Clients(p._clients.settings)
 
@@ -111,7 +111,7 @@ def test_a_network_without_ssh_is_refused_and_wider_rules_are_reported(cloud, ho
     done(clients.firewalls.insert_unary(project=PROJECT, firewall_resource=c.Firewall(
         name="wide-open", network=f"projects/{PROJECT}/global/networks/default", priority=100, direction="INGRESS",
         allowed=[c.Allowed(I_p_protocol="tcp")], source_ranges=["0.0.0.0/0"])))
-    q = GcpProvisioner()
+    q = GcpProvider()
     q.check(load_spec(spec).spec, 1, spec.parent)
     assert any(n.startswith("WARNING: the network's rule wide-open (priority 100") for n in q._findings.notes)
     done(clients.firewalls.delete_unary(project=PROJECT, firewall="wide-open"))
@@ -124,10 +124,10 @@ def test_a_network_without_ssh_is_refused_and_wider_rules_are_reported(cloud, ho
     assert cloud.counts() == NOTHING
     # A run handed over to its dispatcher VM is reached from there only, through the run's own rule: SSH between
     # the run's VMs, whatever the network's rules say.
-    handed = GcpProvisioner()
+    handed = GcpProvider()
     handed.prepare_hand_off(load_spec(spec).spec)
     handed.check(load_spec(spec).spec, 1, spec.parent)
-    from dsctl.provisioners.gcp import firewall, naming
+    from dsctl.providers.gcp import firewall, naming
 
     allow, deny = firewall.run_rules("r", naming.network_tag("r"), 5050, 5051)
     assert "22" in allow.ports and allow.source_tag == allow.target_tag and "22" not in deny.ports
@@ -157,10 +157,10 @@ def test_a_run_refused_by_preflight_records_nothing_billable(cloud, home, tmp_pa
 
 
 def _own_accounts(loaded, spec_path):
-    """dsctl's own accounts made and granted, as `dsctl up` does before any VM: (provisioner, supervisor, workers)."""
-    from dsctl.provisioners.gcp import GcpProvisioner, accounts
+    """dsctl's own accounts made and granted, as `dsctl up` does before any VM: (provider, supervisor, workers)."""
+    from dsctl.providers.gcp import GcpProvider, accounts
 
-    p = GcpProvisioner()
+    p = GcpProvider()
     p.check(loaded, 2, spec_path.parent)
     accounts.ensure(p._clients, p._findings.accounts, lambda kind, msg: None)
     emails = p._clients.settings.vm_accounts
@@ -173,9 +173,9 @@ def test_the_supervisor_checks_its_own_permissions_on_each_resource(cloud, home,
     project, Service Account User on the workers' account and on its own, Storage Object Admin on the bucket) it
     passes: a project-level test could not see the grants on the account and the bucket. What it lacks is named on
     the resource it is granted on, with the command that grants it, before it starts, stops or deletes anything."""
-    from dsctl.provisioners import Deployment
-    from dsctl.provisioners.gcp import GcpDeployment, GcpError, GcpProvisioner
-    from dsctl.provisioners.gcp.preflight import supervisor_needs
+    from dsctl.providers import Deployment
+    from dsctl.providers.gcp import GcpDeployment, GcpError, GcpProvider
+    from dsctl.providers.gcp.preflight import supervisor_needs
 
     extra = "\nautoscale: {policy: cachew, max_workers: 4}\n" if autoscale else ""
     path = gcp_spec(tmp_path / "job", home=home, trainer_machine="tpu-v2-8" if tpu else "n2-standard-8",
@@ -191,12 +191,12 @@ def test_the_supervisor_checks_its_own_permissions_on_each_resource(cloud, home,
     (tmp_path / "run").mkdir()
     dep.state = GcpDeployment(settings=p._clients.settings)
     act_as(monkeypatch, cloud, supervisor, tmp_path)  # on the dispatcher VM: its own account calls
-    GcpProvisioner().check_supervisor(dep, loaded)  # everything granted, each where it lives: nothing to say
+    GcpProvider().check_supervisor(dep, loaded)  # everything granted, each where it lives: nothing to say
     # The grant on the workers' account, and the one on the bucket, are each missed, and named where they live.
     cloud.revoke(supervisor, "roles/iam.serviceAccountUser", f"projects/{PROJECT}/serviceAccounts/{workers}")
     cloud.revoke(supervisor, "roles/storage.objectAdmin", f"projects/_/buckets/{p._clients.settings.bucket}")
     with pytest.raises(GcpError) as info:
-        GcpProvisioner().check_supervisor(dep, loaded)
+        GcpProvider().check_supervisor(dep, loaded)
     message = " ".join(str(info.value).split())
     assert f"iam.serviceAccounts.actAs on service account {workers}" in message
     assert f"on bucket gs://{p._clients.settings.bucket}" in message and "storage.objects.create" in message
@@ -213,8 +213,8 @@ def test_the_supervisor_waits_for_the_grants_dsctl_just_made(cloud, home, tmp_pa
     supervisor's first check would fail; it probes again until they are, and says it waits."""
     import time
 
-    from dsctl.provisioners import Deployment
-    from dsctl.provisioners.gcp import GcpDeployment, GcpProvisioner
+    from dsctl.providers import Deployment
+    from dsctl.providers.gcp import GcpDeployment, GcpProvider
 
     cloud.grant_delay_s = 3.0
     path = gcp_spec(tmp_path / "job", home=home, trainer_machine="n2-standard-8")
@@ -226,7 +226,7 @@ def test_the_supervisor_waits_for_the_grants_dsctl_just_made(cloud, home, tmp_pa
     dep.state = GcpDeployment(settings=p._clients.settings, granted_at=granted)
     act_as(monkeypatch, cloud, supervisor, tmp_path)
     events = []
-    GcpProvisioner().check_supervisor(dep, loaded, lambda kind, msg: events.append(msg))
+    GcpProvider().check_supervisor(dep, loaded, lambda kind, msg: events.append(msg))
     assert time.time() - granted >= 3.0 and any("waiting for the grants" in e for e in events), events
 
 
@@ -248,7 +248,7 @@ def test_a_default_account_without_roles_is_refused_when_dsctl_may_not_make_its_
     """Secure by default (organizations since May 2024): the Compute Engine default account has no role. A caller
     who may not create service accounts is told, before anything is created, which roles on which resource, and the
     commands that grant each there."""
-    from dsctl.provisioners.gcp.accounts import default_account
+    from dsctl.providers.gcp.accounts import default_account
 
     cloud.secure_by_default = True
     spec = _cpu_spec(tmp_path, home)
@@ -284,13 +284,13 @@ def test_dsctl_makes_its_own_accounts_once_each_with_exactly_its_grants(cloud, h
     """The supervisor's account gets its roles on the project, Service Account User on the workers' account and its
     own, Storage Object Admin on the bucket; the workers' account gets Storage Object Viewer on the bucket and nothing
     at the project. The VMs run as them; a second run changes nothing; a TPU run adds TPU Admin, only that."""
-    from dsctl.provisioners.gcp import GcpProvisioner, accounts, compute
-    from dsctl.provisioners.gcp.clients import Clients
+    from dsctl.providers.gcp import GcpProvider, accounts, compute
+    from dsctl.providers.gcp.clients import Clients
 
     cloud.secure_by_default = True
     spec = _cpu_spec(tmp_path, home)
     loaded = load_spec(spec).spec
-    p = GcpProvisioner()
+    p = GcpProvider()
     p.check(loaded, 1, spec.parent)
     supervisor, workers = accounts.own_account("supervisor", PROJECT), accounts.own_account("workers", PROJECT)
     assert [(q.email, q.create) for q in p._findings.accounts.plans] == [(supervisor, True), (workers, True)]
@@ -314,14 +314,14 @@ def test_dsctl_makes_its_own_accounts_once_each_with_exactly_its_grants(cloud, h
     assert cloud.get_instance(PROJECT, ZONE, "sa-probe")["serviceAccounts"][0]["email"] == workers
     # A second run finds the accounts and their roles: nothing is made or granted again.
     before = len(changes(cloud))
-    q = GcpProvisioner()
+    q = GcpProvider()
     q.check(loaded, 1, spec.parent)
     assert not any(a.create or a.grant for a in q._findings.accounts.plans)
     accounts.ensure(q._clients, q._findings.accounts, lambda kind, msg: None)
     assert len(changes(cloud)) == before and [kind for kind, _ in cloud.created].count("service_account") == 2
     # A TPU run adds the one role it needs more, and only that.
     tpu = load_spec(gcp_spec(tmp_path / "tpu", home=home, trainer_machine="tpu-v2-8")).spec
-    r = GcpProvisioner()
+    r = GcpProvider()
     r.check(tpu, 1, spec.parent)
     assert [(g.role, g.scope) for a in r._findings.accounts.plans for g in a.grant] == [("roles/tpu.admin", "project")]
     accounts.ensure(r._clients, r._findings.accounts, lambda kind, msg: None)
@@ -334,7 +334,7 @@ def test_the_workers_account_may_read_the_runs_objects_and_nothing_else(cloud, h
     from google.api_core import exceptions as gx
     from google.cloud import compute_v1 as c
 
-    from dsctl.provisioners.gcp.clients import Clients
+    from dsctl.providers.gcp.clients import Clients
 
     spec = _cpu_spec(tmp_path, home)
     loaded = load_spec(spec).spec
@@ -344,7 +344,7 @@ def test_the_workers_account_may_read_the_runs_objects_and_nothing_else(cloud, h
     owner.storage.bucket(settings.bucket).blob("dsctl/runs/r/staging/spec.json").upload_from_string(b"{}")
     owner.storage.create_bucket("someone-elses-data", location=settings.region)
     owner.storage.bucket("someone-elses-data").blob("secret").upload_from_string(b"x")
-    from dsctl.provisioners.gcp import compute
+    from dsctl.providers.gcp import compute
 
     compute.insert(owner, "bystander", compute.VmConfig(machine="e2-standard-2", labels={}, tag="t", metadata={},
                                                         image="projects/debian-cloud/global/images/family/debian-12"))
@@ -370,7 +370,7 @@ def test_the_workers_account_may_read_the_runs_objects_and_nothing_else(cloud, h
 
 
 def test_organization_policies_refuse_before_anything_is_created(cloud, home, tmp_path, monkeypatch):
-    from dsctl.provisioners.gcp import GcpProvisioner
+    from dsctl.providers.gcp import GcpProvider
 
     spec = _cpu_spec(tmp_path, home)
     cloud.set_org_policy("compute.vmExternalIpAccess", [{"denyAll": True}])
@@ -395,7 +395,7 @@ def test_organization_policies_refuse_before_anything_is_created(cloud, home, tm
     cloud.set_org_policy("compute.trustedImageProjects", None)
     _engineer(cloud, monkeypatch, tmp_path, "roles/iam.serviceAccountAdmin", "roles/resourcemanager.projectIamAdmin")
     cloud.revoke("user:engineer@example.com", "roles/viewer", f"projects/{PROJECT}")
-    p = GcpProvisioner()
+    p = GcpProvider()
     p.check(load_spec(spec).spec, 1, spec.parent)
     assert any("organization's policies could not be read" in n and n.startswith("WARNING") for n in p._findings.notes)
 
@@ -423,17 +423,17 @@ def test_vcpu_quota_is_checked_for_the_whole_run_before_anything_is_created(clou
             f"--quota-id=N2-CPUS-per-project-region --dimensions=region={REGION} --preferred-value=32") in message
     assert cloud.counts() == NOTHING and not changes(cloud)
     # Enough: it passes. What other VMs of the project use is not free: refused again, the usage named.
-    from dsctl.provisioners.gcp import GcpProvisioner, compute
-    from dsctl.provisioners.gcp.clients import Clients
-    from dsctl.provisioners.gcp.settings import resolve
+    from dsctl.providers.gcp import GcpProvider, compute
+    from dsctl.providers.gcp.clients import Clients
+    from dsctl.providers.gcp.settings import resolve
 
     loaded = load_spec(spec).spec
     cloud.set_quota("N2_CPUS", 32, region=REGION)
-    GcpProvisioner().check(loaded, 2, spec.parent)
+    GcpProvider().check(loaded, 2, spec.parent)
     compute.insert(Clients(resolve(loaded)), "someone-elses", compute.VmConfig(
         machine="n2-standard-4", labels={}, tag="t", metadata={}, image="projects/debian-cloud/global/images/family/debian-12"))
     with pytest.raises(SpecError, match=r"N2_CPUS: 32 needed .*, 28 available \(limit 32, 4 in use\)"):
-        GcpProvisioner().check(loaded, 2, spec.parent)
+        GcpProvider().check(loaded, 2, spec.parent)
 
 
 def test_autoscaling_counts_its_most_workers(cloud, home, tmp_path):
@@ -464,14 +464,14 @@ def test_gpu_quota_by_type_and_spot_vms_on_preemptible_quota(cloud, home, tmp_pa
     _check(spot_gpu)
     # Spot workers: PREEMPTIBLE_CPUS, once granted, holds them; the dispatcher, which runs the run's supervisor, is
     # on-demand and stays on N2_CPUS.
-    from dsctl.provisioners.gcp import GcpProvisioner
+    from dsctl.providers.gcp import GcpProvider
 
     spot = gcp_spec(tmp_path / "spot", home=home, workers=4, trainer_machine="tpu-v2-8",
                     service=", provisioning: spot")
     loaded = load_spec(spot).spec
 
-    def handed_over() -> GcpProvisioner:  # as `dsctl up` checks a run its dispatcher VM will supervise
-        p = GcpProvisioner()
+    def handed_over() -> GcpProvider:  # as `dsctl up` checks a run its dispatcher VM will supervise
+        p = GcpProvider()
         p.prepare_hand_off(loaded)
         p.check(loaded, 4, spot.parent)
         return p
@@ -498,20 +498,20 @@ def test_gpu_quota_by_type_and_spot_vms_on_preemptible_quota(cloud, home, tmp_pa
 
 
 def test_what_the_quota_check_cannot_tell_is_a_note_not_a_guess(cloud, home, tmp_path):
-    from dsctl.provisioners.gcp import GcpProvisioner
+    from dsctl.providers.gcp import GcpProvider
 
     # A machine family whose quota metric dsctl does not know (A3): its vCPUs are not checked, its H100s are.
     a3 = gcp_spec(tmp_path / "a3", home=home, trainer_machine="a3-highgpu-8g")
     a3.write_text(a3.read_text().replace(f"zone: {ZONE}", f"zone: {REGION}-a"))
-    p = GcpProvisioner()
+    p = GcpProvider()
     p.check(load_spec(a3).spec, 2, a3.parent)
     assert any("vCPUs of a3-highgpu-8g (trainers) was not checked" in n and "a3 family" in n for n in p._findings.notes)
     cloud.set_quota("NVIDIA_H100_GPUS", 4, region=REGION)
     with pytest.raises(SpecError, match=r"NVIDIA_H100_GPUS: 8 needed"):
-        GcpProvisioner().check(load_spec(a3).spec, 2, a3.parent)
+        GcpProvider().check(load_spec(a3).spec, 2, a3.parent)
     # Quotas the caller may not read (compute.regions.get): a note, and the run goes on.
     cloud.deny(CALLER, "compute.regions.get", f"projects/{PROJECT}")
-    q = GcpProvisioner()
+    q = GcpProvider()
     q.check(load_spec(a3).spec, 2, a3.parent)
     assert any(f"quotas of region {REGION} could not be read" in n for n in q._findings.notes)
     assert cloud.counts() == NOTHING

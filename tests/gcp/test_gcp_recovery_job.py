@@ -23,7 +23,7 @@ from conftest import PROJECT, ZONE, gcp_spec
 from dsctl.orchestrator.pricing import price_record
 from dsctl.orchestrator.run import JobRunner
 from dsctl.orchestrator.store import RunStore
-from dsctl.provisioners import Deployment
+from dsctl.providers import load_deployment
 from dsctl.specs import load_spec
 from helpers import wait_for
 
@@ -71,7 +71,7 @@ def test_a_worker_vm_stopped_mid_job_is_started_again_and_the_job_finishes(cloud
     run_dir = home / "runs" / run_id
     thread, result = run_in_thread(spec, run_id)
     wait_for(lambda: training(run_dir), timeout=120, what="the trainer's first window")
-    victim = Deployment.load(run_dir).by_role("worker")[1]
+    victim = load_deployment(run_dir).by_role("worker")[1]
     # As a preemption does: through the API, the VM stops; its processes and SSH sessions die with it.
     api = compute_v1.InstancesClient(credentials=credentials_of(cloud),
                                      client_options=ClientOptions(api_endpoint=cloud.endpoint))

@@ -1,7 +1,7 @@
-"""A Google Cloud run's state file (provisioners/gcp/state.py): typed, and read back from what older dsctl wrote.
+"""A Google Cloud run's state file (providers/gcp/state.py): typed, and read back from what older dsctl wrote.
 
 legacy_state.json is a state file as dsctl wrote it before the typed state, mid-run: captured from that
-revision's provider (`git show HEAD~1:provisioners/gcp/provisioner.py`, up + wait_ready + start_trainers) on the
+revision's provider (`git show HEAD~1:providers/gcp/provider.py`, up + wait_ready + start_trainers) on the
 stand-in cloud: a fault-tolerant dispatcher, two workers, a TPU trainer recording its steps and ids, the run's
 two firewall rules, every detail in a node's `extra` and the settings in a `gcp` pseudo-node. Added by hand, as
 that revision's hand_off and detached `dsctl up` recorded them: the `supervisor` node of a run handed over to its
@@ -15,9 +15,9 @@ from pathlib import Path
 
 from conftest import PROJECT, ZONE
 
-from dsctl.provisioners import Deployment
-from dsctl.provisioners.gcp import GcpDeployment, GcpNode, GcpProvisioner, Vm
-from dsctl.provisioners.gcp.state import FirewallRule, RemoteProcess
+from dsctl.providers import load_deployment
+from dsctl.providers.gcp import GcpDeployment, GcpNode, GcpProvider, Vm
+from dsctl.providers.gcp.state import FirewallRule, RemoteProcess
 
 NOTHING = {"instances": 0, "firewalls": 0, "tpus": 0}
 RUN = "legacy-0001"
@@ -35,7 +35,7 @@ def legacy_run(home: Path) -> Path:
 
 def test_an_old_state_file_reads_as_typed_state(tmp_path):
     run_dir = legacy_run(tmp_path)
-    dep = Deployment.load(run_dir)
+    dep = load_deployment(run_dir)
     assert [(n.role, n.index) for n in dep.nodes] == [("dispatcher", 0), ("worker", 0), ("worker", 1), ("trainer", 0)]
     assert [n.state.vm.name for n in dep.nodes] == VMS and all(isinstance(n.state, GcpNode) for n in dep.nodes)
     state = dep.state
@@ -61,11 +61,11 @@ def test_an_old_state_file_reads_as_typed_state(tmp_path):
                                              remote_pid=23019, start_time=503650)
     assert state.bucket_ready and state.staged and state.software.wheel is None
     assert dep.monitor is not None and dep.monitor.pid == 4194301 and dep.monitor.log == f"{run_dir}/up.log"
-    assert GcpProvisioner().handed_off(dep)
+    assert GcpProvider().handed_off(dep)
     # Saved again, it is in today's form, and reads back the same.
     dep.save()
     assert '"extra"' not in (run_dir / "state.json").read_text()
-    assert Deployment.load(run_dir) == dep
+    assert load_deployment(run_dir) == dep
 
 
 def test_down_of_an_old_state_file_deletes_every_vm_and_rule_in_it(cloud, home):
@@ -78,15 +78,15 @@ def test_down_of_an_old_state_file_deletes_every_vm_and_rule_in_it(cloud, home):
                         _machine(RUN, "trainer", 0, "tpu-v2-8")], _rules(RUN))
     assert cloud.counts() == {"instances": 3, "firewalls": 2, "tpus": 1}
     run_dir = legacy_run(home)
-    dep = Deployment.load(run_dir)
+    dep = load_deployment(run_dir)
     assert handed_off(dep), "`dsctl down` asks the run's supervisor to stop first"
     events = []
-    GcpProvisioner().down(dep, lambda kind, message: events.append((kind, message)))
+    GcpProvider().down(dep, lambda kind, message: events.append((kind, message)))
     assert cloud.counts() == NOTHING
     deleted = [path.rsplit("/", 1)[-1] for method, path in cloud.calls if method == "DELETE"]
     assert set(VMS + RULES) <= set(deleted), deleted
     done = [message for kind, message in events if kind == "down"]
     assert len(done) == 1 and "found by label" not in done[0], done
-    dep = Deployment.load(run_dir)
+    dep = load_deployment(run_dir)
     assert dep.status == "down" and not dep.nodes
     assert not dep.state.firewalls and not dep.state.trainer_vms

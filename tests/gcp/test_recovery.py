@@ -1,5 +1,5 @@
-"""What a poll of a running Google Cloud deployment reports about its VMs (provisioners/gcp/recovery.py, through
-GcpProvisioner.poll and .restart) and what the supervisor above it (orchestrator/supervision.py) makes of that, on a
+"""What a poll of a running Google Cloud deployment reports about its VMs (providers/gcp/recovery.py, through
+GcpProvider.poll and .restart) and what the supervisor above it (orchestrator/supervision.py) makes of that, on a
 clock the test moves: outages within and past gcp.outage_limit_s, stopped worker and dispatcher VMs brought back,
 trainer VMs and deleted VMs ending the run, and how often Compute Engine is asked. The policy itself, on every
 provider, is unit-tested with a fake provider in tests/test_supervision.py; starting a VM and restarting its process
@@ -13,13 +13,13 @@ import pytest
 
 from dsctl.orchestrator.outcome import RunFailed
 from dsctl.orchestrator.supervision import MAX_RESTARTS, OUTAGE_EVENT_AFTER_S, Supervisor
-from dsctl.provisioners import Deployment, Node
-from dsctl.provisioners.gcp import GcpDeployment, GcpProvisioner
-from dsctl.provisioners.gcp.clients import Clients
-from dsctl.provisioners.gcp.context import Context
-from dsctl.provisioners.gcp.recovery import STATUS_EVERY_S, Recovery
-from dsctl.provisioners.gcp.settings import GcpSettings
-from dsctl.provisioners.gcp.state import GcpNode, Vm
+from dsctl.providers import Deployment, Node
+from dsctl.providers.gcp import GcpDeployment, GcpProvider
+from dsctl.providers.gcp.clients import Clients
+from dsctl.providers.gcp.context import Context
+from dsctl.providers.gcp.recovery import STATUS_EVERY_S, Recovery
+from dsctl.providers.gcp.settings import GcpSettings
+from dsctl.providers.gcp.state import GcpNode, Vm
 
 
 class Clock:
@@ -67,7 +67,7 @@ class World:
         self.refused: set[str] = set()  # VMs that will not start again
         self.release = threading.Event()
         self.recovery = Recovery(list_statuses=self.list, restore=self.restore, outage_limit_s=limit, clock=self.clock)
-        self.provider = GcpProvisioner()
+        self.provider = GcpProvider()
         ctx = Context(dep, Clients(dep.state.settings), None)
         ctx.watcher = self.watcher = Watcher()  # type: ignore[assignment]
         self.provider._ctx, self.provider._recovery = ctx, self.recovery

@@ -29,7 +29,7 @@ from metadata_server import MetadataServer
 from vmboot import BootedVm
 
 BUCKET = "dsctl-test-staging"
-HERE = Path(__file__).resolve().parent
+STANDINS = Path(__file__).resolve().parents[2] / "standins"  # vmboot.py, for the child processes that import it
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 IP = shutil.which("ip", path=os.environ.get("PATH", "") + ":" + vmboot.HOST_PATH) or "ip"
 
@@ -119,8 +119,8 @@ def test_rootfs_cache_is_built_once_when_processes_race_and_stale_builds_are_red
     cache = tmp_path / "cache"
     env = {**os.environ, "DSCTL_VMBOOT_CACHE": str(cache), "PATH": f"{fakebin}:{os.environ['PATH']}",
            "DSCTL_VMBOOT_MIRROR": "http://mirror.invalid/debian"}
-    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import vmboot; print(vmboot.ensure_rootfs())"
-    final = Path(subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(HERE)!r}); import vmboot; "
+    code = f"import sys; sys.path.insert(0, {str(STANDINS)!r}); import vmboot; print(vmboot.ensure_rootfs())"
+    final = Path(subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(STANDINS)!r}); import vmboot; "
                                  "print(vmboot.rootfs_path())"], env=env, capture_output=True,
                                 text=True, check=True).stdout.strip())
     stale = cache / (".building-" + final.name)
@@ -441,7 +441,7 @@ def test_teardown_leaves_nothing_behind_even_when_the_test_fails(rootfs, tmp_pat
 def test_teardown_when_the_test_process_is_killed(rootfs, tmp_path):
     child = textwrap.dedent(f"""
         import json, sys, time
-        sys.path.insert(0, {str(HERE)!r})
+        sys.path.insert(0, {str(STANDINS)!r})
         import vmboot
         vm = vmboot.BootedVm({str(tmp_path)!r}).start()
         p = vm.spawn(["sleep", "1000"])
@@ -564,7 +564,7 @@ def test_tensorflow_runs_a_tf_data_service_inside_the_vm(rootfs, tmp_path):
 
 
 # ================================================================================================
-# The run's watchdog, started by the REAL startup script (provisioners/gcp/watchdog.py)
+# The run's watchdog, started by the REAL startup script (providers/gcp/watchdog.py)
 # ================================================================================================
 def _watchdogs(vm: BootedVm) -> list[str]:
     """The watchdog programs running in the VM (not the loop that restarts them)."""
@@ -577,12 +577,12 @@ def test_the_startup_scripts_watchdog_deletes_its_vm_once_the_heartbeat_stops(ro
     watchdog as the unit's command (no systemd in this root filesystem: the nohup'd loop), keeps its VM while
     the heartbeat changes, and deletes it through the Compute API (the stand-in) once it has not changed for
     gcp.heartbeat_limit_s."""
-    sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(STANDINS))
     from fake_gce import FakeCloud, FakeGce, Faults, Timing
 
-    from dsctl.provisioners.gcp import lifetime, software, startup, watchdog
-    from dsctl.provisioners.gcp.settings import GcpSettings, local_tensorflow_version
-    from dsctl.provisioners.gcp.storage import HeartbeatObject
+    from dsctl.providers.gcp import lifetime, software, startup, watchdog
+    from dsctl.providers.gcp.settings import GcpSettings, local_tensorflow_version
+    from dsctl.providers.gcp.storage import HeartbeatObject
     from dsctl.specs import load_spec_text
 
     spec = load_spec_text("name: b\nprovider: gcp\ntrainer: {machine: n2-standard-8, steps: 1}\n"

@@ -1,10 +1,13 @@
 """A toy provider: the contract kept by plain processes, with nothing of dsctl's own providers.
 
-It exists to show that a new provider is a folder: its state classes, its codec, its class registered
-by name, and the contract suite (tests/contract/suite.py) passes without a change anywhere else. Each
-server and trainer is `python -m <dsctl runtime module>` in a session of its own; no launcher, no network
-isolation (its ports listen on loopback only, as a toy may), no restart policy of its own (the
-orchestrator's supervisor decides; `restart` only starts the process again at its port).
+It exists to show that a new provider is a folder: its state classes, its codec, its class registered by name, what
+its runs create and cost (its own machine types, priced from its own catalog, toy-prices.yaml, with its own extras:
+a scratch volume per server, a lease per run), its plan, and its registration as a plugin's (place.py, and the entry
+point of its dist-info). The contract suite (tests/contract/suite.py) and `dsctl up`, `status`, `down`, `cost report`
+and `up --dry-run` run on it without a change anywhere else. Each server and trainer is `python -m <dsctl runtime
+module>` in a session of its own; no launcher, no network isolation (its ports listen on loopback only, as a toy
+may), no restart policy of its own (the orchestrator's supervisor decides; `restart` only starts the process again
+at its port).
 """
 
 from __future__ import annotations
@@ -14,12 +17,28 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from dsctl.provisioners import Deployment, EventSink, Node, Poll, ServerExit, TrainerLaunch, TrainerState, register
-from dsctl.provisioners.processes import is_ours, reap, stop_groups
-from dsctl.provisioners.state import DeploymentState, NodeState, from_dict
+from dsctl.costmodel import Charge, Extra, load_catalog
+from dsctl.providers import (
+    Bill,
+    Billed,
+    Deployment,
+    EventSink,
+    MachineGroup,
+    Node,
+    Poll,
+    ServerExit,
+    TrainerLaunch,
+    TrainerState,
+    register,
+)
+from dsctl.providers.plan import ask_first, price_plan
+from dsctl.providers.processes import is_ours, reap, stop_groups
+from dsctl.providers.state import DeploymentState, NodeState, from_dict
 from dsctl.runtime.readiness import pick_service_port, read_json
 from dsctl.runtime.sampler import ProcessSampler, Sample
 
@@ -48,11 +67,58 @@ class ToyCodec:
         return data  # the toy never wrote an older format
 
 
+VOLUME_GB = 10  # each server process's scratch volume
+
+
+def _bill(machines: tuple[MachineGroup, ...], volume_gb: int) -> Bill:
+    """Its machines, a scratch volume per server (billed while it exists), and the run's lease (by the hour)."""
+    servers = sum(g.count for g in machines if g.role != "trainers")
+    volumes = tuple(Charge("scratch-volumes", "standard", g.count, per_machine=volume_gb, role=g.role,
+                           price_unit="per_gb_month", what="scratch volumes", source_label="toy scratch volume")
+                    for g in machines if g.role != "trainers")
+    extras = (Extra("scratch_volumes", "scratch_volume_cost", "scratch volumes", f"{servers} x {volume_gb} GB", servers,
+                    volumes),
+              Extra("lease", "lease_cost", "lease", "1 lease", 1,
+                    (Charge("leases", "run", 1, what="a run's lease", source_label="toy lease"),)))
+    kept = {"volume_gb": volume_gb, "machines": [vars(g) for g in machines]}
+    return Bill(machines=machines, extras=extras, kept=kept)
+
+
 @register
 class ToyProvider:
     name = "toy"
     codec = ToyCodec()
-    stands_in = True
+    runs_here = True  # its processes run here
+    stands_in_for = None  # but its machines are its own, priced from its own catalog
+
+    # -- what a run creates and costs; the plan before it -----------------------------------------------------------
+    def bill(self, spec, workers: int, trainers: int) -> Bill:
+        svc = spec.service
+        machines = ((MachineGroup("dispatcher", svc.dispatcher_machine, 1, svc.provisioning, "process"),
+                     MachineGroup("workers", svc.worker_machine, workers, svc.provisioning, "process"))
+                    if workers else ())
+        machines += (MachineGroup("trainers", spec.trainer.machine, trainers, spec.trainer.provisioning, "process"),)
+        return _bill(machines, VOLUME_GB)
+
+    def billed(self, kept: dict[str, Any] | None, spec_json: str, workers: int, trainers: int) -> Billed:
+        if not kept:
+            return Billed(None, "not recorded: the toy keeps what every run created")
+        return Billed(_bill(tuple(MachineGroup(**g) for g in kept["machines"]), kept["volume_gb"]), "recorded")
+
+    def plan_text(self, spec, workers: int | None) -> str:
+        n = spec.service.workers if workers is None else workers
+        return price_plan(self.bill(spec, n, spec.trainer.count), spec, load_catalog(spec.pricing),
+                          where="on the toy provider (processes on this machine)", workers=n).render()
+
+    def confirm(self, spec, workers: int | None, *, yes: bool, ask: Callable[[str], bool],
+                echo: Callable[[str], None]) -> bool:
+        if yes:
+            return True
+        n = spec.service.workers if workers is None else workers
+        shown = price_plan(self.bill(spec, n, spec.trainer.count), spec, load_catalog(spec.pricing),
+                           where="on the toy provider (processes on this machine)", workers=n)
+        return ask_first(shown, ask=ask, echo=echo, question="Start these toy machines?",
+                         refusal="provider: toy bills (in toy dollars); pass --yes to start it without asking.")
 
     def __init__(self) -> None:
         self._procs: dict[int, subprocess.Popen] = {}

@@ -1,0 +1,5 @@
+"""Local provider: processes on this machine."""
+
+from .provider import LocalProvider, local_capacity
+
+__all__ = ["LocalProvider", "local_capacity"]
