@@ -283,11 +283,12 @@ def _profile(run_id: str, workers: int | None, target: float | None = 200.0) -> 
 
 
 def _record(store, prof: Profile, spec, status: str = "succeeded") -> None:
+    from dsctl.orchestrator.profiling.session import profile_summary
     from dsctl.specs import spec_hash
 
     store.create_run(id=prof.run_id, name=spec.name, kind="profile", provider="local", mode="profile", status=status,
                      spec_json=spec.model_dump_json(), spec_hash=spec_hash(spec), workers=1, trainers=1)
-    store.update_run(prof.run_id, summary=prof.to_dict())
+    store.update_run(prof.run_id, summary=profile_summary(prof))
 
 
 def test_autoscale_start_profile_starts_at_the_newest_matching_profiles_count_within_bounds(home):
@@ -308,6 +309,15 @@ def test_autoscale_start_profile_starts_at_the_newest_matching_profiles_count_wi
     assert policy.initial_workers == 4 and "j-profile-a predicted 4" in policy.config.start_note
     _record(store, _profile("j-profile-d", 9), loaded.spec)
     assert check_autoscale(loaded).initial_workers == 6  # kept within min_workers..max_workers
+    # the record reads back typed, the profile whole, and `dsctl runs` lists its measured rate
+    from dsctl.cli.render import runs_table
+    from dsctl.orchestrator.runs import list_runs
+
+    record = store.find("j-profile-a")
+    assert record.profiled.profile() == _profile("j-profile-a", 4) and record.job.batches_per_s is None
+    table = runs_table(list_runs(), width=200)
+    rates = list(table.columns[[c.header for c in table.columns].index("batches/s")].cells)
+    assert rates and set(rates) == {f"{_profile('x', 4).rate.batches_per_s:,.2f}"}
 
 
 def test_a_sweep_is_calibrated_from_a_profile_per_trainer(home, tmp_path):

@@ -113,10 +113,7 @@ class ProfileSession:
             with outcome.classify(self.run_id, "interrupted by the user; nothing it started is left running"):
                 profile = self._profile(spec_json)
         finally:
-            summary = ProfileSummary()
-            if profile is not None:
-                summary = ProfileSummary.model_validate({**profile.to_dict(), "batches_per_s": profile.rate.batches_per_s,
-                                                         "duration_s": profile.rate.seconds})
+            summary = profile_summary(profile) if profile is not None else ProfileSummary()
             self.store.update_run(self.run_id, status=outcome.status, ended_at=time.time(), error=outcome.error,
                                   summary=summary)
         assert profile is not None, "an outcome that is not succeeded raised"
@@ -281,6 +278,12 @@ class ProfileSession:
                            trainer_view="a trainer's own autotune model stops at the service (one DataService node "
                                         "for the whole pipeline), so the table above, from the profiling process, "
                                         "is what the worker runs")
+
+
+def profile_summary(profile: Profile) -> ProfileSummary:
+    """A profile as its run's record keeps it: the profile whole, and the rate and window `dsctl runs` lists."""
+    return ProfileSummary.model_validate({**profile.to_dict(), "batches_per_s": profile.rate.batches_per_s,
+                                          "duration_s": profile.rate.seconds})
 
 
 def _with(rec: Recommendation, **changes) -> Recommendation:
