@@ -12,6 +12,7 @@ from .cost import cost_app
 from .deployments import down, status
 from .errors import run_app
 from .experiments import experiments_app
+from .profile import profile
 from .render import console
 from .runs import logs, runs_app
 from .sweep import sweep
@@ -31,6 +32,7 @@ app = typer.Typer(
 # is a module of this folder and its line here.
 app.command("sweep")(sweep)
 app.command("check")(check)
+app.command("profile")(profile)
 app.command("validate")(validate)
 app.command("up")(up)
 app.command("supervise", hidden=True)(supervise)

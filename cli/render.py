@@ -271,9 +271,10 @@ def runs_table(records: list[RunRecord], width: int | None = None) -> Table:
     """`dsctl runs`: every run id whole; a narrow terminal drops the other columns, least telling first."""
     rows = []
     for r in records:
-        s = r.job
+        s, p = r.job, r.profiled
+        rate, seconds = (p.batches_per_s, p.duration_s) if r.kind == "profile" else (s.batches_per_s, s.duration_s)
         rows.append([r.id, r.status, r.mode if r.kind != "sweep" else "sweep", str(r.workers), str(r.trainers),
-                     fmt(s.batches_per_s), pct(s.input_stall_frac), fmt(s.duration_s, " s", 1), when(r.created_at)])
+                     fmt(rate), pct(s.input_stall_frac), fmt(seconds, " s", 1), when(r.created_at)])
     return fitted_table("runs", RUN_COLUMNS, rows, RUN_COLUMNS_KEPT, width, more="`dsctl runs --json`")
 
 

@@ -11,6 +11,7 @@ from dsctl.orchestrator.locate import Where
 from dsctl.orchestrator.records import CloudProgress, RunEvent
 
 from .locate import locating
+from .profile import show_recorded_profile
 from .render import console, print_json, runs_table, summary_table, sweep_table, write_line
 
 runs_app = typer.Typer(help="Recorded runs.", no_args_is_help=False, invoke_without_command=True)
@@ -53,6 +54,9 @@ def runs_show(
         print_json(view.as_json())
         return
     record = view.record
+    if record.kind == "profile":  # a profile is its own table (cli/profile.py)
+        show_recorded_profile(record)
+        return
     table = sweep_table(record) if record.kind == "sweep" else summary_table(record, view.resumed_by, view.notes)
     console.print(table)
     for e in view.events:

@@ -33,6 +33,9 @@ def sweep(
     calibration: Path | None = typer.Option(None, "--calibration", metavar="FILE",
                                             help="with --simulate: predict every count from measured rates in FILE, "
                                                  "run nothing"),
+    from_profile: str | None = typer.Option(None, "--profile", metavar="RUN|FILE",
+                                            help="with --simulate: predict every count from a profile (`dsctl profile`: "
+                                                 "one worker's rate from CPU per batch), run nothing"),
     json_out: bool = typer.Option(False, "--json", help="print the sweep record as JSON"),
     strategy: str = typer.Option("in-place", "--strategy", hidden=True, help="in-place | restart"),
 ) -> None:
@@ -44,10 +47,14 @@ def sweep(
     counts = parse_worker_counts(workers)
     if calibration is not None and not simulate:
         raise UsageError("--calibration predicts a sweep without running it; add --simulate.", field="--calibration")
+    if from_profile is not None and (not simulate or calibration is not None):
+        raise UsageError("--profile predicts a sweep from a profile without running it: add --simulate, and give it "
+                         "instead of --calibration, not with it.", field="--profile")
     options = SweepOptions(counts=counts, window=Window.parse(window), warmup_s=warmup, simulate=simulate,
                            tolerance=tolerance, out_dir=out, strategy=choice(strategy, ("in-place", "restart"),
                                                                              "--strategy"),
-                           calibration=load_calibration(calibration) if calibration else None, asked=workers.strip())
+                           calibration=load_calibration(calibration) if calibration else None, profile=from_profile,
+                           asked=workers.strip())
     # SIGTERM (a scheduler, `kill`) and SIGHUP (a closed terminal) end the sweep as Ctrl-C does: everything it
     # started is stopped, its record says interrupted and keeps the finished points, exit 128 + the signal.
     stop_on_signals()

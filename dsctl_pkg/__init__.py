@@ -13,3 +13,16 @@ def autocache(ds, name: str):
     from dsctl.runtime.autocache import autocache as hint
 
     return hint(ds, name)
+
+
+def reorderable(ds, name: str, steps):
+    """Mark steps of a tf.data pipeline that may run in any order (`ds = dsctl.reorderable(ds, "augment",
+    {"crop": lambda ds: ds.map(crop), "keep": lambda ds: ds.filter(keep)})`).
+
+    Each step is a function from a dataset to a dataset. They run in the order written unless the spec's
+    `pipeline.order` names another for this section; `dsctl profile` ranks them as Pecan's AutoOrder does
+    (data-shrinking steps first) and measures that order (see docs/profiling.md). Imported lazily, as autocache.
+    """
+    from dsctl.runtime.reorder import reorderable as section
+
+    return section(ds, name, steps)

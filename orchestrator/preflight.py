@@ -130,6 +130,9 @@ def check_pricing(loaded: LoadedSpec) -> None:
                         f"{loaded.source.where(('pricing',))}.)", where=exc.where, field=exc.field) from None
 
 
+SET_BY_SPEC = ("min_workers", "max_workers", "start_workers", "start_note")  # autoscale's own fields, not settings
+
+
 def check_autoscale(loaded: LoadedSpec, policy: str | None = None):
     """The scaling policy a run uses (spec's `autoscale:`, or --autoscale), checked; None without autoscaling."""
     from dsctl.specs.schema import AutoscaleSpec
@@ -144,13 +147,17 @@ def check_autoscale(loaded: LoadedSpec, policy: str | None = None):
         return None
     config_model = POLICIES[auto.policy].settings
     for key in auto.settings:
-        if key not in config_model.model_fields or key in ("min_workers", "max_workers"):
-            valid = sorted(k for k in config_model.model_fields if k not in ("min_workers", "max_workers"))
+        if key not in config_model.model_fields or key in SET_BY_SPEC:
+            valid = sorted(k for k in config_model.model_fields if k not in SET_BY_SPEC)
             guess = difflib.get_close_matches(str(key), valid, n=1)
             hint = f" Did you mean '{guess[0]}'?" if guess else ""
             raise loaded.error(("autoscale", "settings", key),
                                f"'{key}' is not a setting of the {auto.policy} policy.{hint} Valid settings: {', '.join(valid)}.")
     config = {"min_workers": auto.min_workers, "max_workers": auto.max_workers, **auto.settings}
+    if auto.start == "profile":  # the newest profile's prediction (orchestrator/profiling/uses.py)
+        from .profiling.uses import start_workers
+
+        config["start_workers"], config["start_note"] = start_workers(loaded, auto.min_workers, auto.max_workers)
     try:
         return make_policy(auto.policy, config)
     except ValueError as exc:

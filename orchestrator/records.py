@@ -2,10 +2,10 @@
 output (`--json`, the cloud record) share.
 
 The store keeps a run's summary as JSON (runs.summary_json). Read back, it is a RunSummary (a job, or a sweep's
-point) or a SweepSummary (a sweep), each field typed; a field the run never had is unset, and written back as it
-was: absent (`as_json` leaves unset fields out, so the JSON a run had is the JSON it keeps). A key this dsctl does
-not know (written by a newer one) is kept as it was. Records written by older versions load: every field is
-optional, as every one of them was added at some point.
+point), a SweepSummary (a sweep) or a ProfileSummary (a profile), each field typed; a field the run never had is
+unset, and written back as it was: absent (`as_json` leaves unset fields out, so the JSON a run had is the JSON it
+keeps). A key this dsctl does not know (written by a newer one) is kept as it was. Records written by older versions
+load: every field is optional, as every one of them was added at some point.
 
 Code reads a record's fields as attributes. `record.summary["batches"]` also works, and gives exactly what the
 record's JSON holds under that key (KeyError for a key it does not hold): for readers of that JSON, such as tests
@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import Self
 
 from dsctl.specs.schema import Mode
 
-RunKind = Literal["job", "sweep", "point"]  # a sweep's points are runs of their own, under it (parent_id)
+if TYPE_CHECKING:
+    from .profiling.record import Profile
+
+# a sweep's points are runs of their own, under it (parent_id); a profile (`dsctl profile`) is a run too
+RunKind = Literal["job", "sweep", "point", "profile"]
+RecordMode = Mode | Literal["profile"]  # how a run ran: a job's mode, or a profile's profiling process
 Ending = Literal["succeeded", "failed", "interrupted"]  # how a run ended (orchestrator/endings.py judges it)
 RunStatus = Literal["running", Ending]
 
@@ -276,15 +281,32 @@ class SweepSummary(Record):
     recorded_by: str | None = None
 
 
-Summary = RunSummary | SweepSummary
+# -- a profile's summary --------------------------------------------------------------------------------------------
+class ProfileSummary(Record):
+    """A profile (`dsctl profile`): the profile's own JSON as `dsctl profile --json` prints it, kept whole (its
+    typed form is orchestrator/profiling/record.py's Profile: `profile()`), and the two figures `dsctl runs` lists."""
+
+    kind: str | None = None  # "dsctl-profile" once the profile was made; unset when the run failed first
+    batches_per_s: float | None = None  # one worker-like process, measured here
+    duration_s: float | None = None  # the measured window
+
+    def profile(self) -> Profile | None:
+        """The profile, typed; None for a profile run that recorded none (it failed)."""
+        from .profiling.record import Profile, is_profile
+
+        data = self.as_json()
+        return Profile.from_dict(data) if is_profile(data) else None
+
+
+Summary = RunSummary | SweepSummary | ProfileSummary
+SUMMARIES: dict[str, type[SweepSummary] | type[ProfileSummary]] = {"sweep": SweepSummary, "profile": ProfileSummary}
 
 
 def summary_of(kind: str, data: dict[str, Any] | Record | None) -> Summary:
     """A record's summary from its JSON, typed by the kind of run it is."""
     if isinstance(data, Record):
         data = data.as_json()
-    model: type[RunSummary] | type[SweepSummary] = SweepSummary if kind == "sweep" else RunSummary
-    return model.model_validate(data or {})
+    return SUMMARIES.get(kind, RunSummary).model_validate(data or {})
 
 
 def summary_json(summary: Summary | dict[str, Any]) -> str:
@@ -303,7 +325,7 @@ class RunRecord:
     kind: RunKind
     parent_id: str | None
     provider: str
-    mode: Mode
+    mode: RecordMode
     status: RunStatus
     spec_path: str | None
     spec_yaml: str | None
@@ -320,7 +342,7 @@ class RunRecord:
     checkpoint_dir: str | None = None  # this run's checkpoints (one trainer-<i> folder per trainer below it)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.summary, (RunSummary, SweepSummary)):  # a summary given as its JSON
+        if not isinstance(self.summary, (RunSummary, SweepSummary, ProfileSummary)):  # a summary given as its JSON
             self.summary = summary_of(self.kind, self.summary)
 
     @classmethod
@@ -348,6 +370,11 @@ class RunRecord:
     def sweep(self) -> SweepSummary:
         """The summary of a sweep (anything else: an empty one)."""
         return self.summary if isinstance(self.summary, SweepSummary) else SweepSummary()
+
+    @property
+    def profiled(self) -> ProfileSummary:
+        """The summary of a profile (anything else: an empty one)."""
+        return self.summary if isinstance(self.summary, ProfileSummary) else ProfileSummary()
 
 
 class CloudProgress(Record):

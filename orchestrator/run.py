@@ -28,7 +28,7 @@ from .checkpoints import run_checkpoint_dir, saved_step
 from .context import RunContext
 from .home import dsctl_home, remedy
 from .outcome import Outcome, RunFailed, TakenDown
-from .policies import Observation
+from .policies import Limits, Observation
 from .preflight import check_autoscale
 from .pricing import cost_summary
 from .records import Ending, RunSummary
@@ -184,6 +184,9 @@ class JobRunner:
         self.supervisor = Supervisor(self.provider, dep, self.spec.service.fault_tolerant, self.event)
         for warning in warnings:
             self.event("warning", warning.render())
+        settings = getattr(self.policy, "config", None)
+        if isinstance(settings, Limits) and settings.start_note:  # autoscale.start: profile, and what it found
+            self.event("autoscale", settings.start_note)
         return dep
 
     def supervise_until_stopped(self) -> None:

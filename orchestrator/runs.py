@@ -17,8 +17,8 @@ from .store import RunStore
 
 
 def list_runs(limit: int | None = 20) -> list[RunRecord]:
-    """Recorded jobs and sweeps, newest first."""
-    return RunStore().list(limit=limit)
+    """Recorded jobs, sweeps and profiles, newest first."""
+    return RunStore().list(limit=limit, kinds=("job", "sweep", "profile"))
 
 
 def find_run(store: RunStore, run: str, hint: str = "") -> RunRecord:
@@ -58,7 +58,7 @@ class RunView:
 
 def summary_notes(record: RunRecord) -> list[tuple[str, str]]:
     """How a run's summary was made, when not from every trainer's own end record, and who recorded its end."""
-    if record.kind == "sweep":
+    if record.kind in ("sweep", "profile"):
         return []
     s: RunSummary = record.job
     notes = []

@@ -37,6 +37,7 @@ from .outcome import Interrupted, Outcome, RunFailed
 from .plots import plot_sweep
 from .preflight import load_job
 from .pricing import price_record
+from .profiling.uses import profile_calibration
 from .recommend import recommend
 from .records import RunRecord, SweepSummary
 from .run import JobRunner, Progress, new_run_id
@@ -94,6 +95,7 @@ class SweepOptions:
     out_dir: Path | None = None
     strategy: Literal["in-place", "restart"] = "in-place"  # restart: a fresh deployment per point, for comparison
     calibration: Calibration | None = None  # given: nothing runs, every count is predicted from it
+    profile: str | None = None  # a profile's run id or file (sweep --profile): the calibration made from it
     asked: str | None = None  # --workers as typed (e.g. 1..4), for saying which counts it gives
 
 
@@ -476,6 +478,8 @@ def sweep(spec_path: Path | None, options: SweepOptions, listener: Callable[[Pro
             # entrypoints are imported and checked in a (contained) child process; a sweep repeats the pipeline, so
             # it reads no epochs (mode None)
             loaded = load_job(spec_path, mode=None)
+        if options.profile is not None:
+            options.calibration = profile_calibration(options.profile, loaded)
         runner = SweepRunner(loaded, options, attach=attach)
         on_plan(*runner.plan())
         runner.listener = listener

@@ -31,10 +31,12 @@ import hashlib
 import os
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dsctl.errors import DsctlError
 from dsctl.specs import SpecError
@@ -420,24 +422,22 @@ def for_check() -> tuple[Cgroup | None, str]:
         _checks += 1
         group, why = Cgroup.make_at(parent / f"{CHECK_PREFIX}{os.getpid()}-{_checks}")
     if group is None and how == "require":
-        raise NotContained(f"{CONTAINMENT_ENV}=require, but this machine does not let dsctl put the entrypoint check's "
-                           f"process in a cgroup of its own: {why}. Run where it can (as root, or in a delegated "
-                           f"cgroup), or set {CONTAINMENT_ENV}=auto.")
+        raise NotContained(f"{CONTAINMENT_ENV}=require, but this machine does not let dsctl put the process that "
+                           f"runs your pipeline's code (the entrypoint check, dsctl profile) in a cgroup of its own: "
+                           f"{why}. Run where it can (as root, or in a delegated cgroup), or set {CONTAINMENT_ENV}=auto.")
     return group, why
 
 
 PR_SET_PDEATHSIG = 1
 
 
-def run_contained(argv: list[str], limit_s: float, on_uncontained: Callable[[str], None] = lambda why: None
-                  ) -> tuple[int | None, bool]:
-    """Run `argv` (the entrypoint check's child: stdin, stdout, stderr the null device) for at most `limit_s`
-    seconds in a cgroup of its own, then end it and everything it started, daemons included, whatever happens
-    (Ctrl-C, a signal that ends dsctl as Ctrl-C does). The child is also killed by the kernel if dsctl is (a parent
-    death signal). Where no cgroup can be made, its process group only, after `on_uncontained(why)` (not under
-    DSCTL_LOCAL_CONTAINMENT=none; NotContained under require). (exit code, whether it passed the limit)."""
+def start_contained(argv: list[str], on_uncontained: Callable[[str], None] = lambda why: None,
+                    **popen: Any) -> tuple[subprocess.Popen, Cgroup | None]:
+    """Start `argv` (a child that runs the user's code: the entrypoint check, the profiling process) in a cgroup of
+    its own (for_check), in its own session, killed by the kernel if dsctl dies (a parent death signal): (the
+    process, its cgroup or None). The caller ends both with `end_contained`, whatever happens. Where no cgroup can
+    be made: its process group only, after `on_uncontained(why)`."""
     import ctypes
-    import subprocess
 
     group, why = for_check()
     if group is None and why:
@@ -453,26 +453,48 @@ def run_contained(argv: list[str], limit_s: float, on_uncontained: Callable[[str
         if os.getppid() != parent:  # dsctl died before the parent death signal was set
             os._exit(1)
 
-    proc = None
+    try:
+        return subprocess.Popen(argv, start_new_session=True, preexec_fn=before_exec, **popen), group
+    except BaseException:
+        if group is not None:
+            group.end()
+        raise
+
+
+def run_contained(argv: list[str], limit_s: float, on_uncontained: Callable[[str], None] = lambda why: None
+                  ) -> tuple[int | None, bool]:
+    """Run `argv` (the entrypoint check's child: stdin, stdout, stderr the null device) for at most `limit_s`
+    seconds in a cgroup of its own, then end it and everything it started, daemons included, whatever happens
+    (Ctrl-C, a signal that ends dsctl as Ctrl-C does). The child is also killed by the kernel if dsctl is (a parent
+    death signal). Where no cgroup can be made, its process group only, after `on_uncontained(why)` (not under
+    DSCTL_LOCAL_CONTAINMENT=none; NotContained under require). (exit code, whether it passed the limit)."""
+    proc: subprocess.Popen | None = None
+    group: Cgroup | None = None
     timed_out = False
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True, preexec_fn=before_exec)
+        proc, group = start_contained(argv, on_uncontained, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL)
         try:
             proc.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
             timed_out = True
     finally:
-        if proc is not None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # its own group (start_new_session), at once
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
-        if group is not None:
-            group.end()
+        end_contained(proc, group)
     assert proc is not None, "Popen returned or raised"
     return proc.returncode, timed_out
+
+
+def end_contained(proc: subprocess.Popen | None, group: Cgroup | None) -> None:
+    """End a child `start_contained` started and everything it started: its process group at once (its own
+    session), then its cgroup (daemons that left the group). Either may be None (a start that failed)."""
+    if proc is not None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+    if group is not None:
+        group.end()
 
 
 def end_abandoned_checks(parent: Path) -> list[str]:

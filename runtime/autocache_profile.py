@@ -32,11 +32,9 @@ MIN_BATCHES = 6  # timed batches at least in the measuring job
 
 def _raw_pipeline(spec, cache_dir, base_dir: Path):
     """What the workers run: the builtin or entrypoint dataset, before `distribute`."""
-    from dsctl.runtime.pipelines import build_dataset, load_entrypoint_dataset
+    from dsctl.runtime.pipelines.spec_pipeline import build_spec_pipeline
 
-    if spec.pipeline.builtin:
-        return build_dataset(spec.pipeline.builtin, spec.pipeline.params, cache_dir=cache_dir)
-    return load_entrypoint_dataset(spec.pipeline.entrypoint, spec.pipeline.params, base_dir)
+    return build_spec_pipeline(spec, cache_dir=cache_dir, base_dir=base_dir)
 
 
 def element_bytes(batch) -> tuple[int, int]:

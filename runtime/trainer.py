@@ -66,16 +66,16 @@ def build_input_and_length(spec: JobSpec, mode: str, index: int, dispatcher: str
     """
     import tensorflow as tf
 
-    from dsctl.runtime.pipelines import build_dataset, is_infinite, load_entrypoint_dataset
+    from dsctl.runtime.pipelines import is_infinite
+    from dsctl.runtime.pipelines.spec_pipeline import build_spec_pipeline
 
     svc = spec.service
     coord = svc.coordinated_reads
-    if spec.pipeline.builtin:
-        bucketing = (coord.bucket_boundaries, coord.num_consumers) if (coord and mode == "service") else None
-        ds = build_dataset(spec.pipeline.builtin, spec.pipeline.params, cache_dir=cache_dir, bucketing=bucketing)
-    else:
-        assert spec.pipeline.entrypoint is not None, "rules.py: a pipeline is a builtin or an entrypoint"
-        ds = load_entrypoint_dataset(spec.pipeline.entrypoint, spec.pipeline.params, base_dir)
+    bucketing = (coord.bucket_boundaries, coord.num_consumers) if (coord and mode == "service") else None
+    # the builtin or entrypoint, with the spec's pipeline.order and pipeline.options
+    ds = build_spec_pipeline(spec, cache_dir=cache_dir, base_dir=base_dir,
+                             bucketing=bucketing if spec.pipeline.builtin else None)
+    if not spec.pipeline.builtin:
         if (coord or svc.cross_trainer_cache) and mode == "service" and not is_infinite(ds):
             from dsctl.runtime.pipelines.errors import PipelineError
 

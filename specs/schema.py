@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from .autocache import AutocacheSpec
+from .pipeline_options import PipelineOptions, check_order
 from .places import places, quoted
 
 ProcessingMode = Literal[
@@ -160,6 +161,9 @@ class AutoscaleSpec(Strict):
 
     policy: AutoscalePolicy = "cachew"
     min_workers: int = Field(1, ge=1, le=MAX_WORKERS, description="the job starts here")
+    start: Literal["min", "profile"] = Field(
+        "min", description="min: start at min_workers; profile: at the worker count the newest `dsctl profile` of this "
+                           "job's pipeline predicted (within min_workers..max_workers)")
     max_workers: int = Field(8, ge=1, le=MAX_WORKERS)
     settings: dict = Field(default_factory=dict, description="policy constants, e.g. threshold, pause_batches")
 
@@ -272,6 +276,10 @@ class PipelineSpec(Strict):
     builtin: BuiltinPipeline | None = None
     entrypoint: str | None = Field(None, description="'module:function' returning a tf.data.Dataset")
     params: dict = Field(default_factory=dict)
+    options: PipelineOptions | None = Field(None, description="tf.data Options dsctl sets on the pipeline "
+                                                                 "(dsctl profile recommends them)")
+    order: dict[str, list[str]] | None = Field(None, description="for each reorderable section "
+                                                                 "(dsctl.reorderable), the order its steps run in")
 
     @field_validator("entrypoint")
     @classmethod
@@ -279,6 +287,11 @@ class PipelineSpec(Strict):
         if v is not None and not ENTRYPOINT_RE.match(v):
             raise ValueError(f"entrypoint must look like 'package.module:function', got {v!r}")
         return v
+
+    @field_validator("order")
+    @classmethod
+    def _order(cls, v: dict[str, list[str]] | None) -> dict[str, list[str]] | None:
+        return check_order(v)
 
 
 GCP_PROJECT_RE = re.compile(r"^([a-z0-9.-]+:)?[a-z][a-z0-9-]{4,28}[a-z0-9]$")  # with a legacy domain: prefix

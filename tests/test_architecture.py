@@ -15,8 +15,9 @@ from helpers import REPO
 
 DOC = REPO / "docs" / "architecture.md"
 # The folders of the package and the heading the doc lists each under (pyproject.toml's package-dir).
-FOLDERS = ["cli", "orchestrator", "orchestrator/policies", "providers", "providers/local", "providers/gcp", "costmodel",
-           "runtime", "runtime/pipelines", "specs", "experiments", "dsctl_pkg"]
+FOLDERS = ["cli", "orchestrator", "orchestrator/policies", "orchestrator/profiling", "providers", "providers/local",
+           "providers/gcp", "costmodel", "runtime", "runtime/pipelines", "runtime/profiling", "specs", "experiments",
+           "dsctl_pkg"]
 
 
 def listed() -> dict[str, set[str]]:

@@ -1096,12 +1096,13 @@ def test_reference_full_example_loads():
 
 
 def test_reference_documents_every_field():
+    from dsctl.specs.pipeline_options import PipelineOptions
     from dsctl.specs.pipelines import PARAMS_BY_BUILTIN
     from dsctl.specs.schema import CheckpointSpec, CoordinatedReads, JobSpec, ModelSpec, PipelineSpec, ServiceSpec, TrainerSpec
 
     text = DOC.read_text()
     models = [JobSpec, ServiceSpec, CoordinatedReads, TrainerSpec, ModelSpec, CheckpointSpec, PipelineSpec,
-              *PARAMS_BY_BUILTIN.values()]
+              PipelineOptions, *PARAMS_BY_BUILTIN.values()]
     missing = [f"{m.__name__}.{f}" for m in models for f in m.model_fields if f"`{f}`" not in text]
     assert not missing, f"undocumented fields: {missing}"
 

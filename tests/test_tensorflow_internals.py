@@ -20,6 +20,10 @@ whose worker count is never written, a cache that is never sealed).
     snapshot_pb2.SnapshotMetadataRecord, snapshot.metadata     runtime/autocache.py (finalized_run, seal)
     Keras's CompileMetrics class name; total/count of means    runtime/keras_runner.py (_leaf_metrics, _metric_state)
     Options().experimental_optimization.inject_prefetch        runtime/keras_input.py (InputMeter.wrap)
+    get_model_proto: a node's processing_time, num_elements,   runtime/profiling/model.py (read)
+      bytes, node_class, inputs, parameters
+    Dataset._inputs(), _map_func._func, _sleep_microseconds    runtime/profiling/chain.py (python_chain)
+    DatasetFromGraph + from_variant of a rewritten GraphDef     runtime/profiling/rewrite.py (parallelize)
 """
 
 from __future__ import annotations
@@ -348,3 +352,31 @@ def test_inject_prefetch_can_be_turned_off_and_then_nothing_runs_ahead_of_the_in
     assert "Prefetch" not in nodes(wrapped), changed(
         "inject_prefetch (a prefetch still runs ahead of the input meter's map, so it would time the prefetch "
         "instead of the training step)", "runtime/keras_input.py (InputMeter.wrap)")
+
+
+def test_the_autotune_model_and_the_python_chain_say_what_dsctl_profile_reads():
+    from tensorflow.python.data.experimental.ops import testing
+
+    from dsctl.runtime.profiling.chain import python_chain
+    from dsctl.runtime.profiling.model import read
+    from dsctl.runtime.profiling.rewrite import parallelize
+
+    def double(x):
+        return x * 2
+
+    ds = tf.data.Dataset.range(64).apply(testing.sleep(100)).map(double).batch(4)
+    it = iter(ds)
+    for _ in range(4):
+        next(it)
+    output, nodes = read(tf.data.experimental.get_model_proto(it))
+    names = {n.name for n in nodes.values()}
+    assert nodes[output].name == "Root" and {"Sleep", "Range"} <= names, changed(
+        "the autotune model's node names", "runtime/profiling/chain.py (kind_of_model)", str(names))
+    batch = next(n for n in nodes.values() if n.name in ("MapAndBatch", "BatchV2"))
+    assert batch.elements >= 4 and batch.bytes_out > 0 and batch.processing_ns > 0 and batch.inputs, changed(
+        "ModelProto.Node's counters", "runtime/profiling/model.py (read)", str(batch))
+    _, chain = python_chain(ds)
+    assert [c.label for c in chain] == ["range", "sleep(0.1 ms)", "map(double)", "batch(4)"], changed(
+        "Dataset._inputs / _map_func._func / _sleep_microseconds", "runtime/profiling/chain.py", str(chain))
+    assert [int(x) for x in parallelize(ds, 2, 2).unbatch().take(3)] == [0, 2, 4], changed(
+        "DatasetFromGraph of a GraphDef with a ParallelMapDatasetV2", "runtime/profiling/rewrite.py")

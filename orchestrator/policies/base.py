@@ -154,12 +154,22 @@ class Limits(BaseModel):
 
     min_workers: int = Field(1, ge=1, description="never fewer workers than this")
     max_workers: int = Field(32, ge=1, description="never more workers than this")
+    start_workers: int | None = Field(None, ge=1, description="start here instead of min_workers (autoscale.start: "
+                                                              "profile)")
+    start_note: str | None = Field(None, description="why it starts there, for the run's events")
 
     @model_validator(mode="after")
     def _ordered(self) -> Limits:
         if self.min_workers > self.max_workers:
             raise ValueError(f"min_workers ({self.min_workers}) > max_workers ({self.max_workers})")
+        if self.start_workers is not None and not self.min_workers <= self.start_workers <= self.max_workers:
+            raise ValueError(f"start_workers ({self.start_workers}) is outside {self.min_workers}..{self.max_workers}")
         return self
+
+    @property
+    def initial(self) -> int:
+        """The count a job starts at."""
+        return self.start_workers or self.min_workers
 
 
 def ms(seconds: float) -> str:

@@ -114,7 +114,7 @@ class CachewPolicy:
 
     @property
     def initial_workers(self) -> int:
-        return self.config.min_workers
+        return self.config.initial
 
     def queue_room(self, asked: int | None) -> int:
         """ReadsQueue: the client buffer its queue-fill signal needs (the spec's, else max(QUEUE_ROOM, max_workers)),

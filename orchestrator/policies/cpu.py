@@ -63,7 +63,7 @@ class CpuUtilizationPolicy:
 
     @property
     def initial_workers(self) -> int:
-        return self.config.min_workers
+        return self.config.initial
 
     def observe(self, obs: Observation) -> Decision:
         c, n, t = self.config, obs.workers, obs.t

@@ -62,6 +62,8 @@ def load_entrypoint_dataset(entrypoint: str, params: dict, base_dir: Path) -> tf
         raise PipelineError(f"'{entrypoint}' is a {type(func).__name__}, not a function returning a tf.data.Dataset.")
     try:
         result = func(**params)
+    except PipelineError:  # dsctl's own helpers inside it (a reorderable section) already say what to fix
+        raise
     except Exception as exc:  # noqa: BLE001
         raise PipelineError(
             f"The pipeline function '{entrypoint}' raised {type(exc).__name__}: {exc} "
