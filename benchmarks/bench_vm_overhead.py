@@ -183,6 +183,7 @@ def supervise_child(config: dict) -> None:
     from dsctl.orchestrator import run as run_loop
     from dsctl.orchestrator import supervise
     from dsctl.orchestrator.store import RunStore
+    from dsctl.providers import HandOffLimits
     from dsctl.providers.gcp import processes
     from dsctl.providers.gcp.remote import Layout
     from dsctl.providers.gcp.ssh import Ssh
@@ -220,7 +221,8 @@ def supervise_child(config: dict) -> None:
         time.sleep(0.1)  # warm-up: connections made, every VM read twice
     if len(watcher.readings()) < len(config["vms"]):
         raise SystemExit(f"only {len(watcher.readings())} of {len(config['vms'])} VMs were read: {watcher.last_error}")
-    watchdog = supervise._Watchdog(runner, objects, deadline=time.time() + 86400, attached_limit_s=None)  # type: ignore[arg-type]
+    watchdog = supervise._Watchdog(runner, objects, deadline=time.time() + 86400,  # type: ignore[arg-type]
+                                   limits=HandOffLimits(max_duration_s=86400, outage_limit_s=86400), attached=False)
     watchdog.start()
     time.sleep(1.0)
 

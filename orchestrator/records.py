@@ -104,7 +104,7 @@ class AutocacheSummary(Record):
 
     choice: str | None = None  # compute, or the hint cached at
     reason: str | None = None
-    hits: dict[str, Any] | None = None
+    hits: list[str] | None = None  # the hints a job with the same pipeline sealed a cache at
     inputs: dict[str, Any] | None = None
     cache: CacheUsed | None = None
 

@@ -39,7 +39,7 @@ except ControlError as exc:
 SWEEP = """
 import sys, time
 from dsctl.orchestrator.handles import AttachedDeployment
-from dsctl.providers import Deployment
+from dsctl.providers import load_deployment
 AttachedDeployment.claim(load_deployment(sys.argv[1]), "sweep-killed")
 print("held", flush=True)
 time.sleep(600)

@@ -209,6 +209,7 @@ def test_a_summary_written_by_an_older_dsctl_loads_typed_and_is_written_back_as_
            "worker_cpu_cores": 0.5, "worker_mem_gb": 0.3, "loss_first": 2.0, "loss_last": 0.5,
            "loss_nonfinite": {"trainer": 1, "value": "inf", "batches": 40},
            "cost": {"total": 0.01, "basis": "utilization", "catalog": "paper-2023-06", "note": "list prices"},
+           "autocache": {"choice": "full", "reason": "cache hit", "hits": ["full"]},  # as caching.py records a hit
            "queue_fill_mean": 3.5}  # a key of another version
     store = RunStore()
     make_run(store, summary=old)
@@ -216,6 +217,7 @@ def test_a_summary_written_by_an_older_dsctl_loads_typed_and_is_written_back_as_
     s = record.summary
     assert isinstance(s, RunSummary) and isinstance(s.cost, CostSummary)
     assert (s.batches, s.batches_per_s, s.cost.total, s.loss_nonfinite.batches) == (300, 12.5, 0.01, 40)
+    assert s.autocache.hits == ["full"]
     assert s.epochs is None and "epochs" not in s and s.cost.created is None
     assert s.as_json() == old  # unset fields stay out, the unknown key stays in
     assert record.as_dict()["summary"] == old
