@@ -85,7 +85,7 @@ def storage_client(endpoint: str):
 def one_count(workers: int, seconds: float, emulator: str, proxy: CountingProxy, home: Path) -> dict:
     from dsctl.orchestrator import cloudrecord, cloudruns
     from dsctl.orchestrator.store import RunStore
-    from dsctl.providers.gcp.storage import RunObjects
+    from dsctl.provisioners.gcp.storage import RunObjects
     from dsctl.runtime.sampler import Sample
 
     run_id = f"bench-{workers}"

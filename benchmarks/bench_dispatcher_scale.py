@@ -424,10 +424,10 @@ def measure_service(n: int, args: argparse.Namespace, work: Path, preloaded: Pre
 def measure_supervision(n: int, sleepers: list[subprocess.Popen], work: Path, rounds: int) -> Point:
     """One round of `dsctl up`'s supervision poll and of its sample, over a local deployment of n workers."""
     from dsctl.orchestrator.supervision import Supervisor
-    from dsctl.providers.local.launcher import Launcher
-    from dsctl.providers.local.provider import LocalProvider
-    from dsctl.providers.local.state import LocalDeployment, LocalNode
-    from dsctl.providers.state import Deployment, Node
+    from dsctl.provisioners.local.launcher import Launcher
+    from dsctl.provisioners.local.provider import LocalProvider
+    from dsctl.provisioners.local.state import LocalDeployment, LocalNode
+    from dsctl.provisioners.state import Deployment, Node
 
     run_dir = work / f"run-{n}"
     run_dir.mkdir(exist_ok=True)

@@ -5,7 +5,7 @@
 1. Create and delete. The Compute Engine stand-in (standins/fake_gce.py) runs in its own
    process and answers every call after --latency-ms; operations finish 50 ms after they
    start, VMs reach RUNNING 200 ms after creation and vanish 100 ms after deletion. dsctl's
-   own code does the work (providers/gcp/resources.py: the two firewall rules, the
+   own code does the work (provisioners/gcp/resources.py: the two firewall rules, the
    dispatcher, ONE bulk insert for the workers, waiting with the operations API, polling for
    RUNNING with list calls; parallel deletion confirmed by listing). SSH and the processes on
    the VMs are not part of this figure. Printed beside the sequential estimate (one call after
@@ -63,9 +63,9 @@ def boot(workers: int) -> dict:
     sys.path.insert(0, str(REPO / "standins"))
     import vmboot
 
-    from dsctl.providers.gcp import software, startup, wheelhouse
-    from dsctl.providers.gcp.settings import local_tensorflow_version
-    from dsctl.providers.gcp.wheel import build_wheel
+    from dsctl.provisioners.gcp import software, startup, wheelhouse
+    from dsctl.provisioners.gcp.settings import local_tensorflow_version
+    from dsctl.provisioners.gcp.wheel import build_wheel
     from dsctl.specs import load_spec_text
 
     reason = vmboot.unsupported_reason()
@@ -120,10 +120,10 @@ def updown(args) -> dict:
         os.environ["DSCTL_GCE_ENDPOINT"] = endpoint
         os.environ["DSCTL_TPU_ENDPOINT"] = endpoint
         os.environ["DSCTL_CRM_ENDPOINT"] = endpoint
-        from dsctl.providers.gcp import compute, firewall, naming
-        from dsctl.providers.gcp.clients import Clients
-        from dsctl.providers.gcp.resources import Fleet, Machine
-        from dsctl.providers.gcp.settings import GcpSettings
+        from dsctl.provisioners.gcp import compute, firewall, naming
+        from dsctl.provisioners.gcp.clients import Clients
+        from dsctl.provisioners.gcp.resources import Fleet, Machine
+        from dsctl.provisioners.gcp.settings import GcpSettings
 
         run_id = f"bench-{int(time.time())}"
         settings = GcpSettings(project=PROJECT, zone=ZONE, running_timeout_s=600).with_env_endpoints()

@@ -44,8 +44,8 @@ pipeline: {builtin: images, params: {batch_size: 32, num_files: 8, images_per_fi
 def harness_overhead(batches: int, rounds: int = 5) -> dict:
     """Alternate bare loops and harness runs against one deployment; compare median rates."""
     from dsctl.orchestrator.home import dsctl_home
-    from dsctl.providers import Deployment
-    from dsctl.providers.local import LocalProvider
+    from dsctl.provisioners import Deployment
+    from dsctl.provisioners.local import LocalProvider
     from dsctl.runtime.metrics import MetricsWriter
     from dsctl.runtime.tfimport import import_tensorflow_quietly
     from dsctl.runtime.trainer import Harness, build_input

@@ -4,8 +4,8 @@
                                            [--every-second] [--scale-to 640]
 
 A run on Google Cloud puts no dsctl process beside a worker's TensorFlow server: what dsctl costs a
-worker VM is its sampler, the status command (providers/gcp/remote.py: status) that dsctl's
-watcher (providers/gcp/watch.py) runs over SSH on each VM, and the sshd session that runs it. The
+worker VM is its sampler, the status command (provisioners/gcp/remote.py: status) that dsctl's
+watcher (provisioners/gcp/watch.py) runs over SSH on each VM, and the sshd session that runs it. The
 watcher reads trainers' VMs every second and the dispatcher's and workers' on a slower cadence that
 keeps their readings to a budget (watch.server_every_s). On the dispatcher VM, a run handed over with
 `dsctl up --detach` adds the supervisor (`dsctl supervise`, orchestrator/supervise.py): the watcher
@@ -91,7 +91,7 @@ class LocalShell:
     user's shell on a VM. Its shells are this process's children, so their CPU is RUSAGE_CHILDREN."""
 
     def run(self, host: str, command: str, *, doing: str, timeout: float = 60.0):
-        from dsctl.providers.gcp.ssh import Result
+        from dsctl.provisioners.gcp.ssh import Result
 
         r = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout)
         return Result(r.returncode, r.stdout, r.stderr)
@@ -164,8 +164,8 @@ class ManyReadings:
 
 def _old_cadence() -> None:
     """Every VM every second, idle connections woken every 0.1 s: dsctl before 2026-11-28."""
-    from dsctl.providers.gcp import ssh as ssh_module
-    from dsctl.providers.gcp import watch
+    from dsctl.provisioners.gcp import ssh as ssh_module
+    from dsctl.provisioners.gcp import watch
 
     watch.SERVER_EVERY_MIN_S = watch.INTERVAL_S
     watch.SERVER_READS_PER_S = float("inf")
@@ -183,11 +183,11 @@ def supervise_child(config: dict) -> None:
     from dsctl.orchestrator import run as run_loop
     from dsctl.orchestrator import supervise
     from dsctl.orchestrator.store import RunStore
-    from dsctl.providers import HandOffLimits
-    from dsctl.providers.gcp import processes
-    from dsctl.providers.gcp.remote import Layout
-    from dsctl.providers.gcp.ssh import Ssh
-    from dsctl.providers.gcp.watch import Watched, Watcher
+    from dsctl.provisioners import HandOffLimits
+    from dsctl.provisioners.gcp import processes
+    from dsctl.provisioners.gcp.remote import Layout
+    from dsctl.provisioners.gcp.ssh import Ssh
+    from dsctl.provisioners.gcp.watch import Watched, Watcher
 
     run_id = "bench-vm-overhead"
     if config["sshd"]:
@@ -205,7 +205,7 @@ def supervise_child(config: dict) -> None:
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
 
-        from dsctl.providers.gcp.storage import RunObjects
+        from dsctl.provisioners.gcp.storage import RunObjects
 
         objects = RunObjects(storage.Client(project="bench", credentials=AnonymousCredentials()), BUCKET, run_id)
     else:
@@ -305,7 +305,7 @@ def _launch_vm_process(python: str, role: str, d: str) -> int:
     """An idle Python in the VM's process directory, started as the provider starts a server (remote.launch), with
     the ready file a server writes once it serves (runtime/serve.py): the watcher reads a ready server on its
     slower cadence."""
-    from dsctl.providers.gcp import remote
+    from dsctl.provisioners.gcp import remote
 
     layout = remote.Layout(d)
     cmd = remote.launch(layout, python, "timeit", ["-n", "1", "-r", "1", "import time; time.sleep(86400)"])
@@ -374,7 +374,7 @@ def measure(seconds: float, workers: int, sshd_path: str | None, profile: str | 
 
 
 def report(r: dict, workers: int, every_second: bool = False) -> list[str]:
-    from dsctl.providers.gcp import watch
+    from dsctl.provisioners.gcp import watch
 
     def pct(cpu_s: float, wall_s: float) -> float:
         return 100.0 * cpu_s / wall_s

@@ -1,7 +1,7 @@
 """What a run creates besides its machines' vCPUs, memory and accelerators, priced: additions to the paper's Equation 1.
 
 Equation 1 (equation.py) prices a job's machines. A place bills for more: Google Cloud for external IPv4 addresses
-and boot disks, another place for what it has. Its provider declares what a run creates (providers/contract.py
+and boot disks, another place for what it has. Its provider declares what a run creates (provisioners/contract.py
 Bill: its extras), each extra as charges this module prices from the catalog's `extras:` (catalog.py). Nothing here
 knows a place: the provider says what, how many, and under which catalog entry; this module multiplies.
 

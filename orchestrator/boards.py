@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dsctl.errors import DsctlError
-from dsctl.providers import ProcessRef
-from dsctl.providers.processes import is_ours, reap, stop_groups
+from dsctl.provisioners import ProcessRef
+from dsctl.provisioners.processes import is_ours, reap, stop_groups
 from dsctl.runtime.logtail import tail
 from dsctl.specs import SpecError, UsageError
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from dsctl.costmodel import load_catalog
 from dsctl.costmodel.storage import fit_read_model, held_out_errors
-from dsctl.providers import Deployment, TrainerLaunch
+from dsctl.provisioners import Deployment, TrainerLaunch
 from dsctl.specs import SpecError
 
 from .context import RunContext

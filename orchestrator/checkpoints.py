@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsctl.providers import TrainerLaunch
+from dsctl.provisioners import TrainerLaunch
 from dsctl.runtime import saved
 from dsctl.specs.schema import JobSpec
 

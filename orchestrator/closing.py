@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from dsctl.providers import Deployment
+from dsctl.provisioners import Deployment
 
 from . import endings, reconcile
 from .home import remedy

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeGuard
 
-from dsctl.providers import Deployment, HandsOff, get_provider
+from dsctl.provisioners import Deployment, HandsOff, get_provider
 
 from . import cloudrecord
 from .home import dsctl_home

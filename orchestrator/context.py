@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsctl.providers import EventSink, Provider
+from dsctl.provisioners import EventSink, Provider
 from dsctl.specs import JobSpec, LoadedSpec
 from dsctl.specs.schema import Mode
 

@@ -34,8 +34,8 @@ from typing import Any, TypeGuard
 
 import psutil
 
-from dsctl.providers import ProcessRef
-from dsctl.providers.processes import is_ours
+from dsctl.provisioners import ProcessRef
+from dsctl.provisioners.processes import is_ours
 from dsctl.runtime.readiness import read_json, write_json_atomic
 
 from .outcome import RunFailed

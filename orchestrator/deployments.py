@@ -15,10 +15,20 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsctl.providers import STATE_FILE, Contains, Contents, Deployment, HandsOff, Node, containment, get_provider, load_deployment
-from dsctl.providers.containment import Containment
-from dsctl.providers.processes import is_ours, run_processes
-from dsctl.providers.state import DeploymentState, DeploymentStatus
+from dsctl.provisioners import (
+    STATE_FILE,
+    Contains,
+    Contents,
+    Deployment,
+    HandsOff,
+    Node,
+    containment,
+    get_provider,
+    load_deployment,
+)
+from dsctl.provisioners.containment import Containment
+from dsctl.provisioners.processes import is_ours, run_processes
+from dsctl.provisioners.state import DeploymentState, DeploymentStatus
 
 from . import store as records
 from .home import dsctl_home

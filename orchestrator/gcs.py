@@ -1,6 +1,6 @@
 """Cloud Storage for the few gs:// paths a spec names itself (checkpoints, TensorBoard event files).
 
-The provider's own buckets go through providers/gcp; these are user paths, reached with the
+The provider's own buckets go through provisioners/gcp; these are user paths, reached with the
 default credentials (on a dispatcher VM: its service account), at STORAGE_EMULATOR_HOST where it
 is set, as the gcp provider does.
 """

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from dsctl.providers import Deployment, EventSink, Provider, TrainerLaunch, TrainerState, load_deployment
+from dsctl.provisioners import Deployment, EventSink, Provider, TrainerLaunch, TrainerState, load_deployment
 from dsctl.runtime.sampler import Sample
 
 from .control import ControlClient, ControlServer, DeploymentBusy, SweepLock, process_alive, serving

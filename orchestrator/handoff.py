@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 
-from dsctl.providers import HandsOff
+from dsctl.provisioners import HandsOff
 
 from . import cloudrecord, cloudruns
 from .outcome import Outcome, RunFailed

@@ -22,8 +22,8 @@ import sqlite3
 import time
 from pathlib import Path
 
-from dsctl.providers import Deployment, load_deployment
-from dsctl.providers.processes import is_ours
+from dsctl.provisioners import Deployment, load_deployment
+from dsctl.provisioners.processes import is_ours
 from dsctl.runtime.readiness import write_json_atomic
 from dsctl.specs import SpecError
 

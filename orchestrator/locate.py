@@ -8,8 +8,8 @@ from __future__ import annotations
 import importlib
 from typing import cast
 
-from dsctl.providers import Deployment, FindsByLabel, HandsOff, RunObjects, Where, get_provider, providers_with
-from dsctl.providers.contract import LocateOption, LocateUse
+from dsctl.provisioners import Deployment, FindsByLabel, HandsOff, RunObjects, Where, get_provider, providers_with
+from dsctl.provisioners.contract import LocateOption, LocateUse
 
 __all__ = ["LocateOption", "LocateUse", "Where", "finder", "locate_options", "record_objects", "sync_record"]
 from dsctl.specs import SpecError

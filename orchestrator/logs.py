@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from dsctl.providers import HandsOff, Where, get_provider
+from dsctl.provisioners import HandsOff, Where, get_provider
 from dsctl.specs import JobSpec
 
 from . import cloudruns

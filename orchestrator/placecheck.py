@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dsctl.providers import CheckResult, ChecksPlace, Where, get_provider
+from dsctl.provisioners import CheckResult, ChecksPlace, Where, get_provider
 from dsctl.specs import LoadedSpec, SpecError, load_spec
 
 from .preflight import load_job

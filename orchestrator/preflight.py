@@ -3,7 +3,7 @@
 specs.load_spec checks the file itself (schema, rules); here come the checks that need more than the
 file: its entrypoints, imported in a child process that is contained (the child and everything the
 user's code starts in it, daemons included, are in a cgroup of their own and end with the check:
-providers/containment.py), the command it names, the price catalog it names, and its autoscale
+provisioners/containment.py), the command it names, the price catalog it names, and its autoscale
 policy with its settings.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 from dsctl.costmodel.catalog import load_catalog
 from dsctl.costmodel.machines import MACHINES, closest_first, known_list
-from dsctl.providers import containment
-from dsctl.providers.registry import provider_class
+from dsctl.provisioners import containment
+from dsctl.provisioners.registry import provider_class
 from dsctl.specs import LoadedSpec, SpecError, entrypoints, load_spec
 from dsctl.specs.command import DEFAULT_ARG_MAX, activated, command_problem, exec_problem
 from dsctl.specs.epochs import epoch_findings

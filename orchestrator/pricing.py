@@ -1,7 +1,7 @@
 """Price recorded runs with the cost model: what each process stood for, and what it used; and, beside Equation 1,
 what the run created that the paper's model leaves out (its provider's extras: addresses, disks, ...).
 
-What a run created is its provider's to say (providers/contract.py Bill): it is recorded when the run ends
+What a run created is its provider's to say (provisioners/contract.py Bill): it is recorded when the run ends
 (`cost_summary` keeps the provider's own record of it in the summary, under cost.created) and read back by the
 provider (`billed`), which also says how an older record without it is known, if at all. Nothing here knows what a
 place bills for: the provider declares it, the cost model prices it from the run's catalog.
@@ -25,8 +25,8 @@ from dsctl.costmodel import (
 )
 from dsctl.costmodel.estimate import usage_from_spec
 from dsctl.costmodel.storage import GB, storage_cost, storage_month_cost
-from dsctl.providers import Bill, Billed
-from dsctl.providers.registry import provider_class
+from dsctl.provisioners import Bill, Billed
+from dsctl.provisioners.registry import provider_class
 from dsctl.specs import JobSpec, SpecError
 
 from .records import CacheStorage, CostSummary, RunRecord

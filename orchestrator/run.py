@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dsctl.providers import Deployment, ProcessRef, Provider, TrainerLaunch, get_provider
+from dsctl.provisioners import Deployment, ProcessRef, Provider, TrainerLaunch, get_provider
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 from dsctl.specs.epochs import epoch_findings
 from dsctl.specs.schema import Mode

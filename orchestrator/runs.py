@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsctl.providers import Where
+from dsctl.provisioners import Where
 from dsctl.specs import UsageError
 
 from .locate import sync_record

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsctl.providers import Contents, Deployment, HandsOff, get_provider
-from dsctl.providers.processes import is_ours
+from dsctl.provisioners import Contents, Deployment, HandsOff, get_provider
+from dsctl.provisioners.processes import is_ours
 
 from . import boards, cloudrecord, cloudruns, reconcile
 from .deployments import UNREADABLE, active_deployments, contents, handed_off, live_nodes

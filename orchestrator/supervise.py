@@ -9,7 +9,7 @@ lasted gcp.max_duration_s. Its record is published every PUBLISH_S (cloudrecord.
 dsctl reads it, the user's machine no longer needed. Its own VM is deleted last, after the final
 record is published: until then it is the one machine still billing. It is kept when anything else
 of the run is left (cloudrecord.LEFT_BEHIND says what): the supervisor's heartbeat ends with this
-process, and every VM of the run then deletes itself (providers/gcp/watchdog.py).
+process, and every VM of the run then deletes itself (provisioners/gcp/watchdog.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from dsctl.providers import Deployment, HandOffLimits, HandsOff, load_deployment
+from dsctl.provisioners import Deployment, HandOffLimits, HandsOff, load_deployment
 from dsctl.specs import load_spec_text
 
 from . import cloudrecord

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from dsctl.providers import (
+from dsctl.provisioners import (
     Deployment,
     EventSink,
     MachineBack,

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from dsctl.costmodel import RunUsage, ThroughputModel, load_catalog, price
 from dsctl.costmodel.estimate import usage_from_spec
 from dsctl.errors import signum_of
-from dsctl.providers import Capacity, Deployment, Provider, TrainerLaunch, get_provider
+from dsctl.provisioners import Capacity, Deployment, Provider, TrainerLaunch, get_provider
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 from dsctl.specs.calibration import Calibration
 from dsctl.specs.schema import Mode

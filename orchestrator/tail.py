@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
-from dsctl.providers import Deployment
+from dsctl.provisioners import Deployment
 from dsctl.runtime.logtail import is_noise
 
 

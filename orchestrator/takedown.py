@@ -11,8 +11,8 @@ from __future__ import annotations
 import errno
 from collections.abc import Callable
 
-from dsctl.providers import Deployment, HandsOff, Where, containment, get_provider, load_deployment
-from dsctl.providers.processes import is_ours, stop_groups
+from dsctl.provisioners import Deployment, HandsOff, Where, containment, get_provider, load_deployment
+from dsctl.provisioners.processes import is_ours, stop_groups
 from dsctl.specs import SpecError, UsageError
 
 from . import boards, closing, cloudruns, endings, home, imports

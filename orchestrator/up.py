@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from dsctl.errors import DsctlError, signum_of
-from dsctl.providers import HandOffLimits, HandsOff, Plans, get_provider
+from dsctl.provisioners import HandOffLimits, HandsOff, Plans, get_provider
 from dsctl.specs import LoadedSpec, SpecError
 from dsctl.specs.schema import Mode
 

@@ -3,7 +3,7 @@
 The ready file is also the server's heartbeat: every half second the server is asked something that takes its own
 lock (the heartbeat probe: the dispatcher's worker count, the worker's task count), and once it has answered, the
 ready file's modification time is set to now. A server that stops answering (stopped by SIGSTOP, deadlocked) stops
-touching it, and the local provider ends and restarts it (providers/local/hangs.py)."""
+touching it, and the local provider ends and restarts it (provisioners/local/hangs.py)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ The user's code may also start processes, daemons among them (setsid, a double f
 leave any process group. So the child is run by a `ChildRunner` the caller gives: one that
 ends the child and everything it started when the check ends, passes its limit, or dsctl is
 interrupted. The one dsctl uses puts the child in a cgroup of its own
-(dsctl.orchestrator.preflight.check_entrypoints, with providers/containment.py); this
+(dsctl.orchestrator.preflight.check_entrypoints, with provisioners/containment.py); this
 package, which imports nothing of dsctl's, cannot, and so runs no user code itself
 (`specs.load_spec` only reads and validates). `in_process_group` is the runner where no
 container can be made: it ends the child's process group only.

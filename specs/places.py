@@ -2,14 +2,14 @@
 price catalog its runs are priced from when the spec names none.
 
 The providers shipped with dsctl are registered below (SHIPPED), one line each. A provider written elsewhere (a
-plugin, a test's toy) registers itself with one entry point of its package, in the group `dsctl.providers`, naming
+plugin, a test's toy) registers itself with one entry point of its package, in the group `dsctl.provisioners`, naming
 a Place; pip installing the package is all it takes, and nothing of dsctl changes:
 
-    [project.entry-points."dsctl.providers"]
+    [project.entry-points."dsctl.provisioners"]
     toy = "toy_provider.place:PLACE"       # PLACE = Place(module="toy_provider.provider", pricing=".../toy.yaml")
 
 The spec only checks the name (specs/schema.py) and fills in the default catalog; the module is imported where the
-provider is used (providers/registry.py), never here, so loading a spec imports no provider.
+provider is used (provisioners/registry.py), never here, so loading a spec imports no provider.
 """
 
 from __future__ import annotations
@@ -19,26 +19,26 @@ import sys
 from dataclasses import dataclass
 from functools import lru_cache
 
-ENTRY_POINTS = "dsctl.providers"
+ENTRY_POINTS = "dsctl.provisioners"
 
 
 @dataclass(frozen=True)
 class Place:
     """A provider as a spec sees it: the module that implements it (importing it registers its class with
-    providers/registry.py), the catalog (a shipped name, or a file's path) its runs are priced from by default, and,
+    provisioners/registry.py), the catalog (a shipped name, or a file's path) its runs are priced from by default, and,
     for one that finds runs by label, where its options that say where to look are."""
 
     module: str
     pricing: str
     # A provider that finds runs by label: where the options that say where to look are, "module:NAME" (a tuple of
-    # providers.contract.LocateOption), read without importing the provider's module.
+    # provisioners.contract.LocateOption), read without importing the provider's module.
     locate: str | None = None
 
 
 SHIPPED: dict[str, Place] = {
-    "local": Place("dsctl.providers.local", pricing="gcp-us-central1-2025"),  # priced as the machines it stands for
-    "gcp": Place("dsctl.providers.gcp.provider", pricing="gcp-us-central1-2025",
-                 locate="dsctl.providers.gcp.locating:OPTIONS"),
+    "local": Place("dsctl.provisioners.local", pricing="gcp-us-central1-2025"),  # priced as the machines it stands for
+    "gcp": Place("dsctl.provisioners.gcp.provider", pricing="gcp-us-central1-2025",
+                 locate="dsctl.provisioners.gcp.locating:OPTIONS"),
 }
 
 

@@ -1,5 +1,5 @@
 """What the stand-in VMs run on their own, as each VM's startup script starts it on a real VM: every VM's watchdog
-(providers/gcp/watchdog.py), and a dispatcher VM's starter of a run handed over (providers/gcp/starter.py).
+(provisioners/gcp/watchdog.py), and a dispatcher VM's starter of a run handed over (provisioners/gcp/starter.py).
 
 Hooked to the Compute/TPU stand-in (fake_gce.FakeCloud.on_created / on_deleted): for each VM or TPU node
 created with a dsctl-watchdog metadata attribute, a metadata server of its own (metadata_server.py, on
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from metadata_server import MetadataServer
 
-from dsctl.providers.gcp import lifetime, watchdog
-from dsctl.providers.gcp.starter import STARTER_KEY
+from dsctl.provisioners.gcp import lifetime, watchdog
+from dsctl.provisioners.gcp.starter import STARTER_KEY
 
 
 def _metadata(resource: dict) -> dict[str, str]:
@@ -116,7 +116,7 @@ class GuestWatchdogs(_GuestPrograms):
 
 class GuestStarters(_GuestPrograms):
     """The stand-in dispatcher VMs' starters: what a dispatcher VM's startup script starts once its software is in
-    (providers/gcp/starter.py), which starts the run's supervisor from the hand-over in Cloud Storage: the REAL
+    (provisioners/gcp/starter.py), which starts the run's supervisor from the hand-over in Cloud Storage: the REAL
     starter, with the environment a process on a "VM" has (`session_env`, as the sshd stand-in gives its sessions:
     the VM's own account). The supervisor it starts names the VM in its command line too."""
 
@@ -128,7 +128,7 @@ class GuestStarters(_GuestPrograms):
         self.session_env = dict(session_env)
 
     def argv(self, vm_dir: Path) -> list[str]:
-        return [sys.executable, "-m", "dsctl.providers.gcp.starter"]
+        return [sys.executable, "-m", "dsctl.provisioners.gcp.starter"]
 
     def environment(self, vm_dir: Path) -> dict[str, str]:
         return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(vm_dir), "LANG": "C.UTF-8",

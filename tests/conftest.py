@@ -273,7 +273,7 @@ def pytest_sessionfinish(session, exitstatus):
     """In the main process (not an xdist worker), once every test has run, nothing of dsctl's from this session is
     left: no process whose command line or DSCTL_HOME lies below the session's temp folders (a process holds the
     run's network namespace and its listening ports, so none of those is left either), no mount below them (the
-    tests' small disks), and no cgroup that dsctl made for a run of this session (providers/containment.py,
+    tests' small disks), and no cgroup that dsctl made for a run of this session (provisioners/containment.py,
     `dsctl-run-<run id>` for a run dir below the session's temp folder) or for an entrypoint check whose dsctl is
     gone; no named network namespace a test made (tests/helpers.py ClientNetns, `/run/netns/dsctl-test-<pid>-<tag>`)
     and no cgroup v1 memory cgroup a test made to have a process killed for memory (tests/test_oom.py,
@@ -281,7 +281,7 @@ def pytest_sessionfinish(session, exitstatus):
     session fails naming it. Another session's (one running beside this one) are left alone."""
     if hasattr(session.config, "workerinput"):
         return
-    from dsctl.providers.containment import CHECK_PREFIX, RUN_PREFIX, Cgroup, cgroup_name, leftover_cgroups
+    from dsctl.provisioners.containment import CHECK_PREFIX, RUN_PREFIX, Cgroup, cgroup_name, leftover_cgroups
 
     base = session.config._tmp_path_factory.getbasetemp()
     roots = _session_roots(base)

@@ -15,8 +15,8 @@ from helpers import REPO
 
 DOC = REPO / "docs" / "architecture.md"
 # The folders of the package and the heading the doc lists each under (pyproject.toml's package-dir).
-FOLDERS = ["cli", "orchestrator", "orchestrator/policies", "orchestrator/profiling", "providers", "providers/local",
-           "providers/gcp", "costmodel", "runtime", "runtime/pipelines", "runtime/profiling", "specs", "experiments",
+FOLDERS = ["cli", "orchestrator", "orchestrator/policies", "orchestrator/profiling", "provisioners", "provisioners/local",
+           "provisioners/gcp", "costmodel", "runtime", "runtime/pipelines", "runtime/profiling", "specs", "experiments",
            "dsctl_pkg"]
 
 
@@ -41,7 +41,7 @@ def test_the_docs_module_list_is_the_tree():
 
 
 def test_every_path_the_doc_names_exists():
-    paths = set(re.findall(r"`((?:cli|orchestrator|providers|costmodel|runtime|specs|experiments|tests|tools|benchmarks"
+    paths = set(re.findall(r"`((?:cli|orchestrator|provisioners|costmodel|runtime|specs|experiments|tests|tools|benchmarks"
                            r"|standins|docs)/[\w/.-]+\.(?:py|md|yaml))`", DOC.read_text()))
     assert paths and not [p for p in sorted(paths) if not (REPO / p).exists()]
 
@@ -64,15 +64,15 @@ def test_a_shipped_provider_is_its_folder_and_its_place():
     """Each shipped provider's Place names a module of its own folder, which registers the provider under that name,
     and a catalog that loads; the registry lists no provider of its own."""
     from dsctl.costmodel import load_catalog
-    from dsctl.providers.registry import provider_class
+    from dsctl.provisioners.registry import provider_class
     from dsctl.specs.places import SHIPPED
 
     for name, place in SHIPPED.items():
-        assert place.module.startswith(f"dsctl.providers.{name}"), (name, place.module)
+        assert place.module.startswith(f"dsctl.provisioners.{name}"), (name, place.module)
         cls = provider_class(name)
-        assert cls is not None and cls.name == name and cls.__module__.startswith(f"dsctl.providers.{name}")
+        assert cls is not None and cls.name == name and cls.__module__.startswith(f"dsctl.provisioners.{name}")
         load_catalog(place.pricing)
-    registry = (REPO / "providers" / "registry.py").read_text()
+    registry = (REPO / "provisioners" / "registry.py").read_text()
     assert not [n for n in SHIPPED if f'"{n}"' in registry]
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dsctl.orchestrator.store import RunStore
-from dsctl.providers import Deployment
+from dsctl.provisioners import Deployment
 from dsctl.specs import load_spec_text, spec_hash
 from helpers import dsctl, processes_under, write_spec
 

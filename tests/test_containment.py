@@ -3,7 +3,7 @@
 A process that starts a daemon (setsid, or a double fork) moves it out of its process group, and
 teardown used to stop process groups: the daemon outlived `dsctl validate` and `dsctl up`, and
 `dsctl down` could not find it. Now every process dsctl starts for a run, and the entrypoint check's
-child, is in a cgroup of its own (providers/containment.py), ended with the run or the check.
+child, is in a cgroup of its own (provisioners/containment.py), ended with the run or the check.
 These tests start real daemons (`sleep` with a number no other process uses in its command line)
 from a pipeline entrypoint and from a user's script, and look for them afterwards.
 """
@@ -23,8 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dsctl.providers import Deployment, load_deployment
-from dsctl.providers.containment import (
+from dsctl.provisioners import Deployment, load_deployment
+from dsctl.provisioners.containment import (
     CHECK_PREFIX,
     CONTAINMENT_ENV,
     RUN_PREFIX,
@@ -228,7 +228,7 @@ def test_a_check_whose_dsctl_was_killed_is_ended_by_the_next_check(home, tmp_pat
 @needs_cgroups
 @pytest.mark.parametrize("how", ["auto", "none"])
 def test_the_run_says_whether_its_processes_are_contained(home, tmp_path, monkeypatch, how):
-    from dsctl.providers.local.provider import LocalProvider
+    from dsctl.provisioners.local.provider import LocalProvider
     from dsctl.specs import load_spec
 
     monkeypatch.setenv(CONTAINMENT_ENV, how)
@@ -359,7 +359,7 @@ def test_a_daemon_of_a_users_script_is_counted_and_stopped_by_down_after_its_run
 
 
 def _dsctl_cgroups() -> list[Path]:
-    from dsctl.providers.containment import leftover_cgroups
+    from dsctl.provisioners.containment import leftover_cgroups
 
     return leftover_cgroups()
 
@@ -370,7 +370,7 @@ def test_an_empty_cgroup_of_a_run_whose_state_is_garbled_is_removed_by_down_all(
     """A `dsctl down` killed before it removed the run's cgroup leaves it empty, with nothing else of the run: the next
     `down --all` still finds it (by the run's name) and removes it."""
     from dsctl.orchestrator import deployments, takedown
-    from dsctl.providers import Where
+    from dsctl.provisioners import Where
 
     run_dir = home / "runs" / "empty-1129-040000-abcd"
     run_dir.mkdir(parents=True)

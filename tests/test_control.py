@@ -23,7 +23,7 @@ import pytest
 from dsctl.orchestrator.control import ControlClient, ControlError, ControlServer, DeploymentBusy, SweepLock, control_dir
 from dsctl.orchestrator.handles import AttachedDeployment, _AbandonedSweeps
 from dsctl.orchestrator.outcome import RunFailed
-from dsctl.providers import Deployment, Node, ProcessRef, load_deployment
+from dsctl.provisioners import Deployment, Node, ProcessRef, load_deployment
 from helpers import wait_for
 
 CALLER = """
@@ -39,7 +39,7 @@ except ControlError as exc:
 SWEEP = """
 import sys, time
 from dsctl.orchestrator.handles import AttachedDeployment
-from dsctl.providers import load_deployment
+from dsctl.provisioners import load_deployment
 AttachedDeployment.claim(load_deployment(sys.argv[1]), "sweep-killed")
 print("held", flush=True)
 time.sleep(600)

@@ -1,6 +1,6 @@
 """Additions to the paper's Equation 1: what a run's external IPv4 addresses and boot disks cost.
 
-The arithmetic (costmodel/extras.py, of what providers/gcp/billing.py declares) to the cent; the shipped catalog's
+The arithmetic (costmodel/extras.py, of what provisioners/gcp/billing.py declares) to the cent; the shipped catalog's
 prices for them, with their sources; and `dsctl cost report`'s columns for them (json, csv, table): from what the run
 recorded, from an older record's spec when it names the settings, "not recorded" when it does not, and for a local
 run as a gcp run of its spec would have them."""
@@ -21,7 +21,7 @@ from dsctl.costmodel.extras import LABEL
 from dsctl.orchestrator.costs import ADDITION_FIELDS, FIELDS
 from dsctl.orchestrator.pricing import cost_summary
 from dsctl.orchestrator.store import RunStore
-from dsctl.providers.gcp.billing import Created, VmGroup, price_additions
+from dsctl.provisioners.gcp.billing import Created, VmGroup, price_additions
 from dsctl.specs import SpecError, load_spec_text, spec_hash
 
 GCP = load_catalog("gcp-us-central1-2025")

@@ -1,4 +1,4 @@
-"""`dsctl down` stops what it can prove is the run's, and nothing else (providers/processes.py).
+"""`dsctl down` stops what it can prove is the run's, and nothing else (provisioners/processes.py).
 
 A process group is signalled only where dsctl made it (a recorded process that leads it), never the group of the
 command calling `down` or of any ancestor of it; a run whose state file is unreadable is rebuilt from its cgroup and
@@ -13,7 +13,7 @@ import json
 import pytest
 
 from dsctl.orchestrator import deployments
-from dsctl.providers.processes import group_to_signal, started_for_run
+from dsctl.provisioners.processes import group_to_signal, started_for_run
 
 RUN_DIR = "/home/u/.dsctl/runs/long-1201-101010-abcd"
 RUN_ID = "long-1201-101010-abcd"

@@ -1,4 +1,4 @@
-"""A server that stops answering is a fault found within a bound (providers/local/hangs.py), named in events and
+"""A server that stops answering is a fault found within a bound (provisioners/local/hangs.py), named in events and
 restarted by the one supervision policy, or the run failed (orchestrator/supervision.py). A worker SIGSTOP'd in a real
 run: tests/test_run_endings.py."""
 
@@ -11,9 +11,9 @@ import pytest
 
 from dsctl.orchestrator.outcome import RunFailed
 from dsctl.orchestrator.supervision import Supervisor
-from dsctl.providers import Deployment, Node, Poll, ServerExit, TrainerState
-from dsctl.providers.local.hangs import SILENT_S, STOPPED_S, HangWatch, why_hung
-from dsctl.providers.local.state import LocalNode
+from dsctl.provisioners import Deployment, Node, Poll, ServerExit, TrainerState
+from dsctl.provisioners.local.hangs import SILENT_S, STOPPED_S, HangWatch, why_hung
+from dsctl.provisioners.local.state import LocalNode
 
 
 def test_a_stopped_process_or_a_silent_heartbeat_is_a_hang_past_its_bound():

@@ -11,15 +11,15 @@ The layers, lowest first (a layer may import the ones listed for it, and dsctl.e
     specs        nothing else of dsctl
     runtime      specs
     costmodel    specs
-    providers runtime, specs, costmodel (a provider that plans machines prices them: contract.Plans; and a
-                 machine type's accelerators are in costmodel's machine shapes)
-    orchestrator providers, costmodel, runtime, specs
-    experiments  orchestrator, costmodel, specs, providers, runtime (the reproductions of the papers' figures
+    provisioners runtime, specs, costmodel (a provider that plans machines prices them: contract.Plans; and
+                 a machine type's accelerators are in costmodel's machine shapes)
+    orchestrator provisioners, costmodel, runtime, specs
+    experiments  orchestrator, costmodel, specs, provisioners, runtime (the reproductions of the papers' figures
                  run jobs through the orchestrator, and model what they measured with the runtime's step costs)
     cli          orchestrator, experiments, specs, costmodel
-The provider a run is on is its provider's business: outside providers/ (and the spec's own rules of what
+The provider a run is on is its provider's business: outside provisioners/ (and the spec's own rules of what
 each provider accepts, specs/schema.py and specs/rules.py) nothing compares a provider's name with "local" or
-"gcp"; code asks a provider's capabilities instead (providers/contract.py).
+"gcp"; code asks a provider's capabilities instead (provisioners/contract.py).
 """
 
 from __future__ import annotations
@@ -40,21 +40,21 @@ LAYERS = {
     "specs": set(),
     "runtime": {"specs"},
     "costmodel": {"specs"},
-    "providers": {"runtime", "specs", "costmodel"},
-    "orchestrator": {"providers", "costmodel", "runtime", "specs"},
-    "experiments": {"orchestrator", "costmodel", "specs", "providers", "runtime"},
+    "provisioners": {"runtime", "specs", "costmodel"},
+    "orchestrator": {"provisioners", "costmodel", "runtime", "specs"},
+    "experiments": {"orchestrator", "costmodel", "specs", "provisioners", "runtime"},
     "cli": {"orchestrator", "experiments", "specs", "costmodel"},
 }
 EVERYWHERE = {"dsctl.errors"}  # the error base every layer raises from (one exit code per kind of failure)
 PROVIDER_CHECK = re.compile(
     r"""provider\w*\s*(==|!=|\bin\b|\bnot\s+in\b)\s*[(\[{]?\s*["'](local|gcp)["']"""
     r"""|["'](local|gcp)["']\s*(==|!=)\s*[\w.]*provider""")
-MAY_NAME_PROVIDERS = ("providers/", "specs/schema.py", "specs/rules.py")
+MAY_NAME_PROVIDERS = ("provisioners/", "specs/schema.py", "specs/rules.py")
 
 
 @dataclass(frozen=True)
 class Module:
-    name: str  # dsctl.providers.gcp.compute
+    name: str  # dsctl.provisioners.gcp.compute
     path: Path
     package: bool  # an __init__.py
 
@@ -198,12 +198,12 @@ def test_the_graph_sees_every_kind_of_import():
     """The reader itself: relative, absolute, function-level and `from . import module` imports are edges;
     TYPE_CHECKING imports are not."""
     graph = edges(modules())
-    assert "dsctl.providers.state" in graph["dsctl.providers.local.state"]  # from ..state import ...
+    assert "dsctl.provisioners.state" in graph["dsctl.provisioners.local.state"]  # from ..state import ...
     assert "dsctl.runtime.readiness" in graph["dsctl.orchestrator.takedown"]  # inside sweep_on
-    assert "dsctl.providers.contract" not in graph["dsctl.providers.registry"]  # under TYPE_CHECKING
-    assert "dsctl.providers.contract" in edges(modules(), type_hints=True)["dsctl.providers.registry"]
-    assert "dsctl.providers.gcp.remote" in graph["dsctl.providers.gcp.watch"]  # from . import remote
-    assert "dsctl.specs" in graph["dsctl.providers.contract"]  # from dsctl.specs import SpecError
+    assert "dsctl.provisioners.contract" not in graph["dsctl.provisioners.registry"]  # under TYPE_CHECKING
+    assert "dsctl.provisioners.contract" in edges(modules(), type_hints=True)["dsctl.provisioners.registry"]
+    assert "dsctl.provisioners.gcp.remote" in graph["dsctl.provisioners.gcp.watch"]  # from . import remote
+    assert "dsctl.specs" in graph["dsctl.provisioners.contract"]  # from dsctl.specs import SpecError
 
 
 def test_the_provider_check_sees_every_form():
@@ -233,4 +233,4 @@ def test_each_layer_imports_only_the_layers_below_it():
 
 def test_only_the_providers_ask_which_provider_a_run_is_on():
     found = provider_checks(modules())
-    assert not found, "provider names compared outside providers/ (ask a capability instead):\n" + "\n".join(found)
+    assert not found, "provider names compared outside provisioners/ (ask a capability instead):\n" + "\n".join(found)

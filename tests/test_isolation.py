@@ -28,9 +28,9 @@ import psutil
 import pytest
 
 from dsctl.orchestrator.store import RunStore
-from dsctl.providers import Deployment, load_deployment
-from dsctl.providers.local.provider import LocalProvider
-from dsctl.providers.processes import is_ours
+from dsctl.provisioners import Deployment, load_deployment
+from dsctl.provisioners.local.provider import LocalProvider
+from dsctl.provisioners.processes import is_ours
 from dsctl.runtime.readiness import read_json
 from dsctl.specs import load_spec_text
 from helpers import ClientNetns, listening_ports, processes_under, wait_for, wildcard_listeners, write_spec
@@ -216,7 +216,7 @@ def test_where_namespaces_are_not_allowed_the_run_goes_on_and_says_its_ports_are
 
 def test_a_process_started_after_the_launcher_died_joins_the_runs_network(home, monkeypatch):
     """Without its launcher, the provider starts processes itself: inside the run's network, through nsenter."""
-    from dsctl.providers.local import provider as local
+    from dsctl.provisioners.local import provider as local
 
     monkeypatch.setattr(local, "READY_TIMEOUT_S", 45.0)  # outside the network, the worker would never be ready
     reason = namespaces_unavailable()

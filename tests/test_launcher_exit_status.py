@@ -1,4 +1,4 @@
-"""A trainer the launcher forked ends; the launcher reaps it and writes how (providers/local/provider.py).
+"""A trainer the launcher forked ends; the launcher reaps it and writes how (provisioners/local/provider.py).
 
 On a loaded machine the launcher can write that well after the trainer is gone: a trainer pushed to its memory
 cgroup's limit makes every process in the cgroup fault its pages back in, the launcher included. A CI run once saw
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import psutil
 
-from dsctl.providers import Deployment, Node, ProcessRef
-from dsctl.providers.local import LocalProvider
-from dsctl.providers.local import provider as local
-from dsctl.providers.local.launcher import Launcher
-from dsctl.providers.local.state import LocalDeployment, LocalNode
+from dsctl.provisioners import Deployment, Node, ProcessRef
+from dsctl.provisioners.local import LocalProvider
+from dsctl.provisioners.local import provider as local
+from dsctl.provisioners.local.launcher import Launcher
+from dsctl.provisioners.local.state import LocalDeployment, LocalNode
 from dsctl.runtime.readiness import write_json_atomic
 
 STARTED = psutil.Process().create_time()

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from dsctl.orchestrator.store import RunStore
-from dsctl.providers import Deployment, load_deployment
+from dsctl.provisioners import Deployment, load_deployment
 from helpers import EXAMPLES, dsctl, processes_under, wait_for, write_spec
 
 pytestmark = pytest.mark.slow
@@ -215,7 +215,7 @@ def test_down_of_a_killed_run_whose_state_file_is_garbled_stops_the_run_and_neve
     """Garbled state (how each garbling is read: tests/test_down_safety.py): the deployment is rebuilt from its
     cgroup and the processes dsctl started for it; the calling script, its `tail -f` of the run's log and `dsctl down`
     itself are none of them, and survive; the run's cgroup is gone after."""
-    from dsctl.providers import containment
+    from dsctl.provisioners import containment
 
     up = _start_long_run(tmp_path)
     run_dir = _wait_training(home)
@@ -264,8 +264,8 @@ def test_a_worker_whose_port_is_taken_waits_for_it_then_moves_and_the_job_goes_o
     import threading
 
     from dsctl.orchestrator.run import JobRunner
-    from dsctl.providers.local import provider as local
-    from dsctl.providers.local.processes import enter_namespaces_of
+    from dsctl.provisioners.local import provider as local
+    from dsctl.provisioners.local.processes import enter_namespaces_of
     from dsctl.specs import load_spec
     from helpers import hold_port
 
@@ -362,7 +362,7 @@ def test_a_worker_whose_port_is_taken_waits_for_it_then_moves_and_the_job_goes_o
 def test_a_new_worker_whose_port_is_taken_starts_at_another(home, monkeypatch):
     """No client knows a worker's address before it is first ready, so a port taken meanwhile is simply
     replaced. Outside a private network (DSCTL_LOCAL_ISOLATION=none) any process here can take it."""
-    from dsctl.providers.local import provider as local
+    from dsctl.provisioners.local import provider as local
     from dsctl.specs import load_spec_text
     from helpers import hold_port
 

@@ -1,8 +1,8 @@
-"""A local run's state file as older dsctl wrote it (providers/local/state.py LocalCodec.from_legacy): read back as
+"""A local run's state file as older dsctl wrote it (provisioners/local/state.py LocalCodec.from_legacy): read back as
 today's typed state, and taken down by `dsctl down`.
 
 legacy_local_state.json is a detached local run mid-training as dsctl wrote it before the typed state (`git show
-c608d42~1:providers/local/provider.py`, launcher.py and orchestrator/run.py): every detail of a node in its
+c608d42~1:provisioners/local/provider.py`, launcher.py and orchestrator/run.py): every detail of a node in its
 `extra` dict (a server's port, ready file and launch id, the dispatcher's argv to restart it from its journal, a
 trainer's metrics, steps and ids files, pinned cores), the launcher a `launcher` pseudo-node whose `extra` holds
 its request folder and what it said of the run's network, and the detached `dsctl up` a `monitor` pseudo-node.
@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dsctl.providers import ProcessRef, load_deployment
-from dsctl.providers.local.state import Isolation, LocalDeployment, LocalNode
+from dsctl.provisioners import ProcessRef, load_deployment
+from dsctl.provisioners.local.state import Isolation, LocalDeployment, LocalNode
 
 RUN = "legacy-local-0001"
 LEGACY = Path(__file__).parent / "legacy_local_state.json"
@@ -72,7 +72,7 @@ def test_dsctl_down_of_an_old_local_state_file_stops_every_process_it_names(home
     """The monitor, the launcher, the servers and the trainer the old file names, each a live process group here,
     are all stopped by `dsctl down RUN`, which then records the deployment as down."""
     from dsctl.orchestrator.takedown import down
-    from dsctl.providers import Where
+    from dsctl.provisioners import Where
 
     keys = ["monitor-0", "launcher-0", "dispatcher-0", "worker-0", "worker-1", "trainer-0"]
     # Each names the run's folder on its command line, as dsctl's processes do (the home fixture finds leftovers).

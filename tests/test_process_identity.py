@@ -1,4 +1,4 @@
-"""A recorded process is recognised by pid and start time (providers/processes.py is_ours).
+"""A recorded process is recognised by pid and start time (provisioners/processes.py is_ours).
 
 The start time psutil reports is the kernel's boot-relative start plus a boot time the kernel recomputes, in whole
 seconds, on every read: after an NTP adjustment the same process reads a second off what was recorded. That must
@@ -11,8 +11,8 @@ import os
 
 import psutil
 
-from dsctl.providers import ProcessRef
-from dsctl.providers.processes import is_ours
+from dsctl.provisioners import ProcessRef
+from dsctl.provisioners.processes import is_ours
 
 
 def recorded(shift_s: float) -> ProcessRef:

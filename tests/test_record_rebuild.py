@@ -14,7 +14,7 @@ import pytest
 
 from dsctl.orchestrator import imports, takedown
 from dsctl.orchestrator.store import RunStore
-from dsctl.providers import Deployment
+from dsctl.provisioners import Deployment
 from dsctl.specs import SpecError, load_spec_text
 
 SPEC = "name: job\nservice: {workers: 1}\ntrainer: {steps: 20}\npipeline: {builtin: synthetic}\n"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dsctl.orchestrator.store import RunStore
-from dsctl.providers import load_deployment
+from dsctl.provisioners import load_deployment
 from helpers import dsctl, processes_under, stepped_job, wait_for
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ import pytest
 from dsctl.orchestrator.checkpoints import _parse, latest, run_checkpoint_dir, trainer_dirs
 from dsctl.orchestrator.resume import plan_resume
 from dsctl.orchestrator.store import RunStore
-from dsctl.providers import TrainerLaunch
+from dsctl.provisioners import TrainerLaunch
 from dsctl.specs import SpecError, load_spec, load_spec_text, spec_hash
 from helpers import dsctl, write_spec
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dsctl.orchestrator.checkpoints import latest
-from dsctl.providers import load_deployment
+from dsctl.provisioners import load_deployment
 from helpers import EXAMPLES, dsctl, processes_under, wait_for, write_spec
 
 STEPS, EVERY = 120, 20

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from dsctl.orchestrator.store import RunStore
-from dsctl.providers import containment, load_deployment
+from dsctl.provisioners import containment, load_deployment
 from helpers import dsctl, processes_under, wait_for, write_spec
 
 pytestmark = pytest.mark.slow

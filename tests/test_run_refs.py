@@ -8,7 +8,7 @@ import pytest
 
 from dsctl.orchestrator import takedown
 from dsctl.orchestrator.store import AmbiguousRun, RunStore
-from dsctl.providers import Deployment, Where
+from dsctl.provisioners import Deployment, Where
 from dsctl.specs import SpecError, load_spec_text
 
 SPEC = load_spec_text("name: job\nservice: {workers: 1}\ntrainer: {steps: 20}\npipeline: {builtin: synthetic}\n").spec

@@ -52,7 +52,7 @@ def assert_ended_by(proc: subprocess.Popen, signum: int, home) -> str:
     assert len(lines) == 1 and lines[0].startswith(f"interrupted ({signal.Signals(signum).name})"), err
     assert err.strip().splitlines()[-1] == lines[0], err
     assert processes_under(home) == []
-    from dsctl.providers.containment import leftover_cgroups
+    from dsctl.provisioners.containment import leftover_cgroups
 
     runs = {p.name for p in (home / "runs").iterdir()}
     assert not [c for c in leftover_cgroups() if any(c.name.endswith(r) for r in runs)]

@@ -19,7 +19,7 @@ import pytest
 from dsctl.orchestrator import store as store_module
 from dsctl.orchestrator.store import RunStore, StoreError
 from dsctl.orchestrator.summary import complete_results, results_from_windows, summarize, summarize_run
-from dsctl.providers import Deployment
+from dsctl.provisioners import Deployment
 from dsctl.specs import load_spec_text, spec_hash
 from helpers import dsctl, processes_under, stepped_job, tmpfs, wait_for, write_spec
 

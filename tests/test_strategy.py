@@ -57,7 +57,7 @@ def test_the_orchestrator_passes_the_machines_accelerators_to_keras_trainers_onl
 
 
 def test_the_launch_passes_accelerators_and_checkpoints_as_trainer_arguments(tmp_path):
-    from dsctl.providers import TrainerLaunch
+    from dsctl.provisioners import TrainerLaunch
 
     launch = TrainerLaunch(mode="colocated", spec_json=tmp_path / "s.json", metrics_dir=tmp_path, base_dir=tmp_path,
                            cache_dir=tmp_path, count=1, accelerator="tpu", accelerators=8,

@@ -8,7 +8,7 @@ import pytest
 
 from dsctl.orchestrator.outcome import RunFailed
 from dsctl.orchestrator.supervision import MAX_RESTARTS, OUTAGE_EVENT_AFTER_S, Supervisor
-from dsctl.providers import (
+from dsctl.provisioners import (
     Deployment,
     MachineBack,
     MachineLost,

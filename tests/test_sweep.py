@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dsctl.orchestrator.store import RunStore
-from dsctl.providers import Deployment, load_deployment
+from dsctl.provisioners import Deployment, load_deployment
 from helpers import EXAMPLES, dsctl, processes_under, wait_for, write_spec
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -1,7 +1,7 @@
 """The profiling process (runtime/profiling/child.py), started, asked and ended from here.
 
 It runs the user's pipeline, so it is treated as the entrypoint check's child is: a cgroup of its own
-(providers/containment.py) from its first instruction, so that whatever the user's code starts ends
+(provisioners/containment.py) from its first instruction, so that whatever the user's code starts ends
 with it; its own session; the kernel kills it if dsctl dies (a parent death signal). Requests go to its
 stdin; answers come back through a JSON-lines file (the user's code may print to stdout, which is the
 process's log). Every request has a time limit: a pipeline that stops producing is not waited for
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dsctl.errors import DsctlError
-from dsctl.providers import containment
+from dsctl.provisioners import containment
 from dsctl.specs import SpecError
 
 from ..outcome import RunFailed

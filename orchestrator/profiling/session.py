@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsctl.costmodel.machines import shape
-from dsctl.providers.registry import provider_class
+from dsctl.provisioners.registry import provider_class
 from dsctl.runtime.profiling.record import Measurement, Structure, Variant, measurement_from, step_from, structure_from, to_json
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 from dsctl.specs.pipelines import examples_per_epoch

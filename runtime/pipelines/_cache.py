@@ -12,7 +12,7 @@ and uses the winner's: the content is deterministic in the params, so both are
 equal. A manifest written last lists the files, so stray files never leak in.
 
 The root may be a gs:// URL (runs on Google Cloud: dsctl uploads the folder,
-manifest last, before the run; see providers/gcp/data.py). Such a folder is
+manifest last, before the run; see provisioners/gcp/data.py). Such a folder is
 only read, through TensorFlow's filesystem, never generated into.
 """
 

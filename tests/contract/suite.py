@@ -1,4 +1,4 @@
-"""The provider contract (providers/contract.py) as every provider must keep it, with real processes.
+"""The provider contract (provisioners/contract.py) as every provider must keep it, with real processes.
 
 A provider's test module subclasses ProviderContract and says how to make the provider, how to kill one
 of its server processes (as a crash would) and what of it is left running; the suite then walks one
@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from dsctl.orchestrator.supervision import Supervisor
-from dsctl.providers import Deployment, Provider, TrainerLaunch, load_deployment
+from dsctl.provisioners import Deployment, Provider, TrainerLaunch, load_deployment
 from dsctl.specs import LoadedSpec, load_spec
 from helpers import wait_for, write_spec
 

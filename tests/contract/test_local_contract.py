@@ -8,9 +8,9 @@ import signal
 import pytest
 
 from contract.suite import ProviderContract
-from dsctl.providers import Deployment
-from dsctl.providers.local import LocalProvider
-from dsctl.providers.processes import is_ours
+from dsctl.provisioners import Deployment
+from dsctl.provisioners.local import LocalProvider
+from dsctl.provisioners.processes import is_ours
 
 pytestmark = pytest.mark.slow
 

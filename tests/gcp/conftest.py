@@ -38,7 +38,7 @@ VM_ADDRESSES = 16  # sshd listens on 127.0.0.2 .. 127.0.0.17 (OpenSSH allows 16 
 INTERNAL_FIRST, EXTERNAL_FIRST = "127.0.0.2", "127.0.1.2"  # the stand-in's internal / external address ranges
 
 
-# The APIs whose endpoint dsctl reads from DSCTL_<API>_ENDPOINT (providers/gcp/settings.py).
+# The APIs whose endpoint dsctl reads from DSCTL_<API>_ENDPOINT (provisioners/gcp/settings.py).
 ENDPOINT_APIS = ("GCE", "TPU", "CRM", "IAM", "ORGPOLICY", "OSLOGIN", "SERVICEUSAGE", "QUOTAS")
 
 
@@ -86,7 +86,7 @@ def write_credentials(path: Path, cloud: FakeCloud, account: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
         "type": "external_account_authorized_user",
-        "audience": "//iam.googleapis.com/locations/global/workforcePools/dsctl-test/providers/stand-in",
+        "audience": "//iam.googleapis.com/locations/global/workforcePools/dsctl-test/provisioners/stand-in",
         "refresh_token": cloud.sign_in(account), "token_url": f"{cloud.endpoint}/token",
         "client_id": "dsctl-test", "client_secret": "stand-in", "universe_domain": "googleapis.com"}))
     return path

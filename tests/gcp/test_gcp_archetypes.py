@@ -157,7 +157,7 @@ def test_a_company_project_under_a_security_baseline(cloud, sshd, home, tmp_path
 
 def test_a_shared_vpc_service_project_uses_standing_rules_a_network_administrator_adds(cloud, sshd, home, tmp_path,
                                                                                      monkeypatch):
-    from dsctl.providers.gcp import firewall
+    from dsctl.provisioners.gcp import firewall
 
     host, project = "net-host-1", "team-svc-1"
     cloud.define_project(host, owners=("netadmin@example.com",), default_network=False)

@@ -22,9 +22,9 @@ import textwrap
 
 import pytest
 
-from dsctl.providers.gcp import software, starter, startup, wheelhouse
-from dsctl.providers.gcp.settings import local_tensorflow_version
-from dsctl.providers.gcp.wheel import build_wheel
+from dsctl.provisioners.gcp import software, starter, startup, wheelhouse
+from dsctl.provisioners.gcp.settings import local_tensorflow_version
+from dsctl.provisioners.gcp.wheel import build_wheel
 from dsctl.specs import load_spec_text
 from helpers import wait_for
 

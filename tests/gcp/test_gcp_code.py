@@ -1,6 +1,6 @@
 """What the trainer VMs get of the spec's folder, and how a command trainer is started and measured there.
 
-Fast tests, no cloud and no TensorFlow: `.dsctlignore` (providers/gcp/ignore.py) as code_archive applies
+Fast tests, no cloud and no TensorFlow: `.dsctlignore` (provisioners/gcp/ignore.py) as code_archive applies
 it, the size limit's message, and, with real processes on this machine, the launch command's environment
 that only a VM with libtpu gets and the status command's count of a command runner's process tree.
 """
@@ -17,9 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dsctl.providers.gcp import remote
-from dsctl.providers.gcp.ignore import Ignore, parse
-from dsctl.providers.gcp.storage import CODE_LIMIT_BYTES, code_archive
+from dsctl.provisioners.gcp import remote
+from dsctl.provisioners.gcp.ignore import Ignore, parse
+from dsctl.provisioners.gcp.storage import CODE_LIMIT_BYTES, code_archive
 from dsctl.specs import SpecError
 from helpers import wait_for
 
@@ -128,7 +128,7 @@ def _fake_python(tmp_path: Path, body: str) -> Path:
 def test_the_pjrt_environment_reaches_a_trainer_only_where_the_tpu_library_is(tmp_path):
     """software.PJRT_ENV is given where its file exists: on a TensorFlow TPU runtime; elsewhere TensorFlow would refuse
     to import with it (the path does not exist)."""
-    from dsctl.providers.gcp import software
+    from dsctl.provisioners.gcp import software
 
     # Called as `python -m LABEL`: writes its environment to env-LABEL.txt, whole.
     program = _fake_python(tmp_path, 'd=$(dirname "$0"); env > "$d/env-$2.tmp" && mv "$d/env-$2.tmp" "$d/env-$2.txt"\n')

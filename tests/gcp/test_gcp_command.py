@@ -18,7 +18,7 @@ from conftest import gcp_spec
 from dsctl.orchestrator.outcome import RunFailed
 from dsctl.orchestrator.run import JobRunner
 from dsctl.orchestrator.store import RunStore
-from dsctl.providers.gcp import GcpProvider, naming
+from dsctl.provisioners.gcp import GcpProvider, naming
 from dsctl.specs import SpecError, load_spec
 
 pytestmark = pytest.mark.slow

@@ -18,9 +18,9 @@ import pytest
 from conftest import BUCKET, PROJECT, ZONE, owner_storage
 
 from contract.suite import ProviderContract
-from dsctl.providers import Deployment
-from dsctl.providers.gcp import GcpProvider
-from dsctl.providers.gcp.state import gcp
+from dsctl.provisioners import Deployment
+from dsctl.provisioners.gcp import GcpProvider
+from dsctl.provisioners.gcp.state import gcp
 
 pytestmark = pytest.mark.slow
 

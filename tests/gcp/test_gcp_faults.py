@@ -27,8 +27,8 @@ from conftest import BUCKET, CALLER, PROJECT, ZONE, gcp_spec
 
 from dsctl.orchestrator.run import JobRunner, RunFailed
 from dsctl.orchestrator.store import RunStore
-from dsctl.providers import load_deployment
-from dsctl.providers.gcp import down_by_label, find_by_label
+from dsctl.provisioners import load_deployment
+from dsctl.provisioners.gcp import down_by_label, find_by_label
 from dsctl.specs import load_spec
 from helpers import dsctl, processes_under, wait_for
 
@@ -125,7 +125,7 @@ def test_tensorflow_version_mismatch_is_refused(cloud, sshd, home, tmp_path):
     fake_python.chmod(0o755)
     spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=2, python=str(fake_python))
     runner, message = _run_failing(spec)
-    from dsctl.providers.gcp.settings import local_tensorflow_version
+    from dsctl.provisioners.gcp.settings import local_tensorflow_version
 
     tf = local_tensorflow_version()
     assert f"TensorFlow versions differ: the trainer (trainer-0) runs TensorFlow {tf}, but worker-1 has 2.20.0" in message
@@ -188,8 +188,8 @@ def test_each_api_retries_its_first_failed_call(cloud, home, tmp_path):
     """The first call to each path of every API dsctl calls before and while it makes a run's accounts (Resource
     Manager, Service Usage, IAM, Organization Policy, Compute Engine, Cloud Quotas, Cloud Storage) and registers an SSH
     key (OS Login) fails once, with 500, 502, 504 and 408 in turn: each is retried; nothing reaches the user."""
-    from dsctl.providers.gcp import GcpProvider, accounts, oslogin
-    from dsctl.providers.gcp.keys import ensure_key_pair
+    from dsctl.provisioners.gcp import GcpProvider, accounts, oslogin
+    from dsctl.provisioners.gcp.keys import ensure_key_pair
 
     cloud.secure_by_default = True
     cloud.faults.first_call_statuses = (500, 502, 504, 408)

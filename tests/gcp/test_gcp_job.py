@@ -19,7 +19,7 @@ from conftest import BUCKET, VM_ACCOUNT, gcp_spec
 
 from dsctl.orchestrator.run import JobRunner
 from dsctl.orchestrator.store import RunStore
-from dsctl.providers import Deployment, load_deployment
+from dsctl.provisioners import Deployment, load_deployment
 from dsctl.specs import load_spec
 
 pytestmark = pytest.mark.slow
@@ -114,8 +114,8 @@ def test_one_deployment_measured_twice_and_scaled_as_a_sweep_does(cloud, sshd, h
 
     from dsctl.orchestrator.handles import OwnedDeployment
     from dsctl.orchestrator.supervision import Supervisor
-    from dsctl.providers import TrainerLaunch
-    from dsctl.providers.gcp import GcpProvider
+    from dsctl.provisioners import TrainerLaunch
+    from dsctl.provisioners.gcp import GcpProvider
 
     spec_path = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=1, trainer_machine="tpu-v2-8", epochs=None,
                          steps=20)

@@ -28,9 +28,9 @@ from guests import GuestWatchdogs
 from metadata_server import MetadataServer
 
 from dsctl.orchestrator.store import RunStore
-from dsctl.providers.gcp import compute, lifetime, watchdog
-from dsctl.providers.gcp.settings import GcpSettings
-from dsctl.providers.gcp.storage import HeartbeatObject
+from dsctl.provisioners.gcp import compute, lifetime, watchdog
+from dsctl.provisioners.gcp.settings import GcpSettings
+from dsctl.provisioners.gcp.storage import HeartbeatObject
 from helpers import processes_under, wait_for
 
 LIMIT_S = 30.0  # the e2e runs' gcp.heartbeat_limit_s
@@ -57,7 +57,7 @@ def test_every_vm_with_a_limit_is_deleted_at_it_spot_ones_too():
 
 
 def test_the_plan_prices_a_supervising_dispatcher_on_demand_and_says_so(no_credentials):
-    from dsctl.providers.gcp.planning import plan
+    from dsctl.provisioners.gcp.planning import plan
     from dsctl.specs import load_spec_text
 
     text = ("name: g\nprovider: gcp\nservice: {workers: 2, provisioning: spot}\n"

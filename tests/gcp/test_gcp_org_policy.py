@@ -16,7 +16,7 @@ from fake_gce import FakeCloud, FakeGce
 from google.api_core import exceptions as gx
 
 from dsctl.errors import EXIT_BAD_INPUT
-from dsctl.providers.gcp import errors
+from dsctl.provisioners.gcp import errors
 from dsctl.specs import SpecError
 from helpers import dsctl
 

@@ -37,7 +37,7 @@ pipeline: {builtin: synthetic}
 
 # -- settings and credentials ---------------------------------------------------------------------------
 def test_missing_project_zone_and_credentials_are_clear_errors(no_credentials, monkeypatch):
-    from dsctl.providers.gcp.settings import resolve
+    from dsctl.provisioners.gcp.settings import resolve
 
     spec = load_spec_text(MINIMAL_GCP).spec
     with pytest.raises(SpecError, match=r"gcp.project: provider: gcp needs a Google Cloud project: set gcp.project"):
@@ -63,7 +63,7 @@ def test_missing_project_zone_and_credentials_are_clear_errors(no_credentials, m
 
 
 def test_the_provider_check_refuses_before_anything_is_made(no_credentials, tmp_path):
-    from dsctl.providers import get_provider
+    from dsctl.provisioners import get_provider
 
     with pytest.raises(SpecError, match="gcp.project"):
         get_provider("gcp").check(load_spec_text(MINIMAL_GCP).spec, 4, tmp_path)
@@ -104,7 +104,7 @@ def test_every_shipped_gcp_example_still_loads_and_a_local_spec_may_keep_its_gcp
 # -- plan ---------------------------------------------------------------------------------------------------
 def test_plan_of_the_papers_resnet50_example(no_credentials):
     from dsctl.costmodel import load_catalog
-    from dsctl.providers.gcp import plan
+    from dsctl.provisioners.gcp import plan
 
     spec = load_spec(EXAMPLES / "gcp-resnet50.yaml").spec
     p = plan(spec)
@@ -137,7 +137,7 @@ def test_plan_of_the_papers_resnet50_example(no_credentials):
 
 
 def test_plan_without_a_known_length_gives_the_hourly_cost(no_credentials):
-    from dsctl.providers.gcp import plan
+    from dsctl.provisioners.gcp import plan
 
     spec = load_spec_text(MINIMAL_GCP.replace("steps: 10", "steps: 10, model: {kind: synthetic}")
                           + "gcp: {project: acme-ml, zone: us-central1-b}\n").spec
@@ -147,7 +147,7 @@ def test_plan_without_a_known_length_gives_the_hourly_cost(no_credentials):
 
 # -- names, bodies ------------------------------------------------------------------------------------------
 def test_names_fit_compute_engine_rules_even_for_long_run_ids():
-    from dsctl.providers.gcp import naming
+    from dsctl.provisioners.gcp import naming
 
     rid = "a-very-long-job-name-that-uses-all-forty-1122-031500-ab12"
     names = [naming.instance_name(rid, "dispatcher", 0), naming.instance_name(rid, "worker", 9999),
@@ -160,8 +160,8 @@ def test_names_fit_compute_engine_rules_even_for_long_run_ids():
 def test_request_bodies_gpu_spot_public_ips_subnetwork_service_account():
     from google.cloud import compute_v1 as c
 
-    from dsctl.providers.gcp import compute
-    from dsctl.providers.gcp.settings import GcpSettings
+    from dsctl.provisioners.gcp import compute
+    from dsctl.provisioners.gcp.settings import GcpSettings
 
     s = GcpSettings(project="p", zone="us-central1-b", subnetwork="sub", public_ips=True)
     vm = compute.VmConfig(machine="a2-highgpu-2g", labels={"dsctl-run": "r"}, tag="t", metadata={"ssh-keys": "u:k"},
@@ -191,7 +191,7 @@ def test_request_bodies_gpu_spot_public_ips_subnetwork_service_account():
     assert (spot["provisioning_model"], spot["instance_termination_action"], spot["automatic_restart"]) == ("SPOT", "STOP", False)
     internal = GcpSettings(project="p", zone="us-central1-b", public_ips=False)
     assert not c.Instance.to_dict(compute.instance_body(internal, "n", vm))["network_interfaces"][0].get("access_configs")
-    from dsctl.providers.gcp.machinetypes import machine_kind
+    from dsctl.provisioners.gcp.machinetypes import machine_kind
 
     assert machine_kind("n2-standard-8").kind == "cpu" and machine_kind("tpu-v5litepod-4").accelerator == "v5litepod-4"
 
@@ -199,7 +199,7 @@ def test_request_bodies_gpu_spot_public_ips_subnetwork_service_account():
 # -- what reaches a remote shell ------------------------------------------------------------------------------
 def test_every_value_reaching_a_remote_shell_is_quoted(tmp_path):
     """Run the launch and fetch commands in a real shell with hostile values: nothing is interpreted."""
-    from dsctl.providers.gcp import remote
+    from dsctl.provisioners.gcp import remote
 
     pwned = tmp_path / "pwned"
     evil = f"$(touch {pwned}); `touch {pwned}`; ' \" && touch {pwned} #"
@@ -227,7 +227,7 @@ def test_every_value_reaching_a_remote_shell_is_quoted(tmp_path):
 def test_a_process_that_ends_between_readings_is_never_reported_killed(tmp_path):
     """Polled as fast as the status command runs, a process that exits 0 reads either as running or as
     exited with code 0: never as gone without an exit code (which poll() reports as -9, killed)."""
-    from dsctl.providers.gcp import remote
+    from dsctl.provisioners.gcp import remote
 
     program = tmp_path / "python"
     program.write_text("#!/bin/sh\nsleep 0.$(( $$ % 7 ))\nexit 0\n")  # ends at varying moments
@@ -251,7 +251,7 @@ def test_a_process_that_ends_between_readings_is_never_reported_killed(tmp_path)
 
 def test_startup_script_installs_from_the_wheelhouse_only_and_is_valid_bash():
     """Its real run is tests/gcp/test_gcp_boot.py (a Debian 12 root filesystem with no network but Cloud Storage)."""
-    from dsctl.providers.gcp import software, startup
+    from dsctl.provisioners.gcp import software, startup
     from dsctl.specs import load_spec_text
 
     for machine in ("n2-standard-8", "a2-highgpu-1g", "tpu-v2-8"):
@@ -275,7 +275,7 @@ def test_wheel_of_this_version_has_the_runtime_and_a_consistent_record(tmp_path)
     import base64
     import hashlib
 
-    from dsctl.providers.gcp.wheel import build_wheel
+    from dsctl.provisioners.gcp.wheel import build_wheel
 
     path = build_wheel(tmp_path)
     assert re.fullmatch(r"dsctl-\d+\.\d+\.\d+\+g[0-9a-f]{10}-py3-none-any\.whl", path.name)
@@ -295,7 +295,7 @@ def test_wheel_of_this_version_has_the_runtime_and_a_consistent_record(tmp_path)
 
 
 def test_key_pair_is_private_and_reused(tmp_path):
-    from dsctl.providers.gcp.keys import ensure_key_pair
+    from dsctl.provisioners.gcp.keys import ensure_key_pair
 
     kp = ensure_key_pair(tmp_path, "dsctl-r")
     assert oct(kp.private_path.stat().st_mode & 0o777) == "0o600"
@@ -306,9 +306,9 @@ def test_key_pair_is_private_and_reused(tmp_path):
 
 # -- against the stand-in, without SSH --------------------------------------------------------------------------
 def _fleet(run_id: str, **settings):
-    from dsctl.providers.gcp.clients import Clients
-    from dsctl.providers.gcp.resources import Fleet
-    from dsctl.providers.gcp.settings import GcpSettings
+    from dsctl.provisioners.gcp.clients import Clients
+    from dsctl.provisioners.gcp.resources import Fleet
+    from dsctl.provisioners.gcp.settings import GcpSettings
 
     return Fleet(Clients(GcpSettings(project=PROJECT, zone=ZONE, running_timeout_s=20, **settings).with_env_endpoints()),
                  run_id)
@@ -318,9 +318,9 @@ DEBIAN = "projects/debian-cloud/global/images/family/debian-12"
 
 
 def _machine(run_id: str, role: str, index: int, machine: str = "n2-standard-8"):
-    from dsctl.providers.gcp import compute, naming
-    from dsctl.providers.gcp.machinetypes import machine_kind
-    from dsctl.providers.gcp.resources import Machine
+    from dsctl.provisioners.gcp import compute, naming
+    from dsctl.provisioners.gcp.machinetypes import machine_kind
+    from dsctl.provisioners.gcp.resources import Machine
 
     kind = machine_kind(machine).kind
     vm = compute.VmConfig(machine=machine, labels=naming.labels(run_id, "j", role, index=index),
@@ -330,14 +330,14 @@ def _machine(run_id: str, role: str, index: int, machine: str = "n2-standard-8")
 
 
 def _rules(run_id: str):
-    from dsctl.providers.gcp import firewall, naming
+    from dsctl.provisioners.gcp import firewall, naming
 
     return firewall.run_rules(run_id, naming.network_tag(run_id), 5050, 5051)
 
 
 def test_tpu_out_of_capacity_is_classified(cloud):
     """A TPU queued resource that finds no capacity within gcp.tpu_timeout_s fails with Cloud TPU's reason."""
-    from dsctl.providers.gcp.errors import ZoneExhausted
+    from dsctl.provisioners.gcp.errors import ZoneExhausted
 
     cloud.faults.tpu_exhausted = True
     fleet = _fleet("tpu-run", tpu_timeout_s=2)
@@ -353,7 +353,7 @@ def test_tpu_out_of_capacity_is_classified(cloud):
 def test_a_retried_tpu_request_is_not_made_twice_and_tpus_wait_on_their_own_clock(cloud):
     """TPU VMs are asked for as queued resources with a request id, a validity window of gcp.tpu_timeout_s, and
     the run's Spot choice; their addresses are read from the node once it is READY."""
-    from dsctl.providers.gcp.machinetypes import machine_kind
+    from dsctl.provisioners.gcp.machinetypes import machine_kind
 
     fleet = _fleet("qr-run", tpu_timeout_s=120, public_ips=True)
     m = _machine("qr-run", "trainer", 0, "tpu-v2-8")
@@ -372,7 +372,7 @@ def test_a_retried_tpu_request_is_not_made_twice_and_tpus_wait_on_their_own_cloc
 
 
 def test_quota_refused_by_the_insert_call_itself_is_classified_the_same(cloud):
-    from dsctl.providers.gcp.errors import QuotaExceeded
+    from dsctl.provisioners.gcp.errors import QuotaExceeded
 
     cloud.faults.fail_nth_instance, cloud.faults.fail_label, cloud.faults.fail_sync = 1, ("dsctl-role", "worker"), True
     fleet = _fleet("sync-run")
@@ -466,8 +466,8 @@ class _Talk:
 
 def test_confirm_asks_only_for_gcp_and_never_without_a_terminal(cloud, home, tmp_path):
     from dsctl.orchestrator.up import UpOptions, approved
-    from dsctl.providers.gcp import GcpProvider
-    from dsctl.providers.gcp.planning import confirm
+    from dsctl.provisioners.gcp import GcpProvider
+    from dsctl.provisioners.gcp.planning import confirm
 
     spec = load_spec(gcp_spec(tmp_path / "job", home=home)).spec
     shown, asked = [], []
@@ -493,8 +493,8 @@ def _only_reads(cloud) -> bool:
 
 
 def test_down_by_label_needs_project_and_zone(cloud, monkeypatch):
-    from dsctl.providers import Where
-    from dsctl.providers.gcp import GcpProvider
+    from dsctl.provisioners import Where
+    from dsctl.provisioners.gcp import GcpProvider
 
     p, said = GcpProvider(), []
     assert not p.looks_there(Where())
@@ -540,10 +540,10 @@ def test_fetch_on_the_vm_unpacks_the_code_and_refuses_paths_outside_it(cloud, tm
 
     from conftest import BUCKET
 
-    from dsctl.providers.gcp import remote
-    from dsctl.providers.gcp.clients import Clients
-    from dsctl.providers.gcp.settings import GcpSettings
-    from dsctl.providers.gcp.storage import Staging, code_archive
+    from dsctl.provisioners.gcp import remote
+    from dsctl.provisioners.gcp.clients import Clients
+    from dsctl.provisioners.gcp.settings import GcpSettings
+    from dsctl.provisioners.gcp.storage import Staging, code_archive
 
     src = tmp_path / "job"
     (src / "pkg").mkdir(parents=True)
@@ -606,7 +606,7 @@ def _fake_wheelhouse(cache, kind) -> None:
     import hashlib
     import json
 
-    from dsctl.providers.gcp import wheelhouse
+    from dsctl.provisioners.gcp import wheelhouse
 
     recipe = wheelhouse.Recipe.for_kind(kind, supervisor=kind.kind == "cpu")
     final = cache / recipe.digest
@@ -626,8 +626,8 @@ def test_staging_gives_every_vm_kind_its_wheelhouse_and_the_vms_read_access(clou
     from conftest import BUCKET
     from google.cloud import storage
 
-    from dsctl.providers import Deployment
-    from dsctl.providers.gcp import GcpProvider, accounts, stage, state, vms
+    from dsctl.provisioners import Deployment
+    from dsctl.provisioners.gcp import GcpProvider, accounts, stage, state, vms
 
     monkeypatch.setenv("DSCTL_WHEELHOUSE_CACHE", str(tmp_path / "wheelhouses"))
     spec = load_spec(gcp_spec(tmp_path / "job", home=home, gcp={"bootstrap": "true", "python": "null"})).spec

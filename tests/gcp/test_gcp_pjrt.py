@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import vmboot
 
-from dsctl.providers.gcp import remote, software
-from dsctl.providers.gcp.machinetypes import machine_kind
+from dsctl.provisioners.gcp import remote, software
+from dsctl.provisioners.gcp.machinetypes import machine_kind
 from dsctl.specs import load_spec_text
 
 pytestmark = pytest.mark.slow

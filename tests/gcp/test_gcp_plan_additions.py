@@ -20,7 +20,7 @@ def resnet(**gcp):
 
 
 def test_plan_has_a_line_per_addition_labelled_not_in_equation_1(no_credentials):
-    from dsctl.providers.gcp import plan
+    from dsctl.provisioners.gcp import plan
 
     p = plan(resnet())
     ipv4, disks = p.additions
@@ -50,7 +50,7 @@ def test_plan_has_a_line_per_addition_labelled_not_in_equation_1(no_credentials)
 
 
 def test_plan_additions_follow_the_gcp_settings(no_credentials):
-    from dsctl.providers.gcp import plan
+    from dsctl.provisioners.gcp import plan
 
     internal = plan(resnet(public_ips=False))
     assert internal.additions[0].per_hour == 0.0 and "gcp.public_ips: false" in internal.additions[0].quantity
@@ -66,7 +66,7 @@ def test_plan_additions_follow_the_gcp_settings(no_credentials):
 
 def test_plan_with_the_papers_catalog_shows_the_additions_unpriced(no_credentials):
     """The paper priced machines only: its catalog has no address or disk prices, and the plan says so."""
-    from dsctl.providers.gcp import plan
+    from dsctl.provisioners.gcp import plan
 
     spec = load_spec(EXAMPLES / "gcp-resnet50.yaml").spec
     p = plan(spec)
@@ -75,7 +75,7 @@ def test_plan_with_the_papers_catalog_shows_the_additions_unpriced(no_credential
 
 
 def test_plan_without_a_length_gives_the_additions_per_hour(no_credentials):
-    from dsctl.providers.gcp import plan
+    from dsctl.provisioners.gcp import plan
 
     spec = load_spec_text("name: g\nprovider: gcp\ntrainer: {machine: e2-standard-2, steps: 10, model: {kind: python, "
                           "entrypoint: 'm:step'}}\npipeline: {builtin: synthetic}\npricing: gcp-us-central1-2025\n"
@@ -89,7 +89,7 @@ def test_plan_without_a_length_gives_the_additions_per_hour(no_credentials):
 
 
 def test_plan_notes_a_price_the_catalog_did_not_re_check(no_credentials):
-    from dsctl.providers.gcp import plan
+    from dsctl.provisioners.gcp import plan
 
     spec = resnet()
     spot_tpu = spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"provisioning": "spot"})})

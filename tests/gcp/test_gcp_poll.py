@@ -1,4 +1,4 @@
-"""What a poll of a Google Cloud deployment reports (providers/gcp/processes.py), and a restart whose VM stopped
+"""What a poll of a Google Cloud deployment reports (provisioners/gcp/processes.py), and a restart whose VM stopped
 answering (GcpProvider.restart), on readings the test writes: no cloud, no SSH.
 
 The provider reports servers that ended and leaves the decision to the orchestrator (orchestrator/supervision.py);
@@ -7,14 +7,14 @@ it must not report one on a reading taken before the server was (re)started, nor
 
 from __future__ import annotations
 
-from dsctl.providers import Deployment, Node
-from dsctl.providers.gcp import GcpDeployment, GcpNode, GcpProvider, Vm
-from dsctl.providers.gcp.clients import Clients
-from dsctl.providers.gcp.context import Context
-from dsctl.providers.gcp.errors import SshUnreachable
-from dsctl.providers.gcp.processes import exited_servers, trainers
-from dsctl.providers.gcp.remote import ProcStatus
-from dsctl.providers.gcp.settings import GcpSettings
+from dsctl.provisioners import Deployment, Node
+from dsctl.provisioners.gcp import GcpDeployment, GcpNode, GcpProvider, Vm
+from dsctl.provisioners.gcp.clients import Clients
+from dsctl.provisioners.gcp.context import Context
+from dsctl.provisioners.gcp.errors import SshUnreachable
+from dsctl.provisioners.gcp.processes import exited_servers, trainers
+from dsctl.provisioners.gcp.remote import ProcStatus
+from dsctl.provisioners.gcp.settings import GcpSettings
 
 LAUNCHED = 100.0  # when every process was started (monotonic)
 

@@ -19,7 +19,7 @@ REGION = ZONE.rsplit("-", 1)[0]
 
 
 def _check(spec_path):
-    from dsctl.providers.gcp import GcpProvider
+    from dsctl.provisioners.gcp import GcpProvider
 
     GcpProvider().check(load_spec(spec_path).spec, 1, spec_path.parent)
 
@@ -56,7 +56,7 @@ def test_internal_only_vms_need_a_way_to_cloud_storage(cloud, home, tmp_path):
 def test_missing_permissions_are_named_before_anything_is_created(cloud, home, tmp_path, monkeypatch):
     """Someone an administrator gave Compute Instance Admin, Service Account User and Storage Admin on the project,
     but not TPU Admin: a TPU run is refused, naming the TPU permissions and the role that has them."""
-    from dsctl.providers.gcp.preflight import required_permissions
+    from dsctl.provisioners.gcp.preflight import required_permissions
 
     spec = gcp_spec(tmp_path / "job", home=home, trainer_machine="tpu-v2-8")
     wanted = required_permissions(load_spec(spec).spec)
@@ -88,7 +88,7 @@ def test_what_the_spec_names_must_exist_in_the_zone(cloud, home, tmp_path):
 
 
 def test_a_network_without_ssh_is_refused_and_wider_rules_are_reported(cloud, home, tmp_path):
-    from dsctl.providers.gcp import GcpProvider
+    from dsctl.provisioners.gcp import GcpProvider
 
     spec = gcp_spec(tmp_path / "job", home=home)
     p = GcpProvider()
@@ -100,8 +100,8 @@ def test_a_network_without_ssh_is_refused_and_wider_rules_are_reported(cloud, ho
     # A rule ahead of the deny rule would keep them open: a warning, not a silent hole.
     from google.cloud import compute_v1 as c
 
-    from dsctl.providers.gcp import operations
-    from dsctl.providers.gcp.clients import Clients
+    from dsctl.provisioners.gcp import operations
+    from dsctl.provisioners.gcp.clients import Clients
 
     clients = Clients(p._clients.settings)
 
@@ -127,7 +127,7 @@ def test_a_network_without_ssh_is_refused_and_wider_rules_are_reported(cloud, ho
     handed = GcpProvider()
     handed.prepare_hand_off(load_spec(spec).spec)
     handed.check(load_spec(spec).spec, 1, spec.parent)
-    from dsctl.providers.gcp import firewall, naming
+    from dsctl.provisioners.gcp import firewall, naming
 
     allow, deny = firewall.run_rules("r", naming.network_tag("r"), 5050, 5051)
     assert "22" in allow.ports and allow.source_tag == allow.target_tag and "22" not in deny.ports
@@ -158,7 +158,7 @@ def test_a_run_refused_by_preflight_records_nothing_billable(cloud, home, tmp_pa
 
 def _own_accounts(loaded, spec_path):
     """dsctl's own accounts made and granted, as `dsctl up` does before any VM: (provider, supervisor, workers)."""
-    from dsctl.providers.gcp import GcpProvider, accounts
+    from dsctl.provisioners.gcp import GcpProvider, accounts
 
     p = GcpProvider()
     p.check(loaded, 2, spec_path.parent)
@@ -173,9 +173,9 @@ def test_the_supervisor_checks_its_own_permissions_on_each_resource(cloud, home,
     project, Service Account User on the workers' account and on its own, Storage Object Admin on the bucket) it
     passes: a project-level test could not see the grants on the account and the bucket. What it lacks is named on
     the resource it is granted on, with the command that grants it, before it starts, stops or deletes anything."""
-    from dsctl.providers import Deployment
-    from dsctl.providers.gcp import GcpDeployment, GcpError, GcpProvider
-    from dsctl.providers.gcp.preflight import supervisor_needs
+    from dsctl.provisioners import Deployment
+    from dsctl.provisioners.gcp import GcpDeployment, GcpError, GcpProvider
+    from dsctl.provisioners.gcp.preflight import supervisor_needs
 
     extra = "\nautoscale: {policy: cachew, max_workers: 4}\n" if autoscale else ""
     path = gcp_spec(tmp_path / "job", home=home, trainer_machine="tpu-v2-8" if tpu else "n2-standard-8",
@@ -213,8 +213,8 @@ def test_the_supervisor_waits_for_the_grants_dsctl_just_made(cloud, home, tmp_pa
     supervisor's first check would fail; it probes again until they are, and says it waits."""
     import time
 
-    from dsctl.providers import Deployment
-    from dsctl.providers.gcp import GcpDeployment, GcpProvider
+    from dsctl.provisioners import Deployment
+    from dsctl.provisioners.gcp import GcpDeployment, GcpProvider
 
     cloud.grant_delay_s = 3.0
     path = gcp_spec(tmp_path / "job", home=home, trainer_machine="n2-standard-8")
@@ -248,7 +248,7 @@ def test_a_default_account_without_roles_is_refused_when_dsctl_may_not_make_its_
     """Secure by default (organizations since May 2024): the Compute Engine default account has no role. A caller
     who may not create service accounts is told, before anything is created, which roles on which resource, and the
     commands that grant each there."""
-    from dsctl.providers.gcp.accounts import default_account
+    from dsctl.provisioners.gcp.accounts import default_account
 
     cloud.secure_by_default = True
     spec = _cpu_spec(tmp_path, home)
@@ -284,8 +284,8 @@ def test_dsctl_makes_its_own_accounts_once_each_with_exactly_its_grants(cloud, h
     """The supervisor's account gets its roles on the project, Service Account User on the workers' account and its
     own, Storage Object Admin on the bucket; the workers' account gets Storage Object Viewer on the bucket and nothing
     at the project. The VMs run as them; a second run changes nothing; a TPU run adds TPU Admin, only that."""
-    from dsctl.providers.gcp import GcpProvider, accounts, compute
-    from dsctl.providers.gcp.clients import Clients
+    from dsctl.provisioners.gcp import GcpProvider, accounts, compute
+    from dsctl.provisioners.gcp.clients import Clients
 
     cloud.secure_by_default = True
     spec = _cpu_spec(tmp_path, home)
@@ -334,7 +334,7 @@ def test_the_workers_account_may_read_the_runs_objects_and_nothing_else(cloud, h
     from google.api_core import exceptions as gx
     from google.cloud import compute_v1 as c
 
-    from dsctl.providers.gcp.clients import Clients
+    from dsctl.provisioners.gcp.clients import Clients
 
     spec = _cpu_spec(tmp_path, home)
     loaded = load_spec(spec).spec
@@ -344,7 +344,7 @@ def test_the_workers_account_may_read_the_runs_objects_and_nothing_else(cloud, h
     owner.storage.bucket(settings.bucket).blob("dsctl/runs/r/staging/spec.json").upload_from_string(b"{}")
     owner.storage.create_bucket("someone-elses-data", location=settings.region)
     owner.storage.bucket("someone-elses-data").blob("secret").upload_from_string(b"x")
-    from dsctl.providers.gcp import compute
+    from dsctl.provisioners.gcp import compute
 
     compute.insert(owner, "bystander", compute.VmConfig(machine="e2-standard-2", labels={}, tag="t", metadata={},
                                                         image="projects/debian-cloud/global/images/family/debian-12"))
@@ -370,7 +370,7 @@ def test_the_workers_account_may_read_the_runs_objects_and_nothing_else(cloud, h
 
 
 def test_organization_policies_refuse_before_anything_is_created(cloud, home, tmp_path, monkeypatch):
-    from dsctl.providers.gcp import GcpProvider
+    from dsctl.provisioners.gcp import GcpProvider
 
     spec = _cpu_spec(tmp_path, home)
     cloud.set_org_policy("compute.vmExternalIpAccess", [{"denyAll": True}])
@@ -423,9 +423,9 @@ def test_vcpu_quota_is_checked_for_the_whole_run_before_anything_is_created(clou
             f"--quota-id=N2-CPUS-per-project-region --dimensions=region={REGION} --preferred-value=32") in message
     assert cloud.counts() == NOTHING and not changes(cloud)
     # Enough: it passes. What other VMs of the project use is not free: refused again, the usage named.
-    from dsctl.providers.gcp import GcpProvider, compute
-    from dsctl.providers.gcp.clients import Clients
-    from dsctl.providers.gcp.settings import resolve
+    from dsctl.provisioners.gcp import GcpProvider, compute
+    from dsctl.provisioners.gcp.clients import Clients
+    from dsctl.provisioners.gcp.settings import resolve
 
     loaded = load_spec(spec).spec
     cloud.set_quota("N2_CPUS", 32, region=REGION)
@@ -464,7 +464,7 @@ def test_gpu_quota_by_type_and_spot_vms_on_preemptible_quota(cloud, home, tmp_pa
     _check(spot_gpu)
     # Spot workers: PREEMPTIBLE_CPUS, once granted, holds them; the dispatcher, which runs the run's supervisor, is
     # on-demand and stays on N2_CPUS.
-    from dsctl.providers.gcp import GcpProvider
+    from dsctl.provisioners.gcp import GcpProvider
 
     spot = gcp_spec(tmp_path / "spot", home=home, workers=4, trainer_machine="tpu-v2-8",
                     service=", provisioning: spot")
@@ -498,7 +498,7 @@ def test_gpu_quota_by_type_and_spot_vms_on_preemptible_quota(cloud, home, tmp_pa
 
 
 def test_what_the_quota_check_cannot_tell_is_a_note_not_a_guess(cloud, home, tmp_path):
-    from dsctl.providers.gcp import GcpProvider
+    from dsctl.provisioners.gcp import GcpProvider
 
     # A machine family whose quota metric dsctl does not know (A3): its vCPUs are not checked, its H100s are.
     a3 = gcp_spec(tmp_path / "a3", home=home, trainer_machine="a3-highgpu-8g")

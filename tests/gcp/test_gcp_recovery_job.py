@@ -23,7 +23,7 @@ from conftest import PROJECT, ZONE, gcp_spec
 from dsctl.orchestrator.pricing import price_record
 from dsctl.orchestrator.run import JobRunner
 from dsctl.orchestrator.store import RunStore
-from dsctl.providers import load_deployment
+from dsctl.provisioners import load_deployment
 from dsctl.specs import load_spec
 from helpers import wait_for
 

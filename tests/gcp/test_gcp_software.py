@@ -1,6 +1,6 @@
 """Which TensorFlow each VM gets, and the wheelhouse it installs from: decided and checked before anything exists.
 
-Fast tests: no cloud, no TensorFlow processes. The tables in providers/gcp/software.py
+Fast tests: no cloud, no TensorFlow processes. The tables in provisioners/gcp/software.py
 are the published ones; these tests pin the decisions made from them (the version chosen
 for a TPU run, refusals of pairs that do not exist) and the wheelhouse's content-addressing.
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dsctl.providers.gcp import software, wheelhouse
-from dsctl.providers.gcp.errors import GcpError
+from dsctl.provisioners.gcp import software, wheelhouse
+from dsctl.provisioners.gcp.errors import GcpError
 from dsctl.specs import SpecError, load_spec_text
 
 
@@ -138,7 +138,7 @@ def test_impossible_pairs_are_refused_naming_the_field_and_what_would_work():
 
 
 def test_the_plan_says_which_tensorflow_and_refuses_what_cannot_start(monkeypatch):
-    from dsctl.providers.gcp import plan
+    from dsctl.provisioners.gcp import plan
 
     text = plan(_spec("tpu-v2-8")).render()
     assert "TensorFlow 2.18.0 on every VM" in text and "tpu-vm-tf-2.18.0-pjrt-v5p-and-below" in text
@@ -173,11 +173,11 @@ def test_a_wheelhouse_is_addressed_by_everything_that_decides_its_contents():
 
 
 def test_the_supervisor_extra_is_what_pyproject_asks_for_the_cli_and_the_gcp_provider():
-    """The dispatcher VM runs `dsctl supervise` (cli -> orchestrator -> providers.gcp): its extra must hold the
+    """The dispatcher VM runs `dsctl supervise` (cli -> orchestrator -> provisioners.gcp): its extra must hold the
     same requirements as the package itself, and only the dispatcher's kind carries them."""
     import tomllib
 
-    from dsctl.providers.gcp import wheel
+    from dsctl.provisioners.gcp import wheel
 
     project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
     wanted = {r for r in project["dependencies"] + project["optional-dependencies"]["gcp"]
@@ -191,7 +191,7 @@ def test_the_supervisor_extra_is_what_pyproject_asks_for_the_cli_and_the_gcp_pro
 def test_the_wheel_offers_the_supervisor_extra(tmp_path):
     import zipfile
 
-    from dsctl.providers.gcp import wheel
+    from dsctl.provisioners.gcp import wheel
 
     path = wheel.build_wheel(tmp_path)
     with zipfile.ZipFile(path) as z:

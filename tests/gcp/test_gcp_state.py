@@ -1,7 +1,7 @@
-"""A Google Cloud run's state file (providers/gcp/state.py): typed, and read back from what older dsctl wrote.
+"""A Google Cloud run's state file (provisioners/gcp/state.py): typed, and read back from what older dsctl wrote.
 
 legacy_state.json is a state file as dsctl wrote it before the typed state, mid-run: captured from that
-revision's provider (`git show HEAD~1:providers/gcp/provider.py`, up + wait_ready + start_trainers) on the
+revision's provider (`git show HEAD~1:provisioners/gcp/provider.py`, up + wait_ready + start_trainers) on the
 stand-in cloud: a fault-tolerant dispatcher, two workers, a TPU trainer recording its steps and ids, the run's
 two firewall rules, every detail in a node's `extra` and the settings in a `gcp` pseudo-node. Added by hand, as
 that revision's hand_off and detached `dsctl up` recorded them: the `supervisor` node of a run handed over to its
@@ -15,9 +15,9 @@ from pathlib import Path
 
 from conftest import PROJECT, ZONE
 
-from dsctl.providers import load_deployment
-from dsctl.providers.gcp import GcpDeployment, GcpNode, GcpProvider, Vm
-from dsctl.providers.gcp.state import FirewallRule, RemoteProcess
+from dsctl.provisioners import load_deployment
+from dsctl.provisioners.gcp import GcpDeployment, GcpNode, GcpProvider, Vm
+from dsctl.provisioners.gcp.state import FirewallRule, RemoteProcess
 
 NOTHING = {"instances": 0, "firewalls": 0, "tpus": 0}
 RUN = "legacy-0001"

@@ -1,7 +1,7 @@
 """Runs that outlive the user's machine: `dsctl up --detach` on the stand-in cloud, through the real CLI.
 
 The user's `dsctl up --detach` creates the VMs and hands the job over through Cloud Storage: the dispatcher
-"VM"'s starter (providers/gcp/starter.py, run by the stand-in as its startup script would) starts a real
+"VM"'s starter (provisioners/gcp/starter.py, run by the stand-in as its startup script would) starts a real
 `dsctl supervise` process there, which reaches the other VMs at their internal addresses and the APIs with
 the VM's own credentials, and starts the servers; `dsctl up` exits once it trains, having connected to no
 VM. The supervisor runs the job, publishes its record to Cloud Storage, tears everything down, and deletes
@@ -23,8 +23,8 @@ import pytest
 from conftest import BUCKET, PROJECT, ZONE, gcp_spec
 
 from dsctl.orchestrator.store import RunStore
-from dsctl.providers import load_deployment
-from dsctl.providers.gcp import GcpProvider
+from dsctl.provisioners import load_deployment
+from dsctl.provisioners.gcp import GcpProvider
 from helpers import processes_under, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.background]  # they mostly wait: beside the other tests

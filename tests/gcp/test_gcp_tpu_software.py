@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dsctl.providers.gcp import plan, software, startup, wheelhouse
+from dsctl.provisioners.gcp import plan, software, startup, wheelhouse
 from dsctl.specs import SpecError, load_spec_text
 from dsctl.specs.loader import LoadedSpec
 

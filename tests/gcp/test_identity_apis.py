@@ -15,15 +15,15 @@ PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9
 
 
 def _clients():
-    from dsctl.providers.gcp.clients import Clients
-    from dsctl.providers.gcp.settings import GcpSettings
+    from dsctl.provisioners.gcp.clients import Clients
+    from dsctl.provisioners.gcp.settings import GcpSettings
 
     return Clients(GcpSettings(project=PROJECT, zone="us-central1-b").with_env_endpoints())
 
 
 def test_each_api_endpoint_comes_from_its_own_variable(monkeypatch):
-    from dsctl.providers.gcp.clients import Clients
-    from dsctl.providers.gcp.settings import GcpSettings
+    from dsctl.provisioners.gcp.clients import Clients
+    from dsctl.provisioners.gcp.settings import GcpSettings
 
     ports = {"IAM": 9101, "ORGPOLICY": 9102, "OSLOGIN": 9103, "CRM": 9104}
     for api, port in ports.items():
@@ -43,8 +43,8 @@ def test_each_api_endpoint_comes_from_its_own_variable(monkeypatch):
 
 
 def test_the_caller_is_who_gcloud_names_when_the_credentials_do_not_say(monkeypatch, tmp_path):
-    from dsctl.providers.gcp.clients import Clients
-    from dsctl.providers.gcp.settings import GcpSettings
+    from dsctl.provisioners.gcp.clients import Clients
+    from dsctl.provisioners.gcp.settings import GcpSettings
 
     monkeypatch.setenv("DSCTL_OSLOGIN_ENDPOINT", "http://127.0.0.1:9")  # anonymous credentials
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
@@ -67,7 +67,7 @@ def test_the_caller_is_who_gcloud_names_when_the_credentials_do_not_say(monkeypa
 def test_credentials_that_name_their_account_win():
     from google.oauth2 import credentials as user_credentials
 
-    from dsctl.providers.gcp.clients import _from_credentials
+    from dsctl.provisioners.gcp.clients import _from_credentials
 
     assert _from_credentials(user_credentials.Credentials("t", account="jane@example.com")) == "jane@example.com"
     assert _from_credentials(user_credentials.Credentials("t")) is None

@@ -1,4 +1,4 @@
-"""What a poll of a running Google Cloud deployment reports about its VMs (providers/gcp/recovery.py, through
+"""What a poll of a running Google Cloud deployment reports about its VMs (provisioners/gcp/recovery.py, through
 GcpProvider.poll and .restart) and what the supervisor above it (orchestrator/supervision.py) makes of that, on a
 clock the test moves: outages within and past gcp.outage_limit_s, stopped worker and dispatcher VMs brought back,
 trainer VMs and deleted VMs ending the run, and how often Compute Engine is asked. The policy itself, on every
@@ -13,13 +13,13 @@ import pytest
 
 from dsctl.orchestrator.outcome import RunFailed
 from dsctl.orchestrator.supervision import MAX_RESTARTS, OUTAGE_EVENT_AFTER_S, Supervisor
-from dsctl.providers import Deployment, Node
-from dsctl.providers.gcp import GcpDeployment, GcpProvider
-from dsctl.providers.gcp.clients import Clients
-from dsctl.providers.gcp.context import Context
-from dsctl.providers.gcp.recovery import STATUS_EVERY_S, Recovery
-from dsctl.providers.gcp.settings import GcpSettings
-from dsctl.providers.gcp.state import GcpNode, Vm
+from dsctl.provisioners import Deployment, Node
+from dsctl.provisioners.gcp import GcpDeployment, GcpProvider
+from dsctl.provisioners.gcp.clients import Clients
+from dsctl.provisioners.gcp.context import Context
+from dsctl.provisioners.gcp.recovery import STATUS_EVERY_S, Recovery
+from dsctl.provisioners.gcp.settings import GcpSettings
+from dsctl.provisioners.gcp.state import GcpNode, Vm
 
 
 class Clock:

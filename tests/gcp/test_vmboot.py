@@ -564,7 +564,7 @@ def test_tensorflow_runs_a_tf_data_service_inside_the_vm(rootfs, tmp_path):
 
 
 # ================================================================================================
-# The run's watchdog, started by the REAL startup script (providers/gcp/watchdog.py)
+# The run's watchdog, started by the REAL startup script (provisioners/gcp/watchdog.py)
 # ================================================================================================
 def _watchdogs(vm: BootedVm) -> list[str]:
     """The watchdog programs running in the VM (not the loop that restarts them)."""
@@ -580,9 +580,9 @@ def test_the_startup_scripts_watchdog_deletes_its_vm_once_the_heartbeat_stops(ro
     sys.path.insert(0, str(STANDINS))
     from fake_gce import FakeCloud, FakeGce, Faults, Timing
 
-    from dsctl.providers.gcp import lifetime, software, startup, watchdog
-    from dsctl.providers.gcp.settings import GcpSettings, local_tensorflow_version
-    from dsctl.providers.gcp.storage import HeartbeatObject
+    from dsctl.provisioners.gcp import lifetime, software, startup, watchdog
+    from dsctl.provisioners.gcp.settings import GcpSettings, local_tensorflow_version
+    from dsctl.provisioners.gcp.storage import HeartbeatObject
     from dsctl.specs import load_spec_text
 
     spec = load_spec_text("name: b\nprovider: gcp\ntrainer: {machine: n2-standard-8, steps: 1}\n"

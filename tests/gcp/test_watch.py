@@ -1,4 +1,4 @@
-"""The watcher (providers/gcp/watch.py) against VMs that answer, fail, or hang, with an SSH double that
+"""The watcher (provisioners/gcp/watch.py) against VMs that answer, fail, or hang, with an SSH double that
 answers the status command the way a VM's shell does. Real SSH runs in test_gcp_recovery_job.py; here the
 point is what the watcher does around it: one hung VM never holds up the others, failures back off, and a
 reading stuck in flight counts as an outage and frees its connection."""
@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from dsctl.providers.gcp import watch
-from dsctl.providers.gcp.errors import SshUnreachable
-from dsctl.providers.gcp.remote import Layout
-from dsctl.providers.gcp.ssh import Result
-from dsctl.providers.gcp.watch import Watched, Watcher
+from dsctl.provisioners.gcp import watch
+from dsctl.provisioners.gcp.errors import SshUnreachable
+from dsctl.provisioners.gcp.remote import Layout
+from dsctl.provisioners.gcp.ssh import Result
+from dsctl.provisioners.gcp.watch import Watched, Watcher
 
 
 class FakeSsh:
@@ -256,7 +256,7 @@ def test_a_trainer_with_long_windows_is_judged_by_its_own_gaps(tmp_path):
 def test_cpu_rates_come_from_readings_however_far_apart(tmp_path):
     from types import SimpleNamespace
 
-    from dsctl.providers.gcp import processes
+    from dsctl.provisioners.gcp import processes
 
     w, ssh, clock = vms(workers=63, trainers=0, tmp_path=tmp_path)  # 64 servers: each every 32 s
     w.cycle()

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dsctl.costmodel import Charge, Extra, load_catalog
-from dsctl.providers import (
+from dsctl.provisioners import (
     Bill,
     Billed,
     Deployment,
@@ -36,9 +36,9 @@ from dsctl.providers import (
     TrainerState,
     register,
 )
-from dsctl.providers.plan import ask_first, price_plan
-from dsctl.providers.processes import is_ours, reap, stop_groups
-from dsctl.providers.state import DeploymentState, NodeState, from_dict
+from dsctl.provisioners.plan import ask_first, price_plan
+from dsctl.provisioners.processes import is_ours, reap, stop_groups
+from dsctl.provisioners.state import DeploymentState, NodeState, from_dict
 from dsctl.runtime.readiness import pick_service_port, read_json
 from dsctl.runtime.sampler import ProcessSampler, Sample
 

@@ -6,8 +6,8 @@ import pytest
 
 from contract.suite import ProviderContract
 from contract.toy.provider import ToyProvider, kill
-from dsctl.providers import Deployment
-from dsctl.providers.processes import is_ours
+from dsctl.provisioners import Deployment
+from dsctl.provisioners.processes import is_ours
 
 pytestmark = pytest.mark.slow
 

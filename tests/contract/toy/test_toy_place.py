@@ -10,7 +10,7 @@ import pytest
 
 from dsctl.costmodel import load_catalog
 from dsctl.orchestrator.costs import estimate_costs
-from dsctl.providers.registry import provider_class
+from dsctl.provisioners.registry import provider_class
 from dsctl.specs import SpecError, load_spec_text
 from dsctl.specs.places import places
 from helpers import REPO, write_spec
@@ -74,7 +74,7 @@ def test_a_toy_estimate_has_the_toys_extras_in_columns_of_their_own(installed, t
 def test_nothing_outside_its_folder_names_the_toy():
     """Adding the toy touched its folder only: no module of dsctl, no doc, no configuration names it."""
     named = [p.relative_to(REPO).as_posix() for folder in ("cli", "costmodel", "dsctl_pkg", "experiments", "orchestrator",
-                                                           "providers", "runtime", "specs")
+                                                           "provisioners", "runtime", "specs")
              for p in (REPO / folder).rglob("*") if p.is_file() and p.suffix in (".py", ".yaml", ".toml")
              and "contract.toy" in p.read_text(errors="replace")]
     assert named == [] and "contract.toy" not in (REPO / "pyproject.toml").read_text()

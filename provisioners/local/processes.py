@@ -1,9 +1,9 @@
 """Starting a run's local processes, each in its own session and process group, all in the run's cgroup.
 
 Each process gets its own session, so Ctrl-C in the terminal reaches only dsctl, which then
-stops them in order (providers/processes.py stop_groups); `dsctl down` can stop a whole
+stops them in order (provisioners/processes.py stop_groups); `dsctl down` can stop a whole
 group later, identified by pid AND start time (never by process name). A process started
-with a cgroup joins it before it runs a single instruction of its own (providers/containment.py),
+with a cgroup joins it before it runs a single instruction of its own (provisioners/containment.py),
 so whatever it starts, in any session, is found and ended with the run.
 """
 

@@ -1,4 +1,4 @@
-"""The gcp provider: the provider contract (providers/contract.py) on Compute Engine VMs, TPU VMs, Cloud Storage
+"""The gcp provider: the provider contract (provisioners/contract.py) on Compute Engine VMs, TPU VMs, Cloud Storage
 and SSH, with three capabilities: HandsOff (a run supervised on its dispatcher VM), Plans (the machines priced, and
 a question, before anything bills) and FindsByLabel (a run's resources found and deleted with no local state).
 

@@ -1,7 +1,7 @@
 """What the local provider keeps of a deployment: per process its port and ready file, the launcher, and the
 cgroup every process of the run is in.
 
-Saved in the run's state file with the rest of the deployment (providers/state.py), so `dsctl down`
+Saved in the run's state file with the rest of the deployment (provisioners/state.py), so `dsctl down`
 in a new process finds the launcher, every process it forked, and (in the cgroup) whatever those started.
 """
 

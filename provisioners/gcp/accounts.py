@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from dsctl.providers.contract import EventSink
+from dsctl.provisioners.contract import EventSink
 from dsctl.specs import SpecError
 from dsctl.specs.schema import JobSpec
 

@@ -127,7 +127,7 @@ class LocalProvider:
         self._port_waits: dict[int, dict] = {}  # worker index -> its wait for a port another process holds
         self._watches: dict[int, exits.Watch] = {}  # pid -> a process spawned here (no launcher): its memory cgroups
         self._endings: dict[int, str] = {}  # pid -> how a process spawned here ended (judged once)
-        self._hangs = HangWatch()  # servers that stopped answering (providers/local/hangs.py)
+        self._hangs = HangWatch()  # servers that stopped answering (provisioners/local/hangs.py)
 
     # -- checks -----------------------------------------------------------------
     def capacity(self, trainers: int) -> int:

@@ -1,7 +1,7 @@
 """What the gcp provider keeps of a deployment: per node its VM and the process on it; per run its settings,
 firewall rules, staged software, trainer VMs and the supervisor it handed the run to.
 
-Saved in the run's state file with the rest of the deployment (providers/state.py) after every change, and a
+Saved in the run's state file with the rest of the deployment (provisioners/state.py) after every change, and a
 resource BEFORE it is created, so `dsctl down` in a new process (even after kill -9 of `dsctl up`) finds the
 project and zone, every VM, every firewall rule and the run's supervisor, and deletes them. A process on a VM is
 known by its pid and start time there (GcpNode.remote_pid, start_time), never by Node.pid: that is a pid on this
@@ -156,7 +156,7 @@ def _vm(data: dict[str, Any]) -> Vm:
 
 
 class GcpCodec:
-    """How the state above is read back from a state file (providers/registry.py load_deployment)."""
+    """How the state above is read back from a state file (provisioners/registry.py load_deployment)."""
 
     def node_state(self, data: dict[str, Any]) -> GcpNode:
         return from_dict(GcpNode, {**data, "vm": _vm(data["vm"])})

@@ -31,7 +31,7 @@ from .state import ProcessRef
 
 
 class Process(Protocol):
-    """What identifies a process (a Node or a ProcessRef of providers/state.py)."""
+    """What identifies a process (a Node or a ProcessRef of provisioners/state.py)."""
 
     pid: int | None
     pgid: int | None

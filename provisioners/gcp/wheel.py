@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 
 # Top-level subpackages of the dsctl namespace; each is copied with everything under it.
-PACKAGES = ("dsctl", "dsctl.cli", "dsctl.specs", "dsctl.runtime", "dsctl.providers", "dsctl.costmodel",
+PACKAGES = ("dsctl", "dsctl.cli", "dsctl.specs", "dsctl.runtime", "dsctl.provisioners", "dsctl.costmodel",
             "dsctl.experiments", "dsctl.orchestrator")
 SUFFIXES = (".py", ".yaml", ".yml", ".json", ".txt")
 # What dsctl's runtime imports on a VM besides TensorFlow (which the VM's image or wheelhouse provides).

@@ -6,7 +6,7 @@ manifest last. Nothing on the user's machine connects to a VM: a project whose V
 whose firewall lets nothing in from outside, is handed over the same way.
 
 On the dispatcher VM, once its startup script has installed the run's software (startup.py), this program
-(`python -m dsctl.providers.gcp.starter`, run as root) reads its configuration (StarterConfig) from the
+(`python -m dsctl.provisioners.gcp.starter`, run as root) reads its configuration (StarterConfig) from the
 metadata attribute STARTER_KEY, waits for the manifest, writes the files it lists into the supervisor's run
 folder (0600, in a folder of root's beside the run's others) and starts `dsctl supervise RUN_DIR` there the
 way every server of a run is started (remote.launch: its pid and exit code in files), then exits. Its log is
@@ -200,7 +200,7 @@ def start_lines(python: str) -> str:
     this program in the background, so the startup script itself ends."""
     from shlex import quote as q
 
-    run = f"{q(python)} -m dsctl.providers.gcp.starter"
+    run = f"{q(python)} -m dsctl.provisioners.gcp.starter"
     return f"""# The run's supervisor, from the hand-over in Cloud Storage (dsctl starter.py).
 (setsid nohup {run} >> {LOG} 2>&1 < /dev/null &)
 """

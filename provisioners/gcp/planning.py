@@ -1,7 +1,7 @@
 """What `dsctl up` would create on Google Cloud, and what it costs: shown by `--dry-run`, and before asking.
 
 `plan(spec, workers)` needs no credentials and creates nothing: the run's Bill (billing.py: its VMs, how each is
-bought, their external IPv4 addresses and boot disks) priced as every provider's plan is (providers/plan.py), and
+bought, their external IPv4 addresses and boot disks) priced as every provider's plan is (provisioners/plan.py), and
 what only a gcp run has: the dispatcher VM that runs the supervisor bought on-demand, which TensorFlow every VM
 gets and how (software.py), how dsctl reaches the VMs, and what else is created. With credentials, `confirm` adds
 what preflight.py found and asks.
@@ -49,7 +49,7 @@ def software_lines(software: Software, trainer_kind: str) -> list[str]:
 
 def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | None = None,
          run_id: str = "<run>", project: str | None = None, zone: str | None = None) -> Plan:
-    """The machines `dsctl up` would create for `spec` (with `workers` workers), priced (providers/plan.py), with what
+    """The machines `dsctl up` would create for `spec` (with `workers` workers), priced (provisioners/plan.py), with what
     a gcp run also gets: the TensorFlow every VM runs, what else is created, how the VMs are reached; creates nothing.
 
     SpecError (exit 2) when the run could not start: no TensorFlow version for every machine kind,

@@ -53,7 +53,7 @@ class ProcessRef:
 
 
 class NodeState:
-    """Base of a provider's own record of a node (e.g. providers/local/state.py LocalNode)."""
+    """Base of a provider's own record of a node (e.g. provisioners/local/state.py LocalNode)."""
 
 
 class DeploymentState:
@@ -114,7 +114,7 @@ class Deployment:
     @classmethod
     def load(cls, run_dir: str | Path, codec_of: Callable[[str], StateCodec | None]) -> Deployment:
         """The deployment in `run_dir`'s state file, its provider's own state typed by the codec `codec_of` gives for
-        the provider it names (providers/registry.py load_deployment passes the registry's; None: a provider this
+        the provider it names (provisioners/registry.py load_deployment passes the registry's; None: a provider this
         dsctl does not have, whose state stays as the file has it)."""
         data = json.loads((Path(run_dir) / STATE_FILE).read_text())
         codec = codec_of(data.get("provider", ""))
@@ -151,7 +151,7 @@ def plain(value: Any) -> Any:
 
 
 class StateCodec(Protocol):
-    """How a provider's own state is read back from a state file (providers/<provider>/state.py)."""
+    """How a provider's own state is read back from a state file (provisioners/<provider>/state.py)."""
 
     def node_state(self, data: dict[str, Any]) -> NodeState: ...
 

@@ -1,6 +1,6 @@
 """The provider contract: what every place to run implements, and what only some can do.
 
-A provider is a folder (providers/local, providers/gcp, ...) whose class implements
+A provider is a folder (provisioners/local, provisioners/gcp, ...) whose class implements
 `Provider` and registers itself by name (registry.py). The orchestrator drives every provider
 the same way, for one measurement of one job:
 

@@ -5,7 +5,7 @@ A VM that stops answering SSH may be fine (the user's laptop lost its network, a
 or gone (a Spot preemption, a stop). dsctl asks Compute Engine instead of guessing: one list
 call (per 500 VMs) every STATUS_EVERY_S, and again soon after a VM stops answering.
 
-What it finds goes into the poll, typed (providers/contract.py); what that means for the run (which losses end
+What it finds goes into the poll, typed (provisioners/contract.py); what that means for the run (which losses end
 it, the restart budget, how long an outage may last, and the events) is decided above the provider, in
 orchestrator/supervision.py, the same for every provider:
 
