@@ -39,7 +39,6 @@ from ..run import JobRunner, new_run_id
 from ..store import RunStore, dsctl_home
 from . import advice
 from .analysis import predict, table
-from .chart import plot_profile
 from .process import STARTUP_S, ProfilerProcess
 from .record import Effect, Profile, Recommendation, ServiceView
 
@@ -153,6 +152,8 @@ class ProfileSession:
                           finite=structure.finite, rows=rows, rate=rate, prediction=prediction,
                           recommendations=recommendations, steps=steps, service=service, notes=notes,
                           recommended=self.opt.recommend)
+        from .chart import plot_profile  # matplotlib: not on the dispatcher VM, whose `dsctl supervise` imports the CLI
+
         profile.chart = str(plot_profile(profile, self.run_dir / "profile.png"))
         (self.run_dir / "profile.json").write_text(json.dumps(profile.to_dict(), indent=1))
         return profile

@@ -8,6 +8,7 @@ for a TPU run, refusals of pairs that do not exist) and the wheelhouse's content
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -186,6 +187,14 @@ def test_the_supervisor_extra_is_what_pyproject_asks_for_the_cli_and_the_gcp_pro
     plain, with_supervisor = (wheelhouse.Recipe.for_kind(_kind(), supervisor=s) for s in (False, True))
     assert not set(wheel.SUPERVISOR_REQUIREMENTS) & set(plain.requirements)
     assert set(wheel.SUPERVISOR_REQUIREMENTS) <= set(with_supervisor.requirements) and plain.digest != with_supervisor.digest
+
+
+def test_the_cli_imports_nothing_the_supervisor_vm_lacks():
+    """`dsctl supervise` on the dispatcher VM imports the whole CLI, and the VM has no matplotlib (the supervisor
+    extra leaves it out): a plot is imported where it is drawn, never at the top of a module the CLI imports."""
+    code = "import sys, dsctl.cli.main; print('matplotlib' in sys.modules)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "False", res.stderr
 
 
 def test_the_wheel_offers_the_supervisor_extra(tmp_path):
