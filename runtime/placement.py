@@ -20,8 +20,6 @@ from __future__ import annotations
 import atexit
 import os
 import socket
-import threading
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,8 +34,7 @@ class _LocalWorkers:
     dispatcher: str
     count: int
     servers: list[Any] = field(default_factory=list)  # emptied when they are stopped
-    received: Counter[str] = field(default_factory=Counter)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    table: Any = None  # producer "host:pid" -> batches received (counted())
     reported: bool = False
 
 
@@ -76,17 +73,19 @@ def producer_tagged(ds):
 
 def counted(ds):
     """The elements of a producer_tagged dataset read through the service, without their tag, each counted under
-    the process that produced it."""
+    the process that produced it.
+
+    Counted in a TensorFlow table, never with `tf.py_function`: the trainer's prefetch thread runs this map, and a
+    Python function there needs the GIL, which the main thread holds while it destroys the iterator and waits for
+    that thread (a program that ends its loop hung at exit). The map is sequential, so read-add-write is safe."""
     import tensorflow as tf
 
-    def count(tag) -> int:
-        if _STARTED is not None:
-            with _STARTED.lock:
-                _STARTED.received[tag.numpy().decode()] += 1
-        return 0
+    table = tf.lookup.experimental.MutableHashTable(tf.string, tf.int64, default_value=0)
+    if _STARTED is not None:
+        _STARTED.table = table
 
     def untag(element, tag):
-        done = tf.py_function(count, [tag], tf.int64)
+        done = table.insert(tag, table.lookup(tag) + 1)
         with tf.control_dependencies([done]):
             return tf.nest.map_structure(tf.identity, element, expand_composites=True)
 
@@ -105,8 +104,10 @@ def report(emit) -> None:
     if started is None or started.reported:
         return
     started.reported = True
-    with started.lock:
-        received = dict(started.received)
+    received: dict[str, int] = {}
+    if started.table is not None:
+        keys, values = started.table.export()
+        received = {k.decode(): int(v) for k, v in zip(keys.numpy(), values.numpy())}
     me = here()
     emit("placement", placement="hybrid", local_workers=started.count, process=me,
          local_batches=received.get(me, 0), remote_batches=sum(n for p, n in received.items() if p != me),
