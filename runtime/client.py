@@ -223,9 +223,10 @@ def _lengths(batches: list[int]) -> str:
 
 
 def _after_run(run: _Run) -> None:
-    from . import autocache
+    from . import autocache, placement
 
     autocache.after_run(run.plan, run.emit, run.index)
+    placement.finish(run.emit)
 
 
 def _on_stop(run: _Run):

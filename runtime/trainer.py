@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, cast
 
 from dsctl.specs.schema import JobSpec
 
-from . import autocache, trainer_args
+from . import autocache, placement, trainer_args
 from .loop import MeasuredLoop
 from .metrics import MetricsWriter, Stop
 from .models import ModelError, make_step
@@ -106,6 +106,11 @@ def build_input_and_length(spec: JobSpec, mode: str, index: int, dispatcher: str
         kwargs.update(consumer_index=index, num_consumers=coord.num_consumers)
     if svc.cross_trainer_cache:
         kwargs["cross_trainer_cache"] = service.CrossTrainerCache(trainer_id=f"trainer-{index}")
+    if svc.placement == "hybrid":
+        assert dispatcher is not None, "service mode has a dispatcher"
+        placement.start(dispatcher, svc.local_workers)
+        kwargs["target_workers"] = placement.TARGET_WORKERS
+        return finish(placement.counted(placement.producer_tagged(ds).apply(service.distribute(**kwargs)))), length
     return finish(ds.apply(service.distribute(**kwargs))), length
 
 
@@ -230,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"dsctl trainer: {plan.state['reason'] if plan and plan.state else exc}", file=sys.stderr)
                 harness.run(_computed(spec, args, cache_dir), step_fn)
         autocache.after_run(plan, writer.emit, args.index)
+        placement.finish(writer.emit)
     except (PipelineError, ModelError) as exc:
         writer.emit("error", kind="user", message=str(exc))
         print(f"dsctl trainer: {exc}", file=sys.stderr)
@@ -261,6 +267,7 @@ def _finish_and_exit(plan, writer: MetricsWriter, index: int) -> None:
     """What main() does after training, then the exit: called by the keras runner as soon as `fit` is done,
     before `fit` drops its service iterator (slow to destroy, see keras_runner.train)."""
     autocache.after_run(plan, writer.emit, index)
+    placement.finish(writer.emit)
     writer.close()
     _exit(0)
 

@@ -33,10 +33,13 @@ class Place:
     # A provider that finds runs by label: where the options that say where to look are, "module:NAME" (a tuple of
     # provisioners.contract.LocateOption), read without importing the provider's module.
     locate: str | None = None
+    # Its trainers start tf.data service workers inside their own processes (service.placement: hybrid).
+    in_process_workers: bool = False
 
 
 SHIPPED: dict[str, Place] = {
-    "local": Place("dsctl.provisioners.local", pricing="gcp-us-central1-2025"),  # priced as the machines it stands for
+    # priced as the machines it stands for
+    "local": Place("dsctl.provisioners.local", pricing="gcp-us-central1-2025", in_process_workers=True),
     "gcp": Place("dsctl.provisioners.gcp.provider", pricing="gcp-us-central1-2025",
                  locate="dsctl.provisioners.gcp.locating:OPTIONS"),
 }

@@ -10,6 +10,7 @@ import os
 import re
 
 from .errors import Problems
+from .places import places, quoted
 from .schema import JobSpec
 from .yamlsource import YamlSource
 
@@ -28,7 +29,8 @@ def check_rules(spec: JobSpec, src: YamlSource) -> None:
     stops at its own first problem."""
     problems = Problems()
     for check in (_check_pinning, _check_autoscale, _check_length, _check_source, _check_command, _check_model_kind,
-                  _check_keras, _check_coordinated_reads, _check_cross_trainer_cache, _check_gcp_rules):
+                  _check_keras, _check_coordinated_reads, _check_cross_trainer_cache, _check_placement,
+                  _check_gcp_rules):
         with problems.check():
             check(spec, src)
     problems.raise_any()
@@ -121,6 +123,57 @@ def _check_cross_trainer_cache(spec: JobSpec, src: YamlSource) -> None:
             "the cross-trainer cache needs an infinite dataset; set 'epochs: null' and bound the job with "
             "trainer.steps or trainer.duration_s.",
         )
+
+
+STATIC_SHARDING = ("file", "data", "file_or_data", "hint")
+
+
+def _check_placement(spec: JobSpec, src: YamlSource) -> None:
+    """Hybrid placement reads with target_workers AUTO: the trainer's own in-process workers (tagged COLOCATED) and the
+    untagged remote ones, never another trainer's (runtime/placement.py). What ignores that choice, or needs every
+    worker known before the trainers start, cannot be combined with it."""
+    svc = spec.service
+    if svc.placement == "remote":
+        if svc.local_workers:
+            raise src.error(("service", "local_workers"),
+                            f"local_workers ({svc.local_workers}) starts workers inside each trainer process, which only "
+                            "service.placement: hybrid does; with placement: remote they would be silently ignored. Set "
+                            "placement: hybrid, or remove local_workers.")
+        return
+    if svc.local_workers < 1:
+        raise src.error(("service", "local_workers") if "local_workers" in svc.model_fields_set else ("service", "placement"),
+                        "service.placement: hybrid runs the pipeline on workers inside each trainer process beside the "
+                        "remote ones, so it needs service.local_workers: 1 or more (how many per trainer); with 0 it "
+                        "is placement: remote.")
+    if svc.coordinated_reads is not None:
+        raise src.error(("service", "coordinated_reads"),
+                        "coordinated reads cannot be combined with service.placement: hybrid: a coordinated read "
+                        "ignores target_workers and takes each round from every worker in turn, so a trainer would "
+                        "read the other trainers' in-process workers too (or wait on them). Use placement: remote "
+                        "with coordinated reads, or remove coordinated_reads.")
+    if svc.cross_trainer_cache:
+        raise src.error(("service", "cross_trainer_cache"),
+                        "the cross-trainer cache cannot be combined with service.placement: hybrid: it shares each "
+                        "worker's elements between the trainers reading it, and an in-process worker is read by its "
+                        "own trainer only, so its cache would be filled for nobody else. Use placement: remote with "
+                        "the cache, or remove cross_trainer_cache.")
+    if svc.processing_mode in STATIC_SHARDING:
+        raise src.error(("service", "processing_mode"),
+                        f"processing_mode: {svc.processing_mode} is static sharding, which gives each worker its shard "
+                        "by its place in a list of worker addresses fixed when the dispatcher starts; in-process "
+                        "workers start later, with their trainers, at addresses not known then. Use parallel_epochs "
+                        "or distributed_epoch with service.placement: hybrid.")
+    if spec.autoscale is not None:
+        raise src.error(("autoscale",),
+                        "autoscaling cannot be combined with service.placement: hybrid yet: its policies scale the "
+                        "remote workers from measurements that do not tell the in-process workers' share apart. Use "
+                        "placement: remote with autoscale, or remove the autoscale section and fix service.workers.")
+    able = [name for name, place in places().items() if place.in_process_workers]
+    if spec.provider not in able:
+        raise src.error(("service", "placement"),
+                        f"service.placement: hybrid is not yet available with provider: {spec.provider}, whose "
+                        f"trainers do not start in-process workers; it runs with provider: {quoted(able)}. Use "
+                        "placement: remote here.")
 
 
 def _check_gcp_rules(spec: JobSpec, src: YamlSource) -> None:

@@ -41,6 +41,10 @@ BUILTIN_PIPELINES = get_args(BuiltinPipeline)
 ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")
 
+# Where a service-mode run's pipeline runs: on the service's (remote) workers only, or also on workers inside each
+# trainer process, on the trainer host's own CPUs (Pecan's hybrid placement; runtime/placement.py).
+Placement = Literal["remote", "hybrid"]
+MAX_LOCAL_WORKERS = 64  # per trainer process; each is a WorkerServer with its own threads on the trainer host's CPUs
 MAX_WORKERS = 4096  # tf.data service workers (service.workers, autoscale.*_workers): 6x the paper's 640
 MAX_TRAINERS = 1024  # trainer hosts (trainer.count, coordinated_reads.num_consumers)
 MAX_ACCELERATORS = 64  # per trainer host; the largest machine types dsctl knows have 8
@@ -88,6 +92,12 @@ class ServiceSpec(Strict):
         "standard", description="how the dispatcher and worker VMs are bought (and priced): on-demand or Spot")
     worker_cpus: list[int] | None = Field(
         None, min_length=1, description="local provider: pin workers and the dispatcher to these cores (like taskset)")
+    placement: Placement = Field(
+        "remote", description="where the pipeline runs in service mode: remote (the service's workers only) or hybrid "
+                              "(also local_workers workers inside each trainer process, read beside the remote ones)")
+    local_workers: int = Field(
+        0, ge=0, le=MAX_LOCAL_WORKERS, description="hybrid placement: tf.data service workers started inside each "
+                                                   "trainer process")
 
 
 class ModelPhase(Strict):
