@@ -325,6 +325,12 @@ def test_a_daemon_of_a_users_script_is_counted_and_stopped_by_down_after_its_run
         [trainer] = dep.by_role("trainer")
         up.kill()
         up.wait()
+        # As if `up` had been killed after the launcher forked the worker but before `up` wrote its pid down (the
+        # launcher's own record of the fork says which process it is).
+        dep = wait_for(lambda: (d := load_deployment(run_dir)).by_role("worker")[0].pid and d, timeout=5,
+                       what="the worker's pid in the state file")
+        dep.by_role("worker")[0].pid = dep.by_role("worker")[0].pgid = None
+        dep.save()
         os.kill(trainer.pid, signal.SIGKILL)  # the runner: its program and the daemons run on
         time.sleep(0.5)
         group = container_of(dep.state)

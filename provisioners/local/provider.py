@@ -647,6 +647,10 @@ class LocalProvider:
         if group is None:
             return None
         launcher = self._dep_state(dep).launcher
+        forked = Launcher(Path(dep.run_dir))
+        for node in dep.nodes:  # forked, but `dsctl up` was killed before it wrote the pid down
+            if node.pid is None and isinstance(node.state, LocalNode) and node.state.launch_id:
+                forked.resolve(node)
         leaders = [n.pgid or n.pid for n in dep.nodes] + ([launcher.pgid or launcher.pid] if launcher else [])
         return containment.contents(group, {pid for pid in leaders if pid})
 
