@@ -15,6 +15,7 @@ REGISTRY = {
     "fig11": "dsctl.experiments.fig11",
     "cachew-autoscale": "dsctl.experiments.cachew_autoscale",
     "cachew-autocache": "dsctl.experiments.cachew_autocache",
+    "pecan": "dsctl.experiments.pecan",
 }
 
 

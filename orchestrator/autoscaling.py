@@ -55,6 +55,8 @@ def observe(windows: list[dict], trainers: int, *, workers: int, worker_cpu_util
         t=max(w["t_end"] for w in windows), workers=workers, batch_time_s=elapsed / batches,
         input_stall_frac=min(wait / elapsed, 1.0), batches=max(1, round(batches / trainers)),
         queue_fill=queue_fill, worker_cpu_util=worker_cpu_util,
+        # in-process workers as the trainers said: the fewest any had (a change not yet made everywhere is not made)
+        local_workers=min(int(w.get("local_workers") or 0) for w in windows),
     )
 
 

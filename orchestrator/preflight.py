@@ -20,7 +20,7 @@ from dsctl.provisioners.registry import provider_class
 from dsctl.specs import LoadedSpec, SpecError, entrypoints, load_spec
 from dsctl.specs.command import DEFAULT_ARG_MAX, activated, command_problem, exec_problem
 from dsctl.specs.epochs import epoch_findings
-from dsctl.specs.errors import Problems
+from dsctl.specs.errors import Problems, UsageError
 
 from .home import notices
 
@@ -130,7 +130,8 @@ def check_pricing(loaded: LoadedSpec) -> None:
                         f"{loaded.source.where(('pricing',))}.)", where=exc.where, field=exc.field) from None
 
 
-SET_BY_SPEC = ("min_workers", "max_workers", "start_workers", "start_note")  # autoscale's own fields, not settings
+SET_BY_SPEC = ("min_workers", "max_workers", "start_workers", "start_note",  # autoscale's own fields, not settings
+               "trainers_per_hour", "worker_cpu_per_hour", "worker_memory_per_hour", "basis", "local_cap")  # pecan: the spec's
 
 
 def check_autoscale(loaded: LoadedSpec, policy: str | None = None):
@@ -140,6 +141,13 @@ def check_autoscale(loaded: LoadedSpec, policy: str | None = None):
     from .policies import POLICIES, make_policy
 
     auto = loaded.spec.autoscale
+    if policy is not None and (policy == "pecan") != (loaded.spec.service.placement == "auto"):
+        raise UsageError(f"--autoscale {policy}: " + (
+            "the pecan policy also places workers inside the trainer processes, which the spec's "
+            "service.placement: auto turns on (with service.local_workers, the most per trainer); set those in the "
+            "spec, whose autoscale policy is then pecan." if policy == "pecan" else
+            f"the spec's service.placement: auto is placed by the pecan policy; {policy} scales remote workers "
+            "only. Leave out --autoscale, or use placement: remote in the spec."), field="--autoscale")
     if policy is not None and (auto is None or auto.policy != policy):
         # Another policy than the spec's: its settings belong to the spec's policy, not this one.
         auto = (auto or AutoscaleSpec()).model_copy(update={"policy": policy, "settings": {}})
@@ -154,6 +162,8 @@ def check_autoscale(loaded: LoadedSpec, policy: str | None = None):
             raise loaded.error(("autoscale", "settings", key),
                                f"'{key}' is not a setting of the {auto.policy} policy.{hint} Valid settings: {', '.join(valid)}.")
     config = {"min_workers": auto.min_workers, "max_workers": auto.max_workers, **auto.settings}
+    if auto.policy == "pecan":
+        config.update(_placement_prices(loaded))
     if auto.start == "profile":  # the newest profile's prediction (orchestrator/profiling/uses.py)
         from .profiling.uses import start_workers
 
@@ -162,6 +172,23 @@ def check_autoscale(loaded: LoadedSpec, policy: str | None = None):
         return make_policy(auto.policy, config)
     except ValueError as exc:
         raise loaded.error(("autoscale", "settings"), _one_paragraph(exc)) from None
+
+
+def _placement_prices(loaded: LoadedSpec) -> dict:
+    """What Pecan's policy weighs, from the run's catalog: every trainer host's $/h together, one remote worker's CPU
+    and memory $/h, the basis a remote worker is charged on (the spec's cost_basis), and how many local workers each
+    trainer may start (service.local_workers)."""
+    from .pricing import catalog_of
+
+    spec = loaded.spec
+    catalog = catalog_of(spec, loaded.base_dir)
+    trainer = catalog.machine_hour(spec.trainer.machine, provisioning=spec.trainer.provisioning,
+                                   needed_by="trainer.machine")
+    worker = catalog.split(spec.service.worker_machine, provisioning=spec.service.provisioning,
+                           needed_by="service.worker_machine")
+    cpu, memory = (worker.total, 0.0) if worker.whole else (worker.cpu, worker.memory)  # whole: all of it as CPU
+    return {"trainers_per_hour": trainer * spec.trainer.count, "worker_cpu_per_hour": cpu,
+            "worker_memory_per_hour": memory, "basis": spec.cost_basis, "local_cap": spec.service.local_workers}
 
 
 def _one_paragraph(exc: Exception) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dsctl.provisioners import Deployment, ProcessRef, Provider, TrainerLaunch, get_provider
+from dsctl.runtime import placement
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 from dsctl.specs.epochs import epoch_findings
 from dsctl.specs.schema import Mode
@@ -88,6 +89,7 @@ class JobRunner:
         self.spec = loaded.spec
         self.mode = mode
         self.workers = (workers if workers is not None else self.spec.service.workers) if mode == "service" else 0
+        self.local_workers = 0  # in-process workers per trainer asked for by a placement policy (placement: auto)
         # A scaling policy (spec `autoscale:` or --autoscale) decides the worker count from here on.
         self.policy = check_autoscale(loaded, autoscale) if mode == "service" else None
         if self.policy is not None:
@@ -492,15 +494,25 @@ class JobRunner:
             self.cache = caching.cache_used(rec, self.cache, self.spec)
 
     def _autoscale(self, obs: Observation) -> None:
-        """Feed the trainers' joined windows to the policy; apply an add or remove, and record why."""
+        """Feed the trainers' joined windows to the policy; apply an add or remove (of remote workers, and of the
+        trainers' in-process ones under placement: auto), and record why."""
         assert self.policy is not None, "called for autoscaled runs only"
         decision = self.policy.observe(obs)
-        if decision.action == "hold" or decision.target == self.workers:
+        local = decision.local_target if decision.local_target is not None else self.local_workers
+        if decision.action == "hold" or (decision.target, local) == (self.workers, self.local_workers):
             return
-        self.event("autoscale", f"{decision.action} → {decision.target} worker(s): {decision.reason}")
-        self.provider.scale_workers(self.deployment, decision.target, self.event)
-        self.workers = decision.target
-        self.progress.workers_wanted = self.progress.workers_ready = decision.target
+        if decision.local_target is None:
+            self.event("autoscale", f"{decision.action} → {decision.target} worker(s): {decision.reason}")
+        else:
+            self.event("placement", f"{decision.action} → {decision.target} remote + {local} local worker(s) per "
+                                    f"trainer: {decision.reason}")
+        if decision.target != self.workers:
+            self.provider.scale_workers(self.deployment, decision.target, self.event)
+            self.workers = decision.target
+            self.progress.workers_wanted = self.progress.workers_ready = decision.target
+        if local != self.local_workers:
+            placement.ask(self.run_dir / "metrics", local)  # the trainers follow at their next window
+            self.local_workers = local
 
     # -- training: checkpoints restored, TensorBoard ----------------------------------------
     def _training_summary(self) -> dict:

@@ -86,11 +86,11 @@ def show_run(run: str, where: Where, *, timeline: bool = False, out: Path | None
     view = RunView(record, store.resumed_by(record.id), store.windows(record.id), store.events(record.id),
                    summary_notes(record))
     if timeline:
-        from .timeline import plot_timeline, scaling_changes  # matplotlib: only for a plot
+        from .timeline import placement_changes, plot_timeline  # matplotlib: only for a plot
 
         if not view.windows:
             raise UsageError(f"run {record.id} has no metrics windows to plot.")
         path = plot_timeline(view.windows, out or Path(record.run_dir or ".") / "timeline.png",
                              f"run {record.id}: workers and batch time")
-        view.timeline = Timeline(path, len(view.windows), len(scaling_changes(view.windows)))
+        view.timeline = Timeline(path, len(view.windows), len(placement_changes(view.windows)))
     return view

@@ -66,7 +66,8 @@ CREATE TABLE IF NOT EXISTS windows (
     run_id TEXT NOT NULL, trainer INTEGER NOT NULL, t_start REAL, t_end REAL,
     batches INTEGER, examples INTEGER, batches_per_s REAL, mean_batch_time_s REAL,
     input_wait_s REAL, step_s REAL, tokens INTEGER, padded_tokens INTEGER, warmup INTEGER, workers INTEGER,
-    queue_fill REAL, loss REAL, metrics TEXT     -- metrics: the model's own, as JSON {name: value}
+    queue_fill REAL, loss REAL, metrics TEXT,    -- metrics: the model's own, as JSON {name: value}
+    local_workers INTEGER                        -- hybrid placement: workers in the trainer's own process
 );
 CREATE TABLE IF NOT EXISTS trainer_results (
     run_id TEXT NOT NULL, trainer INTEGER NOT NULL, result_json TEXT NOT NULL,
@@ -99,9 +100,10 @@ REPLAYABLE = ("UPDATE runs SET ", "INSERT INTO windows ", "INSERT OR REPLACE INT
 
 NAN_TEXT = "nan"  # a window's loss that was NaN (SQLite stores a NaN REAL as NULL; infinities it keeps)
 WINDOW_FIELDS = ("trainer", "t_start", "t_end", "batches", "examples", "batches_per_s", "mean_batch_time_s",
-                 "input_wait_s", "step_s", "tokens", "padded_tokens", "warmup", "queue_fill", "loss", "metrics")
+                 "input_wait_s", "step_s", "tokens", "padded_tokens", "warmup", "queue_fill", "loss", "metrics",
+                 "local_workers")
 # Columns added after a release, with their types: a runs.db written by an older dsctl gains them on open.
-ADDED_COLUMNS = {"windows": {"queue_fill": "REAL", "loss": "REAL", "metrics": "TEXT"},
+ADDED_COLUMNS = {"windows": {"queue_fill": "REAL", "loss": "REAL", "metrics": "TEXT", "local_workers": "INTEGER"},
                  "runs": {"resumed_from": "TEXT", "checkpoint_dir": "TEXT"}}
 
 class AmbiguousRun(UsageError):

@@ -36,6 +36,8 @@ DESCRIPTIONS = {
     "batches_per_s": "measured here: training steps per second over the window",
     "input_stall_frac": "measured here: share of the window the trainer waited for input",
     "workers": "tf.data service workers serving the run at the window's end",
+    "local_workers": "measured here: tf.data service workers inside the trainer process (hybrid placement), as the "
+                     "trainer said at the window's end",
 }
 
 
@@ -168,6 +170,8 @@ class RunBoard:
                 DESCRIPTIONS["input_stall_frac"])
         if trainer == min(self._steps, default=trainer):  # run-wide values once per round of windows
             put("workers", workers, step, wall, DESCRIPTIONS["workers"])
+            if rec.get("local_workers") is not None:
+                put("local_workers", rec["local_workers"], step, wall, DESCRIPTIONS["local_workers"])
             if record is not None and self._unpriced is None:
                 self._cost(record, workers, step, wall)
         self._maybe_upload()

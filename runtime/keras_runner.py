@@ -30,6 +30,7 @@ import keras
 
 from dsctl.specs.schema import JobSpec
 
+from . import placement
 from .metrics import Epochs, MetricsWriter, NullWriter, Window, end_fields
 from .models import ModelError, load_function
 
@@ -215,7 +216,8 @@ class Meter(keras.callbacks.Callback):
             reported_loss, reported = self.scalars.take()
             others.update(reported)
             loss = loss if loss is not None else reported_loss
-        self.writer.emit("window", **w.as_fields(now, self.t0), queue_fill=None, loss=loss, metrics=others)
+        self.writer.emit("window", **w.as_fields(now, self.t0), queue_fill=None, loss=loss, metrics=others,
+                         **placement.on_window(self.writer))
         if not w.warmup:
             self.measured.append(w)
         self.window = Window(started=now)

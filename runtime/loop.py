@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from . import placement
 from .metrics import Epochs, MetricsWriter, NullWriter, Window, end_fields
 from .queuefill import QueueFillSampler, read_model_fill
 
@@ -110,7 +111,8 @@ class MeasuredLoop:
         loss, scalars = self.scalars.take()
         extra = {"loss": loss, "metrics": scalars} if loss is not None or scalars else {}
         assert self._window is not None and self._t0 is not None, "_start() made the first window"
-        self._emit("window", **self._window.as_fields(now, self._t0), queue_fill=self._fill.take(), **extra)
+        self._emit("window", **self._window.as_fields(now, self._t0), queue_fill=self._fill.take(), **extra,
+                   **placement.on_window(self.writer))
 
     def run(self, ds, convert: Callable[[Any], Any] | None = None) -> Iterator[Any]:
         """Yield the batches of `ds` (each passed through `convert` first, if given: its time counts as input),

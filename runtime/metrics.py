@@ -17,6 +17,7 @@ from typing import IO
 class MetricsWriter:
     def __init__(self, path: str, trainer: int):
         self._f: IO[str] = open(path, "a", buffering=1)
+        self.path: str | None = path
         self.trainer = trainer
 
     def emit(self, event: str, **fields) -> None:
@@ -130,6 +131,7 @@ class NullWriter:
     """A writer for a program run outside dsctl (dsctl.train without a run): nothing is recorded."""
 
     trainer = 0
+    path: str | None = None
 
     def emit(self, event: str, **fields) -> None:
         pass

@@ -106,9 +106,11 @@ def build_input_and_length(spec: JobSpec, mode: str, index: int, dispatcher: str
         kwargs.update(consumer_index=index, num_consumers=coord.num_consumers)
     if svc.cross_trainer_cache:
         kwargs["cross_trainer_cache"] = service.CrossTrainerCache(trainer_id=f"trainer-{index}")
-    if svc.placement == "hybrid":
+    if svc.placement != "remote":
         assert dispatcher is not None, "service mode has a dispatcher"
-        placement.start(dispatcher, svc.local_workers)
+        # auto: Pecan's first phase is remote only; the run's policy asks for local workers later (placement.on_window)
+        placement.start(dispatcher, svc.local_workers if svc.placement == "hybrid" else 0,
+                        adjustable=svc.placement == "auto")
         kwargs["target_workers"] = placement.TARGET_WORKERS
         return finish(placement.counted(placement.producer_tagged(ds).apply(service.distribute(**kwargs)))), length
     return finish(ds.apply(service.distribute(**kwargs))), length

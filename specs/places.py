@@ -35,11 +35,14 @@ class Place:
     locate: str | None = None
     # Its trainers start tf.data service workers inside their own processes (service.placement: hybrid).
     in_process_workers: bool = False
+    # ... and change how many while they run, as the run's placement policy asks (service.placement: auto).
+    adjusts_local_workers: bool = False
 
 
 SHIPPED: dict[str, Place] = {
     # priced as the machines it stands for
-    "local": Place("dsctl.provisioners.local", pricing="gcp-us-central1-2025", in_process_workers=True),
+    "local": Place("dsctl.provisioners.local", pricing="gcp-us-central1-2025", in_process_workers=True,
+                   adjusts_local_workers=True),
     "gcp": Place("dsctl.provisioners.gcp.provider", pricing="gcp-us-central1-2025",
                  locate="dsctl.provisioners.gcp.locating:OPTIONS"),
 }

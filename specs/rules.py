@@ -140,20 +140,22 @@ def _check_placement(spec: JobSpec, src: YamlSource) -> None:
                             "service.placement: hybrid does; with placement: remote they would be silently ignored. Set "
                             "placement: hybrid, or remove local_workers.")
         return
+    said = f"service.placement: {svc.placement}"
     if svc.local_workers < 1:
         raise src.error(("service", "local_workers") if "local_workers" in svc.model_fields_set else ("service", "placement"),
-                        "service.placement: hybrid runs the pipeline on workers inside each trainer process beside the "
-                        "remote ones, so it needs service.local_workers: 1 or more (how many per trainer); with 0 it "
-                        "is placement: remote.")
+                        f"{said} runs the pipeline on workers inside each trainer process beside the remote ones, so it "
+                        "needs service.local_workers: 1 or more (" + ("how many per trainer" if svc.placement == "hybrid"
+                                                                       else "the most per trainer") +
+                        "); with 0 it is placement: remote.")
     if svc.coordinated_reads is not None:
         raise src.error(("service", "coordinated_reads"),
-                        "coordinated reads cannot be combined with service.placement: hybrid: a coordinated read "
+                        f"coordinated reads cannot be combined with {said}: a coordinated read "
                         "ignores target_workers and takes each round from every worker in turn, so a trainer would "
                         "read the other trainers' in-process workers too (or wait on them). Use placement: remote "
                         "with coordinated reads, or remove coordinated_reads.")
     if svc.cross_trainer_cache:
         raise src.error(("service", "cross_trainer_cache"),
-                        "the cross-trainer cache cannot be combined with service.placement: hybrid: it shares each "
+                        f"the cross-trainer cache cannot be combined with {said}: it shares each "
                         "worker's elements between the trainers reading it, and an in-process worker is read by its "
                         "own trainer only, so its cache would be filled for nobody else. Use placement: remote with "
                         "the cache, or remove cross_trainer_cache.")
@@ -162,18 +164,39 @@ def _check_placement(spec: JobSpec, src: YamlSource) -> None:
                         f"processing_mode: {svc.processing_mode} is static sharding, which gives each worker its shard "
                         "by its place in a list of worker addresses fixed when the dispatcher starts; in-process "
                         "workers start later, with their trainers, at addresses not known then. Use parallel_epochs "
-                        "or distributed_epoch with service.placement: hybrid.")
+                        f"or distributed_epoch with {said}.")
+    if svc.placement == "auto":
+        _check_auto_placement(spec, src)
+        return
     if spec.autoscale is not None:
         raise src.error(("autoscale",),
                         "autoscaling cannot be combined with service.placement: hybrid yet: its policies scale the "
                         "remote workers from measurements that do not tell the in-process workers' share apart. Use "
-                        "placement: remote with autoscale, or remove the autoscale section and fix service.workers.")
+                        "placement: remote with autoscale, placement: auto (Pecan's policy scales both), or remove the "
+                        "autoscale section and fix service.workers.")
     able = [name for name, place in places().items() if place.in_process_workers]
     if spec.provider not in able:
         raise src.error(("service", "placement"),
                         f"service.placement: hybrid is not yet available with provider: {spec.provider}, whose "
                         f"trainers do not start in-process workers; it runs with provider: {quoted(able)}. Use "
                         "placement: remote here.")
+
+
+def _check_auto_placement(spec: JobSpec, src: YamlSource) -> None:
+    """placement: auto is Pecan's policy changing the remote and the in-process worker counts while the job runs."""
+    auto = spec.autoscale
+    if auto is not None and auto.policy != "pecan":
+        raise src.error(("autoscale", "policy"),
+                        f"service.placement: auto is placed by the pecan policy, which scales the remote workers and "
+                        f"the in-process ones together; autoscale.policy: {auto.policy} scales remote workers only. "
+                        "Set autoscale.policy: pecan (or leave it out), or use placement: remote with "
+                        f"{auto.policy}.")
+    able = [name for name, place in places().items() if place.adjusts_local_workers]
+    if spec.provider not in able:
+        raise src.error(("service", "placement"),
+                        f"service.placement: auto is not yet available with provider: {spec.provider}, whose trainers "
+                        f"cannot change their in-process workers while they run; it runs with provider: "
+                        f"{quoted(able)}. Use placement: hybrid with a fixed local_workers here.")
 
 
 def _check_gcp_rules(spec: JobSpec, src: YamlSource) -> None:
@@ -299,6 +322,12 @@ def _check_autoscale(spec: JobSpec, src: YamlSource) -> None:
     auto = spec.autoscale
     if auto is None:
         return
+    if auto.policy == "pecan" and spec.service.placement != "auto":
+        raise src.error(("autoscale", "policy"),
+                        "the pecan policy places work on workers inside the trainer processes as well as remote ones, "
+                        f"which service.placement: auto turns on (now {spec.service.placement}). Set "
+                        "service.placement: auto and service.local_workers (the most per trainer), or choose "
+                        "autoscale.policy: cachew or cpu.")
     if auto.max_workers < auto.min_workers:
         raise src.error(("autoscale", "max_workers"),
                         f"max_workers ({auto.max_workers}) is below min_workers ({auto.min_workers}).")

@@ -42,8 +42,9 @@ ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")
 
 # Where a service-mode run's pipeline runs: on the service's (remote) workers only, or also on workers inside each
-# trainer process, on the trainer host's own CPUs (Pecan's hybrid placement; runtime/placement.py).
-Placement = Literal["remote", "hybrid"]
+# trainer process, on the trainer host's own CPUs (Pecan's hybrid placement; runtime/placement.py), a fixed number
+# (hybrid) or as many, with as many remote workers, as Pecan's policy finds cheapest (auto: autoscale policy pecan).
+Placement = Literal["remote", "hybrid", "auto"]
 MAX_LOCAL_WORKERS = 64  # per trainer process; each is a WorkerServer with its own threads on the trainer host's CPUs
 MAX_WORKERS = 4096  # tf.data service workers (service.workers, autoscale.*_workers): 6x the paper's 640
 MAX_TRAINERS = 1024  # trainer hosts (trainer.count, coordinated_reads.num_consumers)
@@ -93,11 +94,12 @@ class ServiceSpec(Strict):
     worker_cpus: list[int] | None = Field(
         None, min_length=1, description="local provider: pin workers and the dispatcher to these cores (like taskset)")
     placement: Placement = Field(
-        "remote", description="where the pipeline runs in service mode: remote (the service's workers only) or hybrid "
-                              "(also local_workers workers inside each trainer process, read beside the remote ones)")
+        "remote", description="where the pipeline runs in service mode: remote (the service's workers only), hybrid "
+                              "(also local_workers workers inside each trainer process, read beside the remote ones) "
+                              "or auto (remote and local worker counts chosen by cost while the job runs: Pecan)")
     local_workers: int = Field(
         0, ge=0, le=MAX_LOCAL_WORKERS, description="hybrid placement: tf.data service workers started inside each "
-                                                   "trainer process")
+                                                   "trainer process; auto: the most it may start")
 
 
 class ModelPhase(Strict):
@@ -163,7 +165,7 @@ class CheckpointSpec(Strict):
 
 # The scaling policies a spec may name, each the module orchestrator/policies/<name>.py (which defines POLICY): a new
 # policy is that module and its name here.
-AutoscalePolicy = Literal["cachew", "cpu"]
+AutoscalePolicy = Literal["cachew", "cpu", "pecan"]
 
 
 class AutoscaleSpec(Strict):
@@ -474,6 +476,21 @@ class JobSpec(Strict):
                                                             "YAML; default: the provider's own")
     cost_basis: Literal["utilization", "vm-hours"] = "utilization"
     gcp: GcpSpec | None = Field(None, description="Google Cloud settings, used with provider: gcp")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_placement_scales(cls, data: Any) -> Any:
+        """placement: auto is placed by Pecan's policy, which scales the remote workers too: its autoscale section
+        (written or not: the section's defaults) names that policy unless it names one (specs/rules.py refuses
+        another)."""
+        service = data.get("service") if isinstance(data, dict) else None
+        if isinstance(service, dict) and service.get("placement") == "auto":
+            auto = data.get("autoscale")
+            if auto is None:
+                data = {**data, "autoscale": {"policy": "pecan"}}
+            elif isinstance(auto, dict) and "policy" not in auto:
+                data = {**data, "autoscale": {"policy": "pecan", **auto}}
+        return data
 
     @model_validator(mode="before")
     @classmethod

@@ -3,7 +3,7 @@ hold on a noisy shared 2-core machine are asserted (never wall-clock thresholds)
 modelled synchronous step are lower with coordinated reads, fig10's worker CPU per delivered batch is
 lower with sharing, fig8's service beats colocated on the input-bound job and its cost rows follow the
 paper's arithmetic, fig9's predicted curve rises and saturates and its held-out point is predicted,
-cachew-autoscale's verdict, and every PNG is an image with labelled axes. fig9's M1 fits (which points are
+cachew-autoscale's and pecan's verdicts, and every PNG is an image with labelled axes. fig9's M1 fits (which points are
 fitted, the errors on the held-out ones) and Figure 9b's cost arithmetic are checked without runs.
 """
 
@@ -19,7 +19,7 @@ from matplotlib.image import imread
 
 from dsctl.costmodel import ThroughputModel
 from dsctl.costmodel.throughput import softmin, unsoftmin
-from dsctl.experiments import REGISTRY, cachew_autoscale, fig9, run_experiment, write_report
+from dsctl.experiments import REGISTRY, cachew_autoscale, fig9, pecan, run_experiment, write_report
 from dsctl.experiments.common import SOURCES
 from dsctl.experiments.fig8 import KERAS_PART, PAPER_ROWS
 from dsctl.experiments.fig10 import worst_case_sharing
@@ -314,6 +314,79 @@ def test_cachew_autoscale_settles_at_the_knee_and_hpa_under_provisions(home, out
     assert v["reproduced"] and v["slower"] > 1 and v["dearer"] > 1
     check_outputs(result, out)
     assert "direction of Cachew's result" in (out / "cachew-autoscale.md").read_text()
+    assert not processes_under(home)
+
+
+def pecan_placements(remote=3, auto=(1, 3), bps=(90.0, 92.0, 30.0), costs=(0.140, 0.133, 0.40)) -> dict:
+    def placement(r, lo, b, c):
+        return {"remote": r, "local": lo, "bps": b, "epoch_cost": {"utilization": c, "vm-hours": c},
+                "preprocessing_cost": {"utilization": r * 1e-5, "vm-hours": r * 1e-4}}
+
+    return {"remote (cachew)": placement(remote, 0, bps[0], costs[0]),
+            "auto (pecan)": placement(*auto, bps[1], costs[1]), "colocated": placement(0, 0, bps[2], costs[2])}
+
+
+@pytest.mark.parametrize("change, failed", [
+    ({}, None),
+    ({"auto": (3, 3)}, "fewer_remote"),                              # no remote worker replaced
+    ({"bps": (90.0, 80.0, 30.0)}, "same_batch_time"),                # 12.5% longer batches
+    ({"costs": (0.140, 0.150, 0.40)}, "cheaper"),
+])
+def test_pecan_verdict_and_conclusion_follow_the_numbers(change, failed):
+    placements = pecan_placements(**change)
+    v = pecan.verdict(placements)
+    text = pecan._conclusion({"verdict": v, "placements": placements})
+    if failed is None:
+        assert v["reproduced"] and v["total_vs_remote"] == pytest.approx(0.133 / 0.140 - 1)
+        assert v["preprocessing_vs_remote"] == pytest.approx(-2 / 3)
+        assert "direction of Pecan's result" in text and "replaced 2 remote worker(s)" in text
+    else:
+        assert not v[failed] and not v["reproduced"]
+        assert "does not reproduce" in text
+
+
+def test_pecan_prices_the_remote_workers_only(monkeypatch):
+    """A placement of 1 remote worker and 3 inside the trainer is priced as 1 worker: the trainer host is charged
+    whatever its CPUs do (counting the in-process workers as remote ones would charge 4)."""
+    import yaml
+
+    from dsctl.costmodel import load_catalog, price, usage_from_spec
+    from dsctl.specs.schema import JobSpec
+
+    class Store:
+        def windows(self, run_id):
+            return [{"trainer": 0, "warmup": False, "workers": 1, "local_workers": 3, "batches": 50,
+                     "t_start": float(i), "t_end": i + 1.0} for i in range(12)]
+
+        def recorded(self, run_id):
+            return type("Record", (), {"summary": RunSummary.model_validate({"worker_cpu_cores": 0.4})})()
+
+    from dsctl.orchestrator.records import RunSummary
+
+    monkeypatch.setattr(pecan, "RunStore", Store)
+    spec = JobSpec.model_validate(yaml.safe_load(pecan.JOB.format(
+        name="priced", duration=60, placement=", placement: auto, local_workers: 3", autoscale="")))
+    result = pecan._placement("r", spec, "service")
+    assert (result["remote"], result["local"], result["bps"]) == (1, 3, 50.0)
+    usage = usage_from_spec(spec, job_time_s=pecan.EPOCH_BATCHES / 50.0, batches=pecan.EPOCH_BATCHES, workers=1,
+                            measured={"worker_cpu_cores": 0.4})
+    one = price(usage, load_catalog(spec.pricing), "vm-hours")
+    assert result["epoch_cost"]["vm-hours"] == pytest.approx(one.total)
+    assert result["preprocessing_cost"]["vm-hours"] == pytest.approx(one.service)
+
+
+@pytest.mark.slow
+@pytest.mark.timed
+def test_pecan_replaces_remote_workers_with_the_trainers_idle_cpu(home, out):
+    result = run_experiment("pecan", out, quick=True).to_dict()
+    d = result["data"]
+    v = d["verdict"]
+    assert v == pecan.verdict(d["placements"]), "the verdict is the run's numbers"
+    auto = d["placements"]["auto (pecan)"]
+    assert auto["local"] >= 1 and any("local" in label for _, label in auto["changes"])
+    assert v["reproduced"], d["placements"]
+    check_outputs(result, out)
+    assert "direction of Pecan's result" in (out / "pecan.md").read_text()
     assert not processes_under(home)
 
 

@@ -43,7 +43,15 @@ REFUSED = [
     ("hybrid-on-gcp", "provider: gcp\nservice:\n  placement: hybrid\n  local_workers: 1\n", "", 4,
      "service.placement", ["not yet available with provider: gcp", "provider: 'local'"]),
     ("placement-typo", "service: {placement: hybird, local_workers: 1}\n", "", 2, "service.placement",
-     ["'remote' or 'hybrid'"]),
+     ["'remote', 'hybrid' or 'auto'"]),
+    ("auto-with-another-policy", "service: {placement: auto, local_workers: 2}\n", "autoscale: {policy: cachew}\n",
+     5, "autoscale.policy", ["placed by the pecan policy", "remote workers only"]),
+    ("pecan-without-auto", "", "autoscale: {policy: pecan}\n", 4, "autoscale.policy",
+     ["service.placement: auto turns on (now remote)"]),
+    ("auto-with-distributed-epoch", "service: {placement: auto, local_workers: 1, processing_mode: distributed_epoch}\n",
+     "", 2, "service.processing_mode", ["in-flight splits would be lost"]),
+    ("auto-on-gcp", "provider: gcp\nservice:\n  placement: auto\n  local_workers: 1\n", "", 4, "service.placement",
+     ["service.placement: auto is not yet available with provider: gcp", "cannot change their in-process workers"]),
 ]
 
 

@@ -28,6 +28,7 @@ class Observation:
     batches: batches completed in the window (policies count batches, not seconds).
     queue_fill: ready batches buffered at the client, or None where it cannot be measured.
     worker_cpu_util: mean fraction of a worker's available CPU in use (0..1), or None.
+    local_workers: workers inside each trainer process (hybrid placement), as the trainers reported them.
     """
 
     t: float
@@ -37,9 +38,10 @@ class Observation:
     batches: int
     queue_fill: float | None = None
     worker_cpu_util: float | None = None
+    local_workers: int = 0
 
     def __post_init__(self) -> None:
-        if self.workers < 0 or self.batches < 0:
+        if self.workers < 0 or self.batches < 0 or self.local_workers < 0:
             raise ValueError(f"workers and batches must be >= 0, got {self.workers} and {self.batches}")
         if not (math.isfinite(self.batch_time_s) and self.batch_time_s >= 0):
             raise ValueError(f"batch_time_s must be a finite time >= 0, got {self.batch_time_s}")
@@ -61,11 +63,13 @@ class Decision:
     current one unless a change is still taking effect.
 
     `reason` is one sentence, with numbers, that the live view shows and the run record keeps.
+    `local_target` is the local workers wanted in each trainer process (a placement policy); None leaves them be.
     """
 
     action: Action
     target: int
     reason: str
+    local_target: int | None = None
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ def summarize(observations: Sequence[Observation]) -> Measurement:
     obs = [o for o in observations if o.batches > 0]
     if not obs:
         raise ValueError("no windows with batches to summarize")
-    if len({o.workers for o in obs}) != 1:
+    if len({(o.workers, o.local_workers) for o in obs}) != 1:
         raise ValueError("windows to summarize ran with different worker counts")
     batches = sum(o.batches for o in obs)
     time = sum(o.batches * o.batch_time_s for o in obs)
