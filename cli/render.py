@@ -112,6 +112,7 @@ def summary_table(record: RunRecord, resumed_by: list[str] | None = None,
     if s.trainer_cpu_cores is not None:
         rows.append(("trainer CPU", f"{fmt(s.trainer_cpu_cores)} cores, {fmt(s.trainer_mem_gb)} GB resident (mean per "
                                     "trainer)"))
+    rows += placement_rows(s)
     if s.padded_token_frac is not None:
         rows.append(("padded tokens", pct(s.padded_token_frac)))
     if s.elements_expected is not None:
@@ -122,6 +123,10 @@ def summary_table(record: RunRecord, resumed_by: list[str] | None = None,
     if cost is not None and cost.total is not None:
         rows.append(("cost", f"{money(cost.total)}: service {money(cost.service)}, trainers {money(cost.trainers)} "
                              f"({cost.basis}, {cost.catalog}" + (f"; {cost.provisioning})" if cost.provisioning else ")")))
+    if cost is not None and cost.total is not None and cost.remote_preprocessing is not None:
+        local = "not priced" if cost.local_preprocessing is None else \
+            f"{money(cost.local_preprocessing)} (its share of the trainers' cost, not added)"
+        rows.append(("preprocessing", f"remote {money(cost.remote_preprocessing)}, local {local}"))
     elif cost is not None and cost.error is not None:
         rows.append(("cost", f"not priced: {cost.error}"))
     if cost is not None and cost.cache_storage is not None:
@@ -131,6 +136,25 @@ def summary_table(record: RunRecord, resumed_by: list[str] | None = None,
     for k, v in [*rows, *notes]:
         t.add_row(k, v)
     return t
+
+
+def placement_rows(s: RunSummary) -> list[tuple[str, str]]:
+    """Hybrid placement: where the trainers' batches came from (measured here) and the local workers' CPU."""
+    p = s.placement
+    if p is None:
+        return []
+    got = (p.local_batches or 0) + (p.remote_batches or 0)
+    share = f" ({(p.local_batches or 0) / got:.0%} local)" if got else ""
+    rows = [("placement", f"{p.placement}: {p.local_workers} in-process worker(s) per trainer; batches received from "
+                          f"local workers {p.local_batches}, from remote workers {p.remote_batches}{share} "
+                          "(measured here)")]
+    for t in p.trainers:
+        producers = ", ".join(f"{k} {v}" for k, v in sorted(t.by_producer.items()))
+        rows.append((f"  trainer {t.trainer}", f"{t.process}: local {t.local_batches}, remote {t.remote_batches}; "
+                                               f"by producer: {producers or 'none'}"))
+    cores = "-" if s.local_cpu_cores is None else f"{fmt(s.local_cpu_cores)} cores per trainer"
+    rows.append(("local worker CPU", f"{cores} ({s.local_cpu_source or 'not known'})"))
+    return rows
 
 
 def time_rows(s: RunSummary) -> list[tuple[str, str]]:

@@ -139,7 +139,34 @@ class CostSummary(Record):
     cache_storage: CacheStorage | None = None
     created: dict[str, Any] | None = None  # the provider's own record of what the run created (its Bill.kept)
     additions: dict[str, Any] | None = None
+    # Hybrid placement: the pipeline's cost by where it ran; local is a share of the trainers' (never added), None
+    # when not known, with how the local workers' CPU was known.
+    remote_preprocessing: float | None = None
+    local_preprocessing: float | None = None
+    local_cpu_source: str | None = None
     error: str | None = None
+
+
+class TrainerPlacement(Record):
+    """One trainer's placement record (runtime/placement.py): the batches it received from its own process's workers
+    and from the remote ones, and from each producing process ("host:pid"), counted where they arrived."""
+
+    trainer: int
+    process: str | None = None
+    local_batches: int = 0
+    remote_batches: int = 0
+    by_producer: dict[str, int] = Field(default_factory=dict)
+
+
+class PlacementSummary(Record):
+    """Where a hybrid run's pipeline ran: the workers inside each trainer process, and the batches all trainers
+    received from them and from the remote workers (measured here, from each trainer's placement record)."""
+
+    placement: str | None = None
+    local_workers: int | None = None  # per trainer
+    local_batches: int | None = None
+    remote_batches: int | None = None
+    trainers: list[TrainerPlacement] = Field(default_factory=list)
 
 
 class RunSummary(Record):
@@ -169,6 +196,12 @@ class RunSummary(Record):
     trainer_mem_gb: float | None = None
     trainer_cpu_seconds: float | None = None
     trainer_cpu_seconds_per_batch: float | None = None
+    # Hybrid placement: where the batches came from, and the CPU the in-process workers used (vCPUs busy per trainer,
+    # CPU-seconds of all trainers) with how it is known (local_cpu_source: estimated, or why not known).
+    placement: PlacementSummary | None = None
+    local_cpu_cores: float | None = None
+    local_cpu_seconds: float | None = None
+    local_cpu_source: str | None = None
     # The model's loss in its first and last window (mean over trainers), and where it stopped being finite.
     loss_first: float | None = None
     loss_last: float | None = None
