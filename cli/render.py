@@ -310,10 +310,14 @@ def worker_counts(counts: list[int], asked: str | None) -> str:
     return ", ".join(map(str, counts)) + (f" ({note})" if note else "")
 
 
-def sweep_plan_line(measured: list[int], predicted: list[int], asked: str | None) -> str:
+def sweep_plan_line(measured: list[int], predicted: list[int], asked: str | None, local: list[int] | None = None,
+                    local_asked: str | None = None) -> str:
     """A sweep's first line, before it measures anything: exactly which counts run."""
     counts = sorted(measured + predicted)
     line = f"sweeping {len(counts)} worker count{'' if len(counts) == 1 else 's'}: {worker_counts(counts, asked)}"
+    if local is not None:
+        line += (f", each with {worker_counts(local, local_asked)} local worker(s) per trainer "
+                 f"({len(counts) * len(local)} points)")
     if predicted and not measured:
         line += "; every one predicted from the calibration, nothing runs"
     elif predicted:
@@ -339,20 +343,28 @@ def sweep_table(record: RunRecord) -> Table:
                "at a count it was fitted on: its input back), or predicted (* in the workers column)")
     t = Table(title=f"sweep {record.id} ({record.status}; window {s.window}, warm-up {s.warmup_s} s)",
               title_justify="left", caption_justify="left", caption=caption)
-    for col in ("workers", "batches/s", "speedup", "of ideal", "$/1k batches", "cost saving", "source"):
+    local = s.local_counts is not None
+    for col in ("workers", *(("local",) if local else ()), "batches/s", "speedup", "of ideal", "$/1k batches",
+                "cost saving", "source"):
         t.add_column(col, justify="right", no_wrap=True)
     for p in s.points:
         mark = "*" if p.predicted and p.source != "fitted" else ""
         source = p.source or ("predicted" if p.predicted else "measured here")
-        t.add_row(f"{p.workers}{mark}", fmt(p.batches_per_s), fmt(p.speedup, "x"), pct(p.fraction_of_ideal),
-                  money(p.cost_per_1000_batches), fmt(p.cost_saving, "x"), source)
+        t.add_row(f"{p.workers}{mark}", *((str(p.local_workers or 0),) if local else ()), fmt(p.batches_per_s),
+                  fmt(p.speedup, "x"), pct(p.fraction_of_ideal), money(p.cost_per_1000_batches),
+                  fmt(p.cost_saving, "x"), source)
     rec = s.recommendation
     if rec is not None:
         lines = [f"recommended: none: {rec.refused}"] if rec.refused else []
+        remote = "remote only, " if rec.rule is not None else ""
         if rec.smallest is not None:
-            lines.append(f"recommended: {rec.smallest.workers} worker(s): {rec.smallest.reason}")
+            lines.append(f"{remote}recommended: {rec.smallest.workers} worker(s): {rec.smallest.reason}")
         if rec.cheapest is not None:
-            lines.append(f"cheapest: {rec.cheapest.workers} worker(s): {rec.cheapest.reason}")
+            lines.append(f"{remote}cheapest: {rec.cheapest.workers} worker(s): {rec.cheapest.reason}")
+        if rec.rule is not None:
+            lines.append(f"recommended placement: {rec.surface.reason if rec.surface else 'none (no measured point was priced)'}"
+                         f" (rule: {rec.rule}; local workers add no dollars: they run on the trainer hosts, charged "
+                         "whole either way)")
         lines += [f"warning: {said}" for said in (rec.warning, rec.extend) if said]
         caption += "\n" + "\n".join(lines)
     if s.plots:

@@ -246,6 +246,7 @@ class SweepPoint(Record):
     model (`source`)."""
 
     workers: int
+    local_workers: int | None = None  # per trainer, inside its process (sweep --local-workers); None: remote only
     run_id: str | None = None
     mode: Mode | None = None
     predicted: bool = False
@@ -273,6 +274,7 @@ class RecommendedCount(Record):
     """One worker count a sweep recommends, and the one sentence that justifies it (orchestrator/recommend.py)."""
 
     workers: int
+    local_workers: int | None = None
     batches_per_s: float | None = None
     cost_per_1000_batches: float | None = None
     predicted: bool = False
@@ -293,6 +295,10 @@ class SweepRecommendation(Record):
     warning: str | None = None
     refused: str | None = None
     extend: str | None = None
+    # sweep --local-workers: the cheapest point of the (remote x local) surface within tolerance of its best measured
+    # throughput, and that rule in words; smallest/cheapest above are then the remote-only points' answers.
+    surface: RecommendedCount | None = None
+    rule: str | None = None
 
 
 class SweepSummary(Record):
@@ -300,6 +306,8 @@ class SweepSummary(Record):
 
     counts: list[int] | None = None
     workers_asked: str | None = None
+    local_counts: list[int] | None = None  # sweep --local-workers: in-process workers per trainer, each count swept
+    local_asked: str | None = None
     points: list[SweepPoint] = Field(default_factory=list)
     baselines: dict[str, Baseline] = Field(default_factory=dict)
     model: dict[str, Any] | None = None
