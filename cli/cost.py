@@ -85,7 +85,7 @@ def _preprocessing_pairs(row: CostRow) -> list[tuple[str, str]]:
     return [("local workers", f"{row.local_workers} per trainer, on the trainer hosts"),
             ("remote preprocessing", _money(row.costs.get("remote_preprocessing"))),
             ("local preprocessing", ("not priced" if local is None else f"{_money(local)} (in trainer CPU, not added)")
-             + f"; CPU {row.local_cpu_source or 'not known'}")]
+             + f"; CPU {(row.local_cpu_source or 'not known').split(':')[0]}")]
 
 
 def _addition_names(rows: list[CostRow]) -> list[str]:

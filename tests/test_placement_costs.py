@@ -88,7 +88,7 @@ def test_cost_rows_show_remote_and_local_preprocessing_and_their_labels(gcp):
     assert data["remote_preprocessing"] == data["service"] and data["local_preprocessing"] > 0
     shown = dict(_display(row, []))
     assert shown["local workers"] == "4 per trainer, on the trainer hosts"
-    assert "(in trainer CPU, not added); CPU estimated: test" in shown["local preprocessing"]
+    assert shown["local preprocessing"].endswith("(in trainer CPU, not added); CPU estimated")
     plain = cost_row("p", usage(), price(usage(), gcp), gcp)
     assert "local preprocessing" not in dict(_display(plain, [])) and plain.as_json([])["local_workers"] == 0
 
@@ -135,3 +135,21 @@ def test_runs_show_says_where_the_batches_came_from_and_how_the_local_cpu_is_kno
     assert rows["  trainer 1"] == "h:11: local 100, remote 150; by producer: h:11 100, h:20 150"
     assert rows["local worker CPU"] == f"0.50 cores per trainer ({ESTIMATED})"
     assert placement_rows(RunSummary()) == []
+
+
+def test_a_run_closed_from_its_trainers_files_keeps_their_placement_records(tmp_path):
+    """`dsctl down` or `runs import` close a run from its trainers' metrics files: the placement records are read
+    there too (the rest of closing is tests/test_records_reconcile.py's)."""
+    import json as _json
+
+    from dsctl.orchestrator.reconcile import read_trainer_files
+
+    (tmp_path / "metrics").mkdir()
+    for i, rec in _records(7, 3).items():
+        lines = [{"event": "window", "trainer": i, "wall": 1.0, "batches": 10, "t_start": 0.0, "t_end": 1.0},
+                 {"event": "placement", "trainer": i, "wall": 2.0, **rec}]
+        (tmp_path / "metrics" / f"trainer-{i}.jsonl").write_text("".join(_json.dumps(x) + "\n" for x in lines))
+    files = read_trainer_files(tmp_path)
+    assert sorted(files.placements) == [0, 1] and files.placements[1]["by_producer"] == {"h:11": 7, "h:20": 3}
+    out = placement_fields(files.placements, RunSummary(), workers=1, trainers=2)
+    assert (out["placement"].local_batches, out["placement"].remote_batches) == (14, 6)
