@@ -35,7 +35,7 @@ from .deployments import active_deployments
 from .handles import AttachedDeployment, OwnedDeployment
 from .home import dsctl_home
 from .outcome import Interrupted, Outcome, RunFailed
-from .plots import plot_sweep
+from .plots import plot_surface, plot_sweep
 from .preflight import load_job
 from .pricing import price_record
 from .profiling.uses import profile_calibration
@@ -506,6 +506,10 @@ class SweepRunner:
             title = f"{self.spec.name} sweep"
             summary["plots"] = [str(p) for p in plot_sweep(remote, colocated_bps=colocated, ideal_bps=ideal,
                                                            out_dir=self.out_dir, title=title)]
+        if self.opt.local_counts is not None and any(p.get("batches_per_s") for p in self.points):
+            surface = (summary.get("recommendation") or {}).get("surface")
+            plot = plot_surface(self.points, out_dir=self.out_dir, title=f"{self.spec.name} sweep", pick=surface)
+            summary["plots"] = [*summary.get("plots", []), str(plot)]
         return summary
 
 

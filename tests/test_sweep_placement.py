@@ -150,3 +150,21 @@ def test_cost_report_json_prices_a_recorded_hybrid_run_with_remote_and_local_pre
     assert row["local_cpu_source"] == "estimated: from the test"
     assert 0 < row["local_preprocessing"] < row["trainer_cpu"]
     assert row["total"] == pytest.approx(row["service"] + row["trainers"])
+
+
+def test_the_cost_surface_plot_has_a_cell_per_measured_point_and_outlines_the_pick(tmp_path):
+    from matplotlib.patches import Rectangle
+
+    from dsctl.orchestrator.plots import build_surface_figure, plot_surface
+
+    pick, _ = cheapest_within(SURFACE, tolerance=0.03)
+    fig = build_surface_figure(SURFACE, title="s", pick=pick)
+    ax = fig.axes[0]
+    texts = sorted(t.get_text() for t in ax.texts)
+    assert len(texts) == 6 and "$0.6\n97.5 b/s" in texts  # the predicted point is not drawn
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["0", "2", "4"]
+    [box] = [p for p in ax.patches if isinstance(p, Rectangle) and p.get_label() == "recommended"]
+    assert box.get_xy() == (-0.5, 0.5)  # remote 1 (column 0), local 2 (row 1)
+    path = plot_surface(SURFACE, out_dir=tmp_path, title="s", pick=pick)
+    assert path.name == "sweep-surface.png" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
