@@ -60,7 +60,8 @@ def usage_from_spec(spec: JobSpec, *, job_time_s: float, batches: float | None =
         dispatcher_stopped_s=min(m.get("dispatcher_stopped_s") or 0.0, job_time_s) if service else 0.0,
         local_workers=local,
         local_cpu_cores=m.get("local_cpu_cores") if local else None,
-        local_cpu_source=(m.get("local_cpu_source") or "not measured") if local else None,
+        local_cpu_source=(m.get("local_cpu_source") or ("not measured" if measured is not None else
+                                                         "not known before a run")) if local else None,
     )
 
 

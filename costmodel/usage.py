@@ -247,8 +247,8 @@ def _local_share(usage: RunUsage, trainer_cpu_rate: float, vcpus: int,
             "hosts, which Equation 1 charges on what they have: they add nothing to the total, and their cost is "
             "their share of the trainer CPU (included in trainer_cpu); the remote count alone is priced as workers.")
     if usage.local_cpu_cores is None:
-        return None, [said, "local preprocessing not priced: the local workers' CPU use is not known"
-                            + (f" ({usage.local_cpu_source})." if usage.local_cpu_source else ".")]
+        return None, [said, f"local preprocessing not priced: the local workers' CPU use is "
+                            f"{usage.local_cpu_source or 'not known'}."]
     if whole_with_accelerators:
         return None, [said, f"local preprocessing not priced: the catalog prices {usage.trainer_machine} only whole, "
                             "so its host CPU has no price of its own."]

@@ -67,7 +67,8 @@ def test_vm_hours_basis_local_preprocessing_is_zero_and_unknown_cpu_is_not_price
     assert vm.local_preprocessing == 0.0 and any("add no dollars" in n for n in vm.notes)
     unknown = price(usage(local=2, local_cores=None), gcp, "utilization")
     assert unknown.local_preprocessing is None
-    assert any(n.startswith("local preprocessing not priced: the local workers' CPU use is not known") for n in unknown.notes)
+    said = "local preprocessing not priced: the local workers' CPU use is not known before a run."
+    assert said in price(usage(local=2, local_cores=None, local_cpu_source="not known before a run"), gcp).notes
 
 
 def test_a_hybrid_spec_counts_its_local_workers_apart_from_the_remote_ones(tmp_path):
@@ -78,6 +79,8 @@ def test_a_hybrid_spec_counts_its_local_workers_apart_from_the_remote_ones(tmp_p
     u = usage_from_spec(spec, job_time_s=10.0, measured={"local_cpu_cores": 0.7, "local_cpu_source": ESTIMATED})
     assert (u.n_workers, u.local_workers, u.local_cpu_cores, u.local_cpu_source) == (3, 2, 0.7, ESTIMATED)
     assert usage_from_spec(spec, job_time_s=10.0, workers=0).local_workers == 0  # colocated: no service, no workers
+    assert usage_from_spec(spec, job_time_s=10.0).local_cpu_source == "not known before a run"  # an estimate
+    assert usage_from_spec(spec, job_time_s=10.0, measured={}).local_cpu_source == "not measured"  # a run's record
 
 
 def test_cost_rows_show_remote_and_local_preprocessing_and_their_labels(gcp):
