@@ -65,6 +65,7 @@ def _display(row: CostRow, addition_names: list[str]) -> list[tuple[str, str]]:
         ("trainer memory", _money(c.get("trainer_memory"))),
         ("accelerators", _money(c.get("accelerators"))),
         ("service", _money(c.get("service"))),
+        *_preprocessing_pairs(row),
         ("total", _money(row.total)),
         *_addition_pairs(row, addition_names),
         ("per 1,000 batches", _money(row.per_1000_batches, 4)),
@@ -74,6 +75,17 @@ def _display(row: CostRow, addition_names: list[str]) -> list[tuple[str, str]]:
     if row.cache is not None:  # last: rows without a cache show "-" there
         pairs.append(("cache", cache_text(row.cache, row.prices or "the catalog")))
     return pairs
+
+
+def _preprocessing_pairs(row: CostRow) -> list[tuple[str, str]]:
+    """Hybrid placement: the pipeline's cost by where it ran; local is inside the trainers' cost, not added."""
+    if not row.local_workers:
+        return []
+    local = row.costs.get("local_preprocessing")
+    return [("local workers", f"{row.local_workers} per trainer, on the trainer hosts"),
+            ("remote preprocessing", _money(row.costs.get("remote_preprocessing"))),
+            ("local preprocessing", ("not priced" if local is None else f"{_money(local)} (in trainer CPU, not added)")
+             + f"; CPU {(row.local_cpu_source or 'not known').split(':')[0]}")]
 
 
 def _addition_names(rows: list[CostRow]) -> list[str]:

@@ -112,6 +112,7 @@ def summary_table(record: RunRecord, resumed_by: list[str] | None = None,
     if s.trainer_cpu_cores is not None:
         rows.append(("trainer CPU", f"{fmt(s.trainer_cpu_cores)} cores, {fmt(s.trainer_mem_gb)} GB resident (mean per "
                                     "trainer)"))
+    rows += placement_rows(s)
     if s.padded_token_frac is not None:
         rows.append(("padded tokens", pct(s.padded_token_frac)))
     if s.elements_expected is not None:
@@ -122,6 +123,10 @@ def summary_table(record: RunRecord, resumed_by: list[str] | None = None,
     if cost is not None and cost.total is not None:
         rows.append(("cost", f"{money(cost.total)}: service {money(cost.service)}, trainers {money(cost.trainers)} "
                              f"({cost.basis}, {cost.catalog}" + (f"; {cost.provisioning})" if cost.provisioning else ")")))
+    if cost is not None and cost.total is not None and cost.remote_preprocessing is not None:
+        local = "not priced" if cost.local_preprocessing is None else \
+            f"{money(cost.local_preprocessing)} (its share of the trainers' cost, not added)"
+        rows.append(("preprocessing", f"remote {money(cost.remote_preprocessing)}, local {local}"))
     elif cost is not None and cost.error is not None:
         rows.append(("cost", f"not priced: {cost.error}"))
     if cost is not None and cost.cache_storage is not None:
@@ -131,6 +136,25 @@ def summary_table(record: RunRecord, resumed_by: list[str] | None = None,
     for k, v in [*rows, *notes]:
         t.add_row(k, v)
     return t
+
+
+def placement_rows(s: RunSummary) -> list[tuple[str, str]]:
+    """Hybrid placement: where the trainers' batches came from (measured here) and the local workers' CPU."""
+    p = s.placement
+    if p is None:
+        return []
+    got = (p.local_batches or 0) + (p.remote_batches or 0)
+    share = f" ({(p.local_batches or 0) / got:.0%} local)" if got else ""
+    rows = [("placement", f"{p.placement}: {p.local_workers} in-process worker(s) per trainer; batches received from "
+                          f"local workers {p.local_batches}, from remote workers {p.remote_batches}{share} "
+                          "(measured here)")]
+    for t in p.trainers:
+        producers = ", ".join(f"{k} {v}" for k, v in sorted(t.by_producer.items()))
+        rows.append((f"  trainer {t.trainer}", f"{t.process}: local {t.local_batches}, remote {t.remote_batches}; "
+                                               f"by producer: {producers or 'none'}"))
+    cores = "-" if s.local_cpu_cores is None else f"{fmt(s.local_cpu_cores)} cores per trainer"
+    rows.append(("local worker CPU", f"{cores} ({s.local_cpu_source or 'not known'})"))
+    return rows
 
 
 def time_rows(s: RunSummary) -> list[tuple[str, str]]:
@@ -286,10 +310,14 @@ def worker_counts(counts: list[int], asked: str | None) -> str:
     return ", ".join(map(str, counts)) + (f" ({note})" if note else "")
 
 
-def sweep_plan_line(measured: list[int], predicted: list[int], asked: str | None) -> str:
+def sweep_plan_line(measured: list[int], predicted: list[int], asked: str | None, local: list[int] | None = None,
+                    local_asked: str | None = None) -> str:
     """A sweep's first line, before it measures anything: exactly which counts run."""
     counts = sorted(measured + predicted)
     line = f"sweeping {len(counts)} worker count{'' if len(counts) == 1 else 's'}: {worker_counts(counts, asked)}"
+    if local is not None:
+        line += (f", each with {worker_counts(local, local_asked)} local worker(s) per trainer "
+                 f"({len(counts) * len(local)} points)")
     if predicted and not measured:
         line += "; every one predicted from the calibration, nothing runs"
     elif predicted:
@@ -315,20 +343,28 @@ def sweep_table(record: RunRecord) -> Table:
                "at a count it was fitted on: its input back), or predicted (* in the workers column)")
     t = Table(title=f"sweep {record.id} ({record.status}; window {s.window}, warm-up {s.warmup_s} s)",
               title_justify="left", caption_justify="left", caption=caption)
-    for col in ("workers", "batches/s", "speedup", "of ideal", "$/1k batches", "cost saving", "source"):
+    local = s.local_counts is not None
+    for col in ("workers", *(("local",) if local else ()), "batches/s", "speedup", "of ideal", "$/1k batches",
+                "cost saving", "source"):
         t.add_column(col, justify="right", no_wrap=True)
     for p in s.points:
         mark = "*" if p.predicted and p.source != "fitted" else ""
         source = p.source or ("predicted" if p.predicted else "measured here")
-        t.add_row(f"{p.workers}{mark}", fmt(p.batches_per_s), fmt(p.speedup, "x"), pct(p.fraction_of_ideal),
-                  money(p.cost_per_1000_batches), fmt(p.cost_saving, "x"), source)
+        t.add_row(f"{p.workers}{mark}", *((str(p.local_workers or 0),) if local else ()), fmt(p.batches_per_s),
+                  fmt(p.speedup, "x"), pct(p.fraction_of_ideal), money(p.cost_per_1000_batches),
+                  fmt(p.cost_saving, "x"), source)
     rec = s.recommendation
     if rec is not None:
         lines = [f"recommended: none: {rec.refused}"] if rec.refused else []
+        remote = "remote only, " if rec.rule is not None else ""
         if rec.smallest is not None:
-            lines.append(f"recommended: {rec.smallest.workers} worker(s): {rec.smallest.reason}")
+            lines.append(f"{remote}recommended: {rec.smallest.workers} worker(s): {rec.smallest.reason}")
         if rec.cheapest is not None:
-            lines.append(f"cheapest: {rec.cheapest.workers} worker(s): {rec.cheapest.reason}")
+            lines.append(f"{remote}cheapest: {rec.cheapest.workers} worker(s): {rec.cheapest.reason}")
+        if rec.rule is not None:
+            lines.append(f"recommended placement: {rec.surface.reason if rec.surface else 'none (no measured point was priced)'}"
+                         f" (rule: {rec.rule}; local workers add no dollars: they run on the trainer hosts, charged "
+                         "whole either way)")
         lines += [f"warning: {said}" for said in (rec.warning, rec.extend) if said]
         caption += "\n" + "\n".join(lines)
     if s.plots:

@@ -15,6 +15,9 @@ from .live import LiveView
 from .render import console, print_json, sweep_plan_line, sweep_table
 from .up import choice
 
+LOCAL_HELP = ("in-process workers per trainer to sweep with every --workers count (service.placement: hybrid; 0: remote "
+              "only), same forms as --workers, e.g. 0..2. Recommends the cheapest point within --tolerance of the "
+              "best measured throughput.")
 WORKERS_HELP = ("worker counts; the end is always included. 8..640 doubles: 8,16,...,512,640 (the paper's Figure 9); "
                 "1..4 gives 1,2,4 and 1..4:1 every count; 1..6:2 steps by 2: 1,3,5,6; 8,16,64 is a list. The sweep "
                 "prints the counts before it measures.")
@@ -24,6 +27,7 @@ def sweep(
     spec: Path | None = typer.Argument(None, metavar="[JOB.yaml]",
                                           help="job spec; default: the deployment `dsctl up --detach` left running"),
     workers: str = typer.Option(..., "--workers", "-w", help=WORKERS_HELP),
+    local_workers: str | None = typer.Option(None, "--local-workers", metavar="COUNTS", help=LOCAL_HELP),
     simulate: bool = typer.Option(False, "--simulate", help="predict counts this machine cannot hold with the calibrated model"),
     window: str = typer.Option("5s", "--window", help="measurement per point: batches (200) or seconds (5s)"),
     warmup: float = typer.Option(2.0, "--warmup", min=0, help="seconds discarded after each change of worker count"),
@@ -45,6 +49,8 @@ def sweep(
     from dsctl.specs.calibration import load_calibration
 
     counts = parse_worker_counts(workers)
+    local_counts = parse_worker_counts(local_workers, option="--local-workers", zero_ok=True) \
+        if local_workers is not None else None
     if calibration is not None and not simulate:
         raise UsageError("--calibration predicts a sweep without running it; add --simulate.", field="--calibration")
     if from_profile is not None and (not simulate or calibration is not None):
@@ -54,13 +60,15 @@ def sweep(
                            tolerance=tolerance, out_dir=out, strategy=choice(strategy, ("in-place", "restart"),
                                                                              "--strategy"),
                            calibration=load_calibration(calibration) if calibration else None, profile=from_profile,
-                           asked=workers.strip())
+                           asked=workers.strip(), local_counts=local_counts,
+                           local_asked=local_workers.strip() if local_workers is not None else None)
     # SIGTERM (a scheduler, `kill`) and SIGHUP (a closed terminal) end the sweep as Ctrl-C does: everything it
     # started is stopped, its record says interrupted and keeps the finished points, exit 128 + the signal.
     stop_on_signals()
 
     def plan(measured: list[int], predicted: list[int]) -> None:
-        (err_console if json_out else console).print(sweep_plan_line(measured, predicted, options.asked), markup=False)
+        (err_console if json_out else console).print(sweep_plan_line(measured, predicted, options.asked, local_counts,
+                                                                     options.local_asked), markup=False)
 
     with LiveView(enabled=not json_out) as view:
         record = run_sweep(spec, options, view, plan)

@@ -45,11 +45,21 @@ class CostBreakdown:
     # 'standard' (on-demand) or 'spot'; service None when there is no service (colocated).
     service_provisioning: str | None = None
     trainer_provisioning: str | None = None
+    # Hybrid placement: what the workers inside the trainer processes cost. They run on the trainer hosts, which
+    # are charged on what they have either way, so this is a share of `trainer_cpu`, never added to the total; None
+    # without local workers, or when their CPU use is not known. How their CPU use is known: local_cpu_source.
+    local_preprocessing: float | None = None
+    local_cpu_source: str | None = None
 
     @property
     def service(self) -> float:
         """Workers plus dispatcher: what disaggregation adds."""
         return self.workers + self.dispatcher
+
+    @property
+    def remote_preprocessing(self) -> float:
+        """The pipeline run off the trainer hosts: the remote workers and their dispatcher."""
+        return self.service
 
     @property
     def trainers(self) -> float:
@@ -70,7 +80,8 @@ class CostBreakdown:
         """Plain numbers for JSON/CSV, including the derived totals."""
         out = asdict(self)
         out["notes"] = list(self.notes)
-        out.update(service=self.service, trainers=self.trainers, total=self.total,
+        out.update(service=self.service, remote_preprocessing=self.remote_preprocessing, trainers=self.trainers,
+                   total=self.total,
                    per_1000_batches=self.per_1000_batches)
         return out
 

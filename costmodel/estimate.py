@@ -38,6 +38,7 @@ def usage_from_spec(spec: JobSpec, *, job_time_s: float, batches: float | None =
         raise SpecError(f"the number of workers must be 0 (colocated, no tf.data service) or more, got {n_workers}.")
     m = measured or {}
     service = n_workers > 0
+    local = spec.service.local_workers if service and spec.service.placement == "hybrid" else 0
     return RunUsage(
         job_time_s=job_time_s,
         batches=batches,
@@ -57,6 +58,10 @@ def usage_from_spec(spec: JobSpec, *, job_time_s: float, batches: float | None =
         trainer_provisioning=spec.trainer.provisioning,
         worker_stopped_s=min(m.get("worker_stopped_s") or 0.0, n_workers * job_time_s) if service else 0.0,
         dispatcher_stopped_s=min(m.get("dispatcher_stopped_s") or 0.0, job_time_s) if service else 0.0,
+        local_workers=local,
+        local_cpu_cores=m.get("local_cpu_cores") if local else None,
+        local_cpu_source=(m.get("local_cpu_source") or ("not measured" if measured is not None else
+                                                         "not known before a run")) if local else None,
     )
 
 

@@ -53,6 +53,12 @@ class RunUsage:
     # started again: a stopped VM is not charged for its vCPUs and memory, so neither is it here.
     worker_stopped_s: float = 0.0
     dispatcher_stopped_s: float = 0.0
+    # Hybrid placement (service.placement: hybrid): workers inside each trainer process, on the trainer host, counted
+    # apart from the remote n_workers; the vCPUs they kept busy on average per trainer, and how that is known
+    # (local_cpu_source: 'measured here' or 'estimated: ...'); None when not known.
+    local_workers: int = 0
+    local_cpu_cores: float | None = None
+    local_cpu_source: str | None = None
 
 
 def _positive(value, what: str, zero_ok: bool = False) -> None:
@@ -80,6 +86,10 @@ def _check(u: RunUsage, basis: str) -> None:
     for name in ("worker_avg_cpu_cores", "worker_avg_mem_gb", "dispatcher_avg_cpu_cores", "dispatcher_avg_mem_gb"):
         if getattr(u, name) is not None:
             _positive(getattr(u, name), f"the measured {name.replace('_', ' ')}", zero_ok=True)
+    if not isinstance(u.local_workers, int) or u.local_workers < 0:
+        raise SpecError(f"the number of local workers per trainer must be 0 or more, got {u.local_workers!r}.")
+    if u.local_cpu_cores is not None:
+        _positive(u.local_cpu_cores, "the local workers' CPU use in vCPUs per trainer", zero_ok=True)
     _positive(u.worker_stopped_s, "the workers' VM-seconds stopped", zero_ok=True)
     _positive(u.dispatcher_stopped_s, "the dispatcher's VM-seconds stopped", zero_ok=True)
     if u.worker_stopped_s > u.n_workers * u.job_time_s or u.dispatcher_stopped_s > u.job_time_s:
@@ -169,8 +179,10 @@ def price(usage: RunUsage, catalog: Catalog, basis: str = "utilization") -> Cost
             trainer_memory_hour=split.memory,
             trainer_accelerators_hour=split.accelerators,
         )
-        return replace(b, batches=usage.batches, notes=tuple(notes), service_provisioning=svc_model,
-                       trainer_provisioning=trn_p)
+        local, local_notes = _local_vm_hours(usage)
+        return replace(b, batches=usage.batches, notes=tuple(notes + local_notes), service_provisioning=svc_model,
+                       trainer_provisioning=trn_p, local_preprocessing=local,
+                       local_cpu_source=usage.local_cpu_source if usage.local_workers else None)
 
     if n_acc < t_machine.accelerators:
         notes.append(f"trainers use {n_acc} of the {t_machine.accelerators} accelerators of a {t_machine.name}; "
@@ -207,5 +219,40 @@ def price(usage: RunUsage, catalog: Catalog, basis: str = "utilization") -> Cost
         rates=trainer_rates, dispatcher_cpu=n_d * d_cpu, dispatcher_mem=n_d * d_mem,
         worker_rates=w_rates, dispatcher_rates=d_rates,
     )
-    return replace(b, batches=usage.batches, notes=tuple(notes), service_provisioning=svc_model,
-                   trainer_provisioning=trn_p)
+    local, local_notes = _local_share(usage, trainer_rates.cpu, t_machine.vcpus,
+                                      whole_with_accelerators=split.whole and bool(t_machine.accelerators))
+    return replace(b, batches=usage.batches, notes=tuple(notes + local_notes), service_provisioning=svc_model,
+                   trainer_provisioning=trn_p, local_preprocessing=local,
+                   local_cpu_source=usage.local_cpu_source if usage.local_workers else None)
+
+
+def _local_vm_hours(usage: RunUsage) -> tuple[float | None, list[str]]:
+    """Local workers on the vm-hours basis: the trainer VMs are charged whole whether their CPUs run local workers or
+    not, so local preprocessing adds no dollars."""
+    if not usage.local_workers:
+        return None, []
+    return 0.0, [f"local preprocessing: {usage.local_workers} worker(s) inside each trainer process run on the "
+                 "trainer VMs, which the vm-hours basis charges whole whether those CPUs are used or not: they add no "
+                 "dollars (local_preprocessing 0), and the remote count alone is priced as workers."]
+
+
+def _local_share(usage: RunUsage, trainer_cpu_rate: float, vcpus: int,
+                 whole_with_accelerators: bool) -> tuple[float | None, list[str]]:
+    """Local workers on the utilization basis: Equation 1 charges trainer hosts on what they have (CPU_a^T), so the
+    local workers add nothing to the total; their share of the trainer's CPU (vCPUs busy x C_CPU of the trainer's
+    machine) is what local preprocessing cost, shown apart and included in trainer_cpu."""
+    if not usage.local_workers:
+        return None, []
+    said = (f"local preprocessing: {usage.local_workers} worker(s) inside each trainer process run on the trainer "
+            "hosts, which Equation 1 charges on what they have: they add nothing to the total, and their cost is "
+            "their share of the trainer CPU (included in trainer_cpu); the remote count alone is priced as workers.")
+    if usage.local_cpu_cores is None:
+        return None, [said, f"local preprocessing not priced: the local workers' CPU use is "
+                            f"{usage.local_cpu_source or 'not known'}."]
+    if whole_with_accelerators:
+        return None, [said, f"local preprocessing not priced: the catalog prices {usage.trainer_machine} only whole, "
+                            "so its host CPU has no price of its own."]
+    cores = min(usage.local_cpu_cores, float(vcpus))
+    cost = usage.job_time_s / 3600.0 * trainer_cpu_rate * usage.n_trainers * cores
+    return cost, [f"{said} Their CPU use, {cores:.3g} vCPUs per trainer, is {usage.local_cpu_source or 'measured'}; "
+                  "the price per vCPU-hour is the catalog's."]

@@ -16,6 +16,7 @@ from dsctl.provisioners import Deployment
 
 from . import endings, reconcile
 from .home import remedy
+from .placements import placement_fields
 from .pricing import cost_summary
 from .records import RunRecord, SweepPoint
 from .store import RunStore, StoreError
@@ -112,6 +113,7 @@ def close_run(store: RunStore, record: RunRecord, dep: Deployment, monitor_gone:
         message = (f"{owner}; {by} recorded the run {status} from "
                    + (f"its trainers' own metrics files in {Path(run_dir) / 'metrics'}: {said}" if files.trainers
                       else "the windows stored before (its trainers wrote no metrics files)"))
+    summary = summary.updated(**placement_fields(files.placements, summary, record.workers, record.trainers))
     summary.recorded_by = message
     summary.cost = cost_summary(replace(record, status=status, error=error, summary=summary))
     store.update_run(record.id, status=status, ended_at=ended, error=error, summary=summary)

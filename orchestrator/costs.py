@@ -33,12 +33,14 @@ from .pricing import RunAdditions, cache_storage, price_record, run_additions, s
 from .records import CacheStorage, RunRecord
 from .store import RunStore
 
-COST_FIELDS = ("workers", "dispatcher", "trainer_cpu", "trainer_memory", "accelerators", "service", "trainers", "total")
+COST_FIELDS = ("workers", "dispatcher", "trainer_cpu", "trainer_memory", "accelerators", "service", "trainers", "total",
+               "remote_preprocessing", "local_preprocessing")  # the last two split the pipeline's cost by where it ran
 # Beside Equation 1's total, not in it: the extras' own columns (each provider names its own) come first.
 ADDITION_FIELDS = ("additions_total", "total_with_additions", "additions_status")
 FIELDS = (
     "label", "basis", "prices", "service_provisioning", "trainer_provisioning", "job_time_s", "batches", "n_workers",
-    "worker_machine", "dispatcher_machine", "n_trainers", "trainer_machine", *COST_FIELDS, *ADDITION_FIELDS,
+    "worker_machine", "dispatcher_machine", "n_trainers", "trainer_machine", "local_workers", "local_cpu_source",
+    *COST_FIELDS, *ADDITION_FIELDS,
     "per_1000_batches", "speedup", "cost_saving", "cache_storage_kind", "cache_gb", "cache_per_month",
     "cache_during_job", "price_sources", "notes",
 )
@@ -72,6 +74,8 @@ class CostRow:
     dispatcher_machine: str | None = None
     n_trainers: int | None = None
     trainer_machine: str | None = None
+    local_workers: int | None = None  # per trainer (hybrid placement), beside the remote n_workers
+    local_cpu_source: str | None = None  # how the local workers' CPU was known: estimated, measured here, not known
     costs: dict[str, float | None] = field(default_factory=dict)  # COST_FIELDS
     extras: dict[str, float | None] = field(default_factory=dict)  # column -> cost
     additions_total: float | None = None
@@ -100,6 +104,7 @@ class CostRow:
             "job_time_s": self.job_time_s, "batches": self.batches, "n_workers": self.n_workers,
             "worker_machine": self.worker_machine, "dispatcher_machine": self.dispatcher_machine,
             "n_trainers": self.n_trainers, "trainer_machine": self.trainer_machine,
+            "local_workers": self.local_workers, "local_cpu_source": self.local_cpu_source,
             **{k: self.costs.get(k) for k in COST_FIELDS},
             **{c: self.extras.get(c) for c in extra_columns},
             "additions_total": self.additions_total, "total_with_additions": self.total_with_additions,
@@ -189,7 +194,8 @@ def cost_row(label: str, usage: RunUsage, b: CostBreakdown, catalog: Catalog, co
                   trainer_provisioning=b.trainer_provisioning, job_time_s=b.job_time_s, batches=b.batches,
                   n_workers=usage.n_workers, worker_machine=usage.worker_machine,
                   dispatcher_machine=usage.dispatcher_machine, n_trainers=usage.n_trainers,
-                  trainer_machine=usage.trainer_machine, costs={k: d[k] for k in COST_FIELDS},
+                  trainer_machine=usage.trainer_machine, local_workers=usage.local_workers,
+                  local_cpu_source=b.local_cpu_source, costs={k: d[k] for k in COST_FIELDS},
                   per_1000_batches=d["per_1000_batches"], speedup=comparison.speedup if comparison else None,
                   cost_saving=comparison.cost_saving if comparison else None, cache=cache, price_sources=sources,
                   notes=list(b.notes) + ([CACHE_NOTE] if cache else []) + _addition_notes(additions) + own)

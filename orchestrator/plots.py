@@ -16,6 +16,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
 from matplotlib.ticker import NullLocator
 
 WORKERS_LABEL = "tf.data service workers"
@@ -24,7 +25,7 @@ COST_LABEL = "cost saving over colocated (×)"
 LOG_SPAN = 8            # worker counts spanning more than this factor get a log2 axis
 MAX_LABELLED_TICKS = 16
 COLOR = "tab:blue"
-FILES = {"speedup": "sweep-speedup.png", "cost_saving": "sweep-cost-saving.png"}
+FILES = {"speedup": "sweep-speedup.png", "cost_saving": "sweep-cost-saving.png", "surface": "sweep-surface.png"}
 
 
 def plot_sweep(points: Iterable[Any], *, colocated_bps: float, ideal_bps: float, out_dir: Path,
@@ -58,6 +59,58 @@ def build_sweep_figures(points: Iterable[Any], *, colocated_bps: float, ideal_bp
     if saving:
         figs["cost_saving"] = _figure(saving, f"{title}: cost saving", COST_LABEL, ideal=None)
     return figs
+
+
+def plot_surface(points: Iterable[Any], *, out_dir: Path, title: str, pick: Any | None = None) -> Path:
+    """Write sweep-surface.png: sweep --local-workers' cost surface (build_surface_figure)."""
+    path = Path(out_dir) / FILES["surface"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    build_surface_figure(points, title=title, pick=pick).savefig(path, format="png", dpi=120)
+    return path
+
+
+def build_surface_figure(points: Iterable[Any], *, title: str, pick: Any | None = None) -> Figure:
+    """The measured points of a sweep over remote (x) and local (y) workers as a grid: each cell coloured by its cost
+    per 1,000 batches (darker is cheaper) and labelled with that cost and its batches/s; the recommended point
+    (`pick`: workers and local_workers) outlined. A cell never measured stays blank."""
+    get = _getter
+    cells = {(int(get(p, "workers")), int(get(p, "local_workers") or 0)): (get(p, "cost_per_1000_batches"),
+                                                                           get(p, "batches_per_s"))
+             for p in points if not get(p, "predicted", False) and get(p, "batches_per_s")}
+    if not cells:
+        raise ValueError("no measured sweep point to plot")
+    remote, local = sorted({r for r, _ in cells}), sorted({k for _, k in cells})
+    grid = [[cells.get((r, k), (None, None))[0] for r in remote] for k in local]
+    costs = [c for row in grid for c in row if c is not None]
+    fig = Figure(figsize=(max(6.4, 1.2 * len(remote) + 3.0), 0.8 * len(local) + 2.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    masked = [[float("nan") if c is None else c for c in row] for row in grid]
+    image = ax.imshow(masked, cmap="viridis", origin="lower", aspect="auto",
+                      vmin=min(costs) if costs else None, vmax=max(costs) if costs else None)
+    fig.colorbar(image, ax=ax, label="$ per 1,000 batches")
+    middle = (min(costs) + max(costs)) / 2 if costs else 0.0
+    for (r, k), (cost, bps) in cells.items():
+        text = ("not priced" if cost is None else f"${cost:.3g}") + f"\n{bps:.3g} b/s"
+        bright = cost is not None and cost > middle  # viridis is light at its top: dark text there
+        ax.text(remote.index(r), local.index(k), text, ha="center", va="center", fontsize=8,
+                color="black" if bright else "white")
+    if pick is not None:
+        at = (int(get(pick, "workers")), int(get(pick, "local_workers") or 0))
+        if at in cells:
+            ax.add_patch(Rectangle((remote.index(at[0]) - 0.5, local.index(at[1]) - 0.5), 1, 1, fill=False,
+                                   edgecolor="tab:red", linewidth=2.5, label="recommended"))
+    ax.set_xticks(range(len(remote)), [str(r) for r in remote])
+    ax.set_yticks(range(len(local)), [str(k) for k in local])
+    ax.set_xlabel("remote " + WORKERS_LABEL)
+    ax.set_ylabel("local workers per trainer")
+    fig.suptitle(f"{title}: cost surface (measured)" + ("\nred outline: recommended" if pick is not None else ""),
+                 fontsize=10)
+    return fig
+
+
+def _getter(p: Any, key: str, default: Any = None) -> Any:
+    return p.get(key, default) if isinstance(p, dict) else getattr(p, key, default)
 
 
 def _figure(series: list[tuple[int, float, bool]], title: str, ylabel: str, ideal: float | None) -> Figure:

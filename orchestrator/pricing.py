@@ -175,9 +175,11 @@ def cost_summary(record: RunRecord) -> CostSummary:
                            created=created)
     note = "priced as the spec's machine types" if stands_in_for(record.provider) else "list prices"
     extra = run_additions(record, usage, catalog, Billed(bill, RECORDED)) if bill is not None else None
+    local = {"remote_preprocessing": b.remote_preprocessing, "local_preprocessing": b.local_preprocessing,
+             "local_cpu_source": b.local_cpu_source} if usage.local_workers else {}
     return CostSummary(total=b.total, service=b.service, trainers=b.trainers, per_1000_batches=b.per_1000_batches,
                        basis=b.basis, catalog=catalog.name, note=note, service_provisioning=b.service_provisioning,
                        trainer_provisioning=b.trainer_provisioning,
                        provisioning=describe_provisioning(b.service_provisioning, b.trainer_provisioning),
                        cache_storage=cache_storage(record, catalog), created=created,
-                       additions=extra.additions.to_dict() if extra and extra.additions else None)
+                       additions=extra.additions.to_dict() if extra and extra.additions else None, **local)

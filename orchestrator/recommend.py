@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from dsctl.costmodel.money import usd
@@ -39,6 +39,7 @@ class Pick:
     cost_per_1000_batches: float | None
     predicted: bool
     reason: str
+    local_workers: int | None = None  # a point of a sweep over --local-workers too
 
 
 @dataclass(frozen=True)
@@ -208,3 +209,40 @@ def _point(p: Any) -> _Point | None:
     bps = get("batches_per_s")
     workers, cost, predicted = int(get("workers")), None if cost is None else float(cost), bool(get("predicted", False))
     return None if bps is None else _Point(workers=workers, bps=float(bps), cost=cost, predicted=predicted)
+
+
+SURFACE_RULE = ("the cheapest measured point (cost per 1,000 batches) whose throughput is within {tol:g}% of the best "
+                "measured throughput, over every remote and local worker count swept")
+
+
+def cheapest_within(points: Iterable[Any], *, tolerance: float = 0.03) -> tuple[Pick | None, str]:
+    """A sweep over remote and local workers (`--local-workers`): the cheapest measured point within `tolerance` of
+    the best measured throughput (predicted points never set the bar nor win), with the rule in words. Equal costs:
+    the faster, then fewer machines (remote workers, then local). None when no measured point is priced."""
+    rule = SURFACE_RULE.format(tol=tolerance * 100)
+    measured = [(q, int(_get(p, "local_workers") or 0)) for p in points
+                if (q := _point(p)) is not None and not q.predicted and q.bps > 0]
+    if not measured:
+        return None, rule
+    best = max(q.bps for q, _ in measured)
+    need = (1 - tolerance) * best * (1 - 1e-12)
+    fast = [(q, local) for q, local in measured if q.bps >= need and q.cost is not None and math.isfinite(q.cost)]
+    if not fast:
+        return None, rule
+    fast.sort(key=lambda m: (_cost(m[0]), -m[0].bps, m[0].workers, m[1]))
+    (pick, local), others = fast[0], fast[1:]
+    nxt = (f"next cheapest within it: {_place(others[0][0].workers, others[0][1])} at {usd(others[0][0].cost)}."
+           if others else f"the only one of {len(measured)} measured points within it.")
+    reason = (f"{_place(pick.workers, local)}: {usd(pick.cost)} per 1,000 batches at {_bps(pick.bps)} (measured), "
+              f"within {tolerance * 100:g}% of the best measured {_bps(best)}; {nxt}")
+    return replace(_pick(pick, reason), local_workers=local), rule
+
+
+def _place(workers: int, local: int) -> str:
+    """'2 remote workers + 1 local worker per trainer', or '2 remote workers' alone."""
+    remote = f"{workers} remote worker{'' if workers == 1 else 's'}"
+    return remote + (f" + {local} local worker{'' if local == 1 else 's'} per trainer" if local else "")
+
+
+def _get(p: Any, key: str, default: Any = None) -> Any:
+    return p.get(key, default) if isinstance(p, dict) else getattr(p, key, default)

@@ -40,6 +40,7 @@ class TrainerFiles:
 
     ends: dict[int, dict] = field(default_factory=dict)  # the end record of each trainer that wrote one
     errors: dict[int, dict] = field(default_factory=dict)  # the error record of each trainer that wrote one
+    placements: dict[int, dict] = field(default_factory=dict)  # each trainer's placement record (hybrid placement)
     windows: list[dict] = field(default_factory=list)  # every window, as runs.db stores them
     first_batch_wall: float | None = None  # the first trainer's first batch
     measured_from_wall: float | None = None  # when the last trainer finished warming up
@@ -121,6 +122,8 @@ def _take(out: TrainerFiles, index: int, rec: dict) -> None:
         out.ends[index] = {k: v for k, v in rec.items() if k != "event"}
     elif event == "error":
         out.errors[index] = rec
+    elif event == "placement":
+        out.placements[index] = rec
     elif event == "first_batch" and isinstance(wall, (int, float)):
         out.first_batch_wall = min(out.first_batch_wall or wall, wall)
     elif event == "measure_start" and isinstance(wall, (int, float)):

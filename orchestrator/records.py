@@ -139,7 +139,34 @@ class CostSummary(Record):
     cache_storage: CacheStorage | None = None
     created: dict[str, Any] | None = None  # the provider's own record of what the run created (its Bill.kept)
     additions: dict[str, Any] | None = None
+    # Hybrid placement: the pipeline's cost by where it ran; local is a share of the trainers' (never added), None
+    # when not known, with how the local workers' CPU was known.
+    remote_preprocessing: float | None = None
+    local_preprocessing: float | None = None
+    local_cpu_source: str | None = None
     error: str | None = None
+
+
+class TrainerPlacement(Record):
+    """One trainer's placement record (runtime/placement.py): the batches it received from its own process's workers
+    and from the remote ones, and from each producing process ("host:pid"), counted where they arrived."""
+
+    trainer: int
+    process: str | None = None
+    local_batches: int = 0
+    remote_batches: int = 0
+    by_producer: dict[str, int] = Field(default_factory=dict)
+
+
+class PlacementSummary(Record):
+    """Where a hybrid run's pipeline ran: the workers inside each trainer process, and the batches all trainers
+    received from them and from the remote workers (measured here, from each trainer's placement record)."""
+
+    placement: str | None = None
+    local_workers: int | None = None  # per trainer
+    local_batches: int | None = None
+    remote_batches: int | None = None
+    trainers: list[TrainerPlacement] = Field(default_factory=list)
 
 
 class RunSummary(Record):
@@ -169,6 +196,12 @@ class RunSummary(Record):
     trainer_mem_gb: float | None = None
     trainer_cpu_seconds: float | None = None
     trainer_cpu_seconds_per_batch: float | None = None
+    # Hybrid placement: where the batches came from, and the CPU the in-process workers used (vCPUs busy per trainer,
+    # CPU-seconds of all trainers) with how it is known (local_cpu_source: estimated, or why not known).
+    placement: PlacementSummary | None = None
+    local_cpu_cores: float | None = None
+    local_cpu_seconds: float | None = None
+    local_cpu_source: str | None = None
     # The model's loss in its first and last window (mean over trainers), and where it stopped being finite.
     loss_first: float | None = None
     loss_last: float | None = None
@@ -213,6 +246,7 @@ class SweepPoint(Record):
     model (`source`)."""
 
     workers: int
+    local_workers: int | None = None  # per trainer, inside its process (sweep --local-workers); None: remote only
     run_id: str | None = None
     mode: Mode | None = None
     predicted: bool = False
@@ -240,6 +274,7 @@ class RecommendedCount(Record):
     """One worker count a sweep recommends, and the one sentence that justifies it (orchestrator/recommend.py)."""
 
     workers: int
+    local_workers: int | None = None
     batches_per_s: float | None = None
     cost_per_1000_batches: float | None = None
     predicted: bool = False
@@ -260,6 +295,10 @@ class SweepRecommendation(Record):
     warning: str | None = None
     refused: str | None = None
     extend: str | None = None
+    # sweep --local-workers: the cheapest point of the (remote x local) surface within tolerance of its best measured
+    # throughput, and that rule in words; smallest/cheapest above are then the remote-only points' answers.
+    surface: RecommendedCount | None = None
+    rule: str | None = None
 
 
 class SweepSummary(Record):
@@ -267,6 +306,8 @@ class SweepSummary(Record):
 
     counts: list[int] | None = None
     workers_asked: str | None = None
+    local_counts: list[int] | None = None  # sweep --local-workers: in-process workers per trainer, each count swept
+    local_asked: str | None = None
     points: list[SweepPoint] = Field(default_factory=list)
     baselines: dict[str, Baseline] = Field(default_factory=dict)
     model: dict[str, Any] | None = None

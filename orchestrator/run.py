@@ -29,6 +29,7 @@ from .checkpoints import run_checkpoint_dir, saved_step
 from .context import RunContext
 from .home import dsctl_home, remedy
 from .outcome import Outcome, RunFailed, TakenDown
+from .placements import placement_fields
 from .policies import Limits, Observation
 from .preflight import check_autoscale
 from .pricing import cost_summary
@@ -117,6 +118,7 @@ class JobRunner:
         self.duration_s, self.repeat = duration_s, repeat  # overrides for measurements (sweep baselines)
         self.record_steps = record_steps  # per-batch records (experiments model synchronous training from them)
         self._results: dict[int, dict] = {}  # each trainer's end record, also kept here in case the store defers it
+        self._placements: dict[int, dict] = {}  # each trainer's placement record (hybrid placement)
         self._stopped_s: dict[str, float] = {}  # role -> VM-seconds stopped (preempted VMs are not billed meanwhile)
         self.summary = RunSummary()
         self.trainer_spec_json: Path | None = None  # the spec the trainers get, when autocache decided a mode
@@ -331,6 +333,7 @@ class JobRunner:
                 chosen = {"choice": self.spec.autocache.mode}
             summary = summary.updated(autocache={**chosen, "cache": self.cache})
         summary = summary.updated(**self._training_summary())
+        summary = summary.updated(**placement_fields(self._placements, summary, self.workers, self.spec.trainer.count))
         store.update_run(self.run_id, status=status, ended_at=ended, error=error, summary=summary)
         record = replace(store.recorded(self.run_id), status=status, ended_at=ended, error=error, summary=summary)
         summary.cost = cost_summary(record)
@@ -487,6 +490,8 @@ class JobRunner:
             self._windows.trainer_ended(index)
         elif event == "error":
             errors[index] = rec
+        elif event == "placement":
+            self._placements[index] = rec
         elif event == "epoch":
             self.event("epoch", epoch_line(index, rec))
         elif event == "autocache" and index == 0:  # what the hints did (put, get, fallback), once per job

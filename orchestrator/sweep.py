@@ -15,7 +15,7 @@ import signal
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import mean
 from typing import Any, Literal
@@ -26,7 +26,8 @@ from dsctl.errors import signum_of
 from dsctl.provisioners import Capacity, Deployment, Provider, TrainerLaunch, get_provider
 from dsctl.specs import LoadedSpec, SpecError, spec_hash
 from dsctl.specs.calibration import Calibration
-from dsctl.specs.schema import Mode
+from dsctl.specs.rules import check_rules
+from dsctl.specs.schema import JobSpec, Mode
 
 from . import closing
 from .accelerators import trainer_accelerators
@@ -34,11 +35,11 @@ from .deployments import active_deployments
 from .handles import AttachedDeployment, OwnedDeployment
 from .home import dsctl_home
 from .outcome import Interrupted, Outcome, RunFailed
-from .plots import plot_sweep
+from .plots import plot_surface, plot_sweep
 from .preflight import load_job
 from .pricing import price_record
 from .profiling.uses import profile_calibration
-from .recommend import recommend
+from .recommend import cheapest_within, recommend
 from .records import RunRecord, SweepSummary
 from .run import JobRunner, Progress, new_run_id
 from .store import RunStore
@@ -97,6 +98,10 @@ class SweepOptions:
     calibration: Calibration | None = None  # given: nothing runs, every count is predicted from it
     profile: str | None = None  # a profile's run id or file (sweep --profile): the calibration made from it
     asked: str | None = None  # --workers as typed (e.g. 1..4), for saying which counts it gives
+    # --local-workers: in-process workers per trainer (service.placement: hybrid), each count swept with every
+    # remote count; None: the spec's own placement, one count
+    local_counts: list[int] | None = None
+    local_asked: str | None = None
 
 
 class SweepRunner:
@@ -134,6 +139,7 @@ class SweepRunner:
 
     def _make_plan(self) -> tuple[list[int], list[int]]:
         """Refuses what cannot run here before anything starts."""
+        self._check_local()
         counts = sorted(self.opt.counts)
         if self.opt.calibration is not None:
             return [], counts
@@ -151,6 +157,39 @@ class SweepRunner:
             raise SpecError(f"none of the worker counts {counts} fits on this machine (at most {capacity} here); "
                             "include smaller counts to calibrate the model, e.g. --workers 1..4,8..640.", field="--workers")
         return fits, [c for c in counts if c > capacity]
+
+    def _check_local(self) -> None:
+        """--local-workers: refused, naming the flag, where hybrid placement cannot run (the spec's own rules, on the
+        spec as each count would run it: its provider's capability, coordinated reads, ...) or cannot be predicted."""
+        local = [k for k in self.opt.local_counts or [] if k]
+        if not local:
+            return
+        asked = f"--local-workers {self.opt.local_asked or ','.join(map(str, self.opt.local_counts or []))}"
+        if self.opt.simulate or self.opt.calibration is not None or self.opt.profile is not None:
+            raise SpecError(f"{asked} cannot be predicted: --simulate, --calibration and --profile model remote "
+                            "worker counts only. Measure it (drop --simulate), or sweep --workers alone.",
+                            field="--local-workers")
+        if self.opt.strategy != "in-place":
+            raise SpecError(f"{asked} measures each local count on the sweep's one deployment; --strategy "
+                            f"{self.opt.strategy} is not supported with it.", field="--local-workers")
+        try:
+            check_rules(placed(self.spec, max(local)), self.loaded.source)
+        except SpecError as exc:
+            raise SpecError(f"{asked} runs the job with service.placement: hybrid, which this job cannot: "
+                            f"{exc.render()} Sweep --workers alone (remote placement).", field="--local-workers") \
+                from None
+
+    def _placements(self) -> list[tuple[int | None, Path]]:
+        """(local workers per trainer, the spec file the trainers read) for each placement swept; local None: the
+        spec's own placement."""
+        if self.opt.local_counts is None:
+            return [(None, self.run_dir / "spec.json")]
+        out: list[tuple[int | None, Path]] = []
+        for k in sorted(self.opt.local_counts):
+            path = self.run_dir / f"spec-local-{k}.json"
+            path.write_text(placed(self.spec, k).model_dump_json(indent=1))
+            out.append((k, path))
+        return out
 
     # -- events and progress -------------------------------------------------------------
     def _event(self, kind: str, message: str) -> None:
@@ -254,21 +293,32 @@ class SweepRunner:
 
             self._measure_baselines(measure_baseline)
             with self._timed("points_s"):
-                tails = self._start_trainers(handle, "service")
-                for i, n in enumerate(counts, 1):
-                    self._phase(f"point {i}/{len(counts)}: scaling", n)
-                    if handle.workers != n:
-                        handle.scale(n, self._event)
-                    self._phase(f"point {i}/{len(counts)}: measuring {n} worker(s)", n)
-                    self._add_point(self._measure_point(handle, tails, n, "service"))
+                groups = self._placements()
+                total, i = len(groups) * len(counts), 0
+                for g, (local, spec_json) in enumerate(groups):
+                    if g:
+                        handle.stop_trainers()  # in-process workers start with their trainers: new ones per count
+                    tails = self._start_trainers(handle, "service", spec_json,
+                                                 "service" if local is None else f"service-local-{local}")
+                    also = "" if not local else f" + {local} local per trainer"
+                    for n in counts:
+                        i += 1
+                        self._phase(f"point {i}/{total}: scaling", n)
+                        if handle.workers != n:
+                            handle.scale(n, self._event)
+                        self._phase(f"point {i}/{total}: measuring {n} worker(s){also}", n)
+                        self._add_point(self._measure_point(handle, tails, n, "service", local), local)
         finally:
             self._phase("tearing down")
             handle.release(self._event)
 
-    def _start_trainers(self, handle, mode: Mode) -> dict[int, JsonlTail]:
-        """Trainers that read until stopped, in `mode`, on the sweep's deployment."""
+    def _start_trainers(self, handle, mode: Mode, spec_json: Path | None = None,
+                        metrics: str | None = None) -> dict[int, JsonlTail]:
+        """Trainers that read until stopped, in `mode`, on the sweep's deployment (from `spec_json`: the sweep's
+        spec, or the spec as a --local-workers count runs it)."""
         launch = TrainerLaunch(
-            mode=mode, spec_json=self.run_dir / "spec.json", metrics_dir=self.run_dir / "metrics" / mode,
+            mode=mode, spec_json=spec_json or self.run_dir / "spec.json",
+            metrics_dir=self.run_dir / "metrics" / (metrics or mode),
             base_dir=self.loaded.base_dir, cache_dir=dsctl_home() / "cache", count=self.spec.trainer.count,
             duration_s=FOREVER_S, repeat=True, window_s=TRAINER_WINDOW_S, cpus=self.spec.trainer.cpus,
             **trainer_accelerators(self.spec), command=bool(self.spec.trainer.command),
@@ -304,13 +354,16 @@ class SweepRunner:
         return OwnedDeployment(self.provider, dep,
                                Supervisor(self.provider, dep, self.spec.service.fault_tolerant, self._event))
 
-    def _measure_point(self, handle, tails: dict[int, JsonlTail], workers: int, mode: Mode):
-        """Discard the warm-up after a change, then record one window as a point run."""
-        point_id = new_run_id(f"{self.spec.name}-{mode if workers == 0 else f'w{workers}'}")
+    def _measure_point(self, handle, tails: dict[int, JsonlTail], workers: int, mode: Mode, local: int | None = None):
+        """Discard the warm-up after a change, then record one window as a point run (its spec: as the trainers ran
+        it, with the point's local workers, so it is priced with them)."""
+        name = mode if workers == 0 else f"w{workers}" + (f"-l{local}" if local else "")
+        point_id = new_run_id(f"{self.spec.name}-{name}")
         start = time.time() + self.opt.warmup_s
+        spec = self.spec if local is None else placed(self.spec, local)
         self.store.create_run(
             id=point_id, name=self.spec.name, kind="point", parent_id=self.sweep_id, provider=self.spec.provider,
-            mode=mode, status="running", spec_json=self.spec.model_dump_json(), spec_hash=spec_hash(self.spec),
+            mode=mode, status="running", spec_json=spec.model_dump_json(), spec_hash=spec_hash(spec),
             workers=workers, trainers=self.spec.trainer.count, run_dir=str(self.run_dir), created_at=start,
         )
         per_trainer: dict[int, dict[str, Any]] = {i: {"batches": 0, "seconds": 0.0, "wait": 0.0, "step": 0.0} for i in tails}
@@ -356,6 +409,9 @@ class SweepRunner:
             "duration_s": mean(a["seconds"] for a in per_trainer.values()),
             **utilization_summary(self.store.utilization(point_id), sum(a["batches"] for a in per_trainer.values())),
         }
+        if local:
+            summary["local_cpu_source"] = ("not measured: a sweep's trainers say which workers their batches came "
+                                           "from only when they stop, not per point")
         self.store.update_run(point_id, status="succeeded", ended_at=time.time(), summary=summary)
         return self.store.recorded(point_id)
 
@@ -378,15 +434,17 @@ class SweepRunner:
                 "epoch loop stays in its first epoch and what it does between epochs (evaluation) is not measured")
 
     # -- results ---------------------------------------------------------------------------
-    def _add_point(self, record) -> None:
+    def _add_point(self, record, local: int | None = None) -> None:
         _, cost, _ = price_record(record, self.catalog)
         s = record.job
-        point = {"workers": record.workers, "run_id": record.id, "predicted": False, "source": "measured here",
+        point = {"workers": record.workers, "local_workers": local, "run_id": record.id, "predicted": False,
+                 "source": "measured here",
                  "batches_per_s": s.batches_per_s, "cost_per_1000_batches": cost.per_1000_batches,
                  "input_stall_frac": s.input_stall_frac, "worker_cpu_cores": s.worker_cpu_cores,
                  "worker_mem_gb": s.worker_mem_gb}
         self.points.append(self._relative(point))
-        self._event("point", f"{record.workers} worker(s): {point['batches_per_s']:.2f} batches/s")
+        also = f" + {local} local per trainer" if local else ""
+        self._event("point", f"{record.workers} worker(s){also}: {point['batches_per_s']:.2f} batches/s")
 
     def _relative(self, point: dict) -> dict:
         colocated = self.baselines.get("colocated", {})
@@ -426,23 +484,40 @@ class SweepRunner:
 
     def _conclude(self, predicted: list[int]) -> dict:
         model = self._predict(predicted) if predicted else None
-        self.points.sort(key=lambda p: p["workers"])
+        self.points.sort(key=lambda p: (p.get("local_workers") or 0, p["workers"]))
+        # the remote-only points (all of them without --local-workers) answer as before; the surface answers below
+        remote = [p for p in self.points if not p.get("local_workers")]
         summary: dict = {"counts": sorted(self.opt.counts), "workers_asked": self.opt.asked,
+                         "local_counts": self.opt.local_counts, "local_asked": self.opt.local_asked,
                          "points": self.points, "baselines": self.baselines, "model": model,
                          "window": self.opt.window.describe(), "warmup_s": self.opt.warmup_s,
                          "measures": self._measures(),
                          "strategy": self.opt.strategy, "tolerance": self.opt.tolerance, "timings": self.timings}
         colocated = self.baselines.get("colocated", {}).get("batches_per_s")
         ideal = self.baselines.get("ideal", {}).get("batches_per_s")
-        if self.points:
-            summary["recommendation"] = recommend(self.points, tolerance=self.opt.tolerance, ideal_bps=ideal,
+        if remote:
+            summary["recommendation"] = recommend(remote, tolerance=self.opt.tolerance, ideal_bps=ideal,
                                                   colocated_bps=colocated).to_dict()
-        if self.points and colocated and ideal:
+        if self.opt.local_counts is not None and self.points:
+            pick, rule = cheapest_within(self.points, tolerance=self.opt.tolerance)
+            summary.setdefault("recommendation", {}).update(surface=asdict(pick) if pick else None, rule=rule)
+        if remote and colocated and ideal:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             title = f"{self.spec.name} sweep"
-            summary["plots"] = [str(p) for p in plot_sweep(self.points, colocated_bps=colocated, ideal_bps=ideal,
+            summary["plots"] = [str(p) for p in plot_sweep(remote, colocated_bps=colocated, ideal_bps=ideal,
                                                            out_dir=self.out_dir, title=title)]
+        if self.opt.local_counts is not None and any(p.get("batches_per_s") for p in self.points):
+            surface = (summary.get("recommendation") or {}).get("surface")
+            plot = plot_surface(self.points, out_dir=self.out_dir, title=f"{self.spec.name} sweep", pick=surface)
+            summary["plots"] = [*summary.get("plots", []), str(plot)]
         return summary
+
+
+def placed(spec: JobSpec, local: int) -> JobSpec:
+    """`spec` as a --local-workers count runs it: `local` workers inside each trainer process (placement hybrid), or
+    remote placement alone for 0."""
+    service = spec.service.model_copy(update={"placement": "hybrid" if local else "remote", "local_workers": local})
+    return spec.model_copy(update={"service": service})
 
 
 def detached_target() -> tuple[Deployment, LoadedSpec]:

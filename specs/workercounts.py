@@ -34,12 +34,14 @@ _FORMS = (
 )
 
 
-def parse_worker_counts(text: str, *, option: str = "--workers") -> list[int]:
-    """Parse a worker-count spec into sorted unique counts; SpecError (exit 2) if it is not one."""
+def parse_worker_counts(text: str, *, option: str = "--workers", zero_ok: bool = False) -> list[int]:
+    """Parse a worker-count spec into sorted unique counts; SpecError (exit 2) if it is not one. With `zero_ok`
+    (`--local-workers`: 0 is remote-only placement) counts may be 0, and A..B doubling from 0 goes 0, 1, 2, 4, ..."""
     given = "" if text is None else str(text)
+    forms = _FORMS.replace("at least 1", "at least 0") if zero_ok else _FORMS
 
     def fail(problem: str) -> SpecError:
-        return SpecError(f"{given.strip()!r} is not a worker-count spec: {problem}. {_FORMS}", field=option)
+        return SpecError(f"{given.strip()!r} is not a worker-count spec for {option}: {problem}. {forms}", field=option)
 
     if not given.strip():
         raise fail("it is empty")
@@ -48,7 +50,7 @@ def parse_worker_counts(text: str, *, option: str = "--workers") -> list[int]:
         item = item.strip()
         if not item:
             raise fail("it has an empty item between commas")
-        counts.update(_item(item, fail))
+        counts.update(_item(item, fail, zero_ok))
         if len(counts) > MAX_POINTS:
             raise fail(f"it gives more than {MAX_POINTS} worker counts")
     return sorted(counts)
@@ -58,7 +60,7 @@ def doubling_note(text: str) -> str | None:
     """For a valid spec: which A..B items skip counts by doubling, and how to get every count; None if none does.
 
     1..4 -> "1..4 doubles from 1; write 1..4:1 for every count"."""
-    counts, skipping = parse_worker_counts(text), []
+    counts, skipping = parse_worker_counts(text, zero_ok=True), []
     for item in text.split(","):
         first, dots, last = item.strip().partition("..")
         if dots and ":" not in last:
@@ -83,14 +85,14 @@ def _and(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def _item(item: str, fail) -> list[int]:
+def _item(item: str, fail, zero_ok: bool = False) -> list[int]:
     if ".." not in item:
         if ":" in item:
             raise fail(f"{item} has a step but no range (a step needs A..B:S)")
-        return [_count(item, fail)]
+        return [_count(item, fail, zero_ok)]
     start_text, _, rest = item.partition("..")
     end_text, colon, step_text = rest.partition(":")
-    start, end = _count(start_text, fail), _count(end_text, fail)
+    start, end = _count(start_text, fail, zero_ok), _count(end_text, fail, zero_ok)
     if start > end:
         raise fail(f"the range {item} runs backwards (write {end}..{start})")
     if colon:
@@ -104,13 +106,13 @@ def _item(item: str, fail) -> list[int]:
         out, n = [], start
         while n < end:
             out.append(n)
-            n *= 2
+            n = n * 2 if n else 1
     return out + [end]
 
 
-def _count(text: str, fail) -> int:
+def _count(text: str, fail, zero_ok: bool = False) -> int:
     n = _whole(text, fail, "worker count")
-    if n == 0:
+    if n == 0 and not zero_ok:
         raise fail("a worker count of 0 has no workers to measure")
     return n
 

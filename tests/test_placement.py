@@ -125,6 +125,20 @@ def test_two_hybrid_trainers_each_read_their_own_and_the_remote_workers_never_ea
         assert rec["local_batches"] == rec["by_producer"].get(own, 0) > 0, rec
         assert rec["remote_batches"] > 0, rec
         assert rec["local_batches"] + rec["remote_batches"] >= 400  # every batch trained was counted (plus prefetched)
+    # The run's record (runs show --json) keeps them, and prices the pipeline by where it ran: local workers are
+    # never counted as remote ones (the record's workers, and what the workers are charged for, are the remote one).
+    shown = json.loads(dsctl("runs", "show", record["id"], "--json", check=True).stdout)["summary"]
+    kept = shown["placement"]
+    assert (kept["placement"], kept["local_workers"]) == ("hybrid", 1)
+    assert [t["by_producer"] for t in kept["trainers"]] == [p["by_producer"] for p in placements]
+    assert kept["local_batches"] == sum(p["local_batches"] for p in placements)
+    assert kept["remote_batches"] == sum(p["remote_batches"] for p in placements)
+    assert shown["local_cpu_source"].startswith("estimated: ") and shown["local_cpu_cores"] > 0
+    [row] = json.loads(dsctl("cost", "report", record["id"], "--format", "json", check=True).stdout)
+    assert row["n_workers"] == 1 and row["local_workers"] == 1 and row["n_trainers"] == 2
+    assert row["remote_preprocessing"] == row["workers"] + row["dispatcher"] == shown["cost"]["remote_preprocessing"]
+    assert 0 < row["local_preprocessing"] < row["trainer_cpu"]
+    assert row["local_cpu_source"] == shown["cost"]["local_cpu_source"] == shown["local_cpu_source"]
 
 
 HYBRID_PROGRAM = """

@@ -157,10 +157,27 @@ def test_sweep_scales_the_deployment_up_left_running(home, tmp_path):
     spec = write_spec(tmp_path, KNEE_SPEC.replace("duration_s: 60", "duration_s: 2"))
     run_dir = detached(home, spec)
     wait_for(lambda: [r for r in RunStore().list() if r.status == "succeeded"], timeout=120, what="the detached job")
-    proc = dsctl("sweep", "--workers", "1..3:1", "--window", "2s", "--json", check=True)
-    assert proc.stderr.splitlines()[0] == "sweeping 3 worker counts: 1, 2, 3"
+    # --local-workers 0,1: each count again with an in-process worker per trainer (service.placement: hybrid), on
+    # the same deployment, trainers started again with it; the recommendation is the surface's cheapest point
+    # within 3% of the best measured throughput.
+    proc = dsctl("sweep", "--workers", "1..2:1", "--local-workers", "0,1", "--window", "2s", "--json", check=True)
+    assert proc.stderr.splitlines()[0] == ("sweeping 2 worker counts: 1, 2, each with 0, 1 local worker(s) per "
+                                           "trainer (4 points)")
     s = json.loads(proc.stdout)["summary"]
-    assert s["counts"] == [1, 2, 3] and [p["workers"] for p in s["points"]] == [1, 2, 3]
+    assert s["counts"] == [1, 2] and s["local_counts"] == [0, 1]
+    assert [(p["workers"], p["local_workers"]) for p in s["points"]] == [(1, 0), (2, 0), (1, 1), (2, 1)]
+    # the in-process worker served batches: its trainer's placement record, written when the sweep stopped it
+    metrics = Path(json.loads(proc.stdout)["run_dir"]) / "metrics" / "service-local-1" / "trainer-0.jsonl"
+    placed = [json.loads(line) for line in metrics.read_text().splitlines() if '"placement"' in line]
+    assert placed and placed[-1]["local_workers"] == 1 and placed[-1]["local_batches"] > 0, placed
+    best = max(p["batches_per_s"] for p in s["points"])
+    pick = s["recommendation"]["surface"]
+    within = [p for p in s["points"] if p["batches_per_s"] >= 0.97 * best]
+    assert pick["cost_per_1000_batches"] == min(p["cost_per_1000_batches"] for p in within)
+    assert s["recommendation"]["rule"].startswith("the cheapest measured point")
+    assert open(next(p for p in s["plots"] if p.endswith("sweep-surface.png")), "rb").read().startswith(PNG)
+    hybrid = RunStore().get(next(p["run_id"] for p in s["points"] if (p["workers"], p["local_workers"]) == (1, 1)))
+    assert '"placement":"hybrid"' in hybrid.spec_json and hybrid.workers == 1  # priced with its local worker apart
     status = json.loads(dsctl("status", "--json", check=True).stdout)
     assert len(status) == 1 and status[0]["workers"] == 1, "the deployment is left as it was found"
     assert status[0]["trainers"] == 0
