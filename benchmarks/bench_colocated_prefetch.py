@@ -46,6 +46,11 @@ POLL_S = 0.05
 # -- the processes ------------------------------------------------------------------------------------------------
 
 
+def _ended(run: Path, parent: int) -> bool:
+    """The run is over: the benchmark said so, or it is gone (a process of its never outlives it)."""
+    return (run / "end").exists() or os.getppid() != parent
+
+
 def _poll_tasks(servers, until) -> tuple[int, list[int]]:
     """(most tasks any of `servers` held at once, the distinct counts seen in order) until `until()` is true."""
     most, seen = 0, [0]
@@ -66,7 +71,8 @@ def remote_worker(run: Path, dispatcher: str) -> None:
     server = tf.data.experimental.service.WorkerServer(service_config_pb2.WorkerConfig(
         dispatcher_address=dispatcher, worker_address="localhost:%port%", port=0, protocol="grpc",
         heartbeat_interval_ms=1000))
-    most, seen = _poll_tasks([server], (run / "end").exists)
+    parent = os.getppid()
+    most, seen = _poll_tasks([server], lambda: _ended(run, parent))
     (run / "remote.json").write_text(json.dumps({"pid": os.getpid(), "most_tasks": most, "task_counts": seen}))
     server.stop()
 
@@ -80,14 +86,17 @@ def trainer(run: Path, dispatcher: str, name: str, mode: str, target: str, secon
     from dsctl.runtime import placement
     from dsctl.runtime.trainer import SHARDING
 
+    parent = os.getppid()
     placement.start(dispatcher, 1)
     assert placement._STARTED is not None
     servers = list(placement._STARTED.servers)
     polled: dict = {}
     poller = threading.Thread(target=lambda: polled.update(
-        zip(("most_tasks", "task_counts"), _poll_tasks(servers, (run / "end").exists))), daemon=True)
+        zip(("most_tasks", "task_counts"), _poll_tasks(servers, lambda: _ended(run, parent)))), daemon=True)
     poller.start()
     while not (run / "go").exists():
+        if _ended(run, parent):
+            os._exit(1)
         time.sleep(POLL_S)
 
     def produced(batch):
@@ -103,6 +112,8 @@ def trainer(run: Path, dispatcher: str, name: str, mode: str, target: str, secon
     read, deadline = 0, time.monotonic() + seconds
     iterator = iter(ds)
     while time.monotonic() < deadline:
+        if _ended(run, parent):
+            os._exit(1)
         next(iterator)
         read += 1
         time.sleep(step_ms / 1000)
@@ -110,7 +121,7 @@ def trainer(run: Path, dispatcher: str, name: str, mode: str, target: str, secon
     placement.report(lambda event, **fields: records.append(fields))
     (run / f"trainer-{name}.json").write_text(json.dumps({"pid": os.getpid(), "read": read,
                                                           "by_producer": records[0]["by_producer"]}))
-    while not (run / "end").exists():  # the in-process worker stays up (for the other job too) until both are done
+    while not _ended(run, parent):  # the in-process worker stays up (for the other job too) until both are done
         time.sleep(POLL_S)
     poller.join()
     (run / f"tasks-{name}.json").write_text(json.dumps(polled))
