@@ -103,6 +103,8 @@ def summary_table(record: RunRecord, resumed_by: list[str] | None = None,
         ("batches", fmt(s.batches)),
         *epoch_rows(s),
         ("input stall", pct(s.input_stall_frac)),
+        *([("model step", f"{fmt(s.model_step_s * 1e3, ' ms')} per batch (the batch time less the input wait)")]
+          if s.model_step_s is not None else []),
         ("duration", fmt(s.duration_s, " s", 1)),
         ("first batch after", fmt(s.time_to_first_batch_s, " s", 1)),
     ]

@@ -180,6 +180,7 @@ class RunSummary(Record):
     outside_s: float | None = None  # per trainer, outside its loop over the batches (evaluation, checkpoints)
     outside_frac: float | None = None
     input_stall_frac: float | None = None
+    model_step_s: float | None = None  # per batch, the model's own step: batch time less input wait (measured windows)
     duration_s: float | None = None
     time_to_first_batch_s: float | None = None
     padded_token_frac: float | None = None

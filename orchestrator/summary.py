@@ -37,6 +37,7 @@ def summarize(trainer_results: dict[int, dict], utilization: list[dict], started
     step_rates = [r["step_batches_per_s"] for r in results if r.get("step_batches_per_s")]
     outside = sum(r.get("outside_s") or 0.0 for r in results)
     measured_s = sum(r.get("measured_s") or 0.0 for r in results)
+    measured_batches = sum(r.get("measured_batches", 0) for r in results)
     out = {
         "batches": batches,
         "batches_per_s": mean(rates) if rates else None,
@@ -45,11 +46,11 @@ def summarize(trainer_results: dict[int, dict], utilization: list[dict], started
         "outside_s": outside / len(results) if results else 0.0,  # per trainer
         "outside_frac": outside / measured_s if measured_s > 0 else None,
         "input_stall_frac": wait / (wait + step) if (wait + step) > 0 else None,
+        "model_step_s": model_step_s(results),
         "duration_s": ended_at - started_at,
         "time_to_first_batch_s": (first_batch_wall - started_at) if first_batch_wall else None,
         "padded_token_frac": (1 - tokens / padded) if padded else None,
     }
-    measured_batches = sum(r.get("measured_batches", 0) for r in results)
     ends = [r["wall"] for r in results if "wall" in r]
     if measured_from_wall and ends:
         window = [u for u in utilization if measured_from_wall <= u["t"] <= max(ends) + 1.0]
@@ -58,6 +59,15 @@ def summarize(trainer_results: dict[int, dict], utilization: list[dict], started
             return RunSummary.model_validate(out)
     out.update(utilization_summary(utilization, batches))
     return RunSummary.model_validate(out)
+
+
+def model_step_s(results: list[dict]) -> float | None:
+    """The model's own time per batch (each trainer's batch time less its input wait, the `step_s` of its measured
+    windows), over the trainers' measured batches: what in-process workers (service.placement: hybrid) that take the
+    model's CPU lengthen, where the batch time alone would not say whether the input or the model got slower."""
+    pairs = [(r.get("step_s") or 0.0, r.get("measured_batches") or 0) for r in results]
+    batches = sum(n for _, n in pairs)
+    return sum(s for s, n in pairs if n) / batches if batches else None
 
 
 def summarize_run(trainer_results: dict[int, dict], windows: list[dict], utilization: list[dict], started_at: float,

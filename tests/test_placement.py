@@ -12,7 +12,7 @@ import pytest
 
 from dsctl.provisioners import load_deployment
 from dsctl.specs import SpecError, load_spec
-from helpers import dsctl, write_spec
+from helpers import TINY_KERAS_MODEL, dsctl, write_spec
 
 HYBRID = "service: {workers: 1, placement: hybrid, local_workers: 1}\n"
 BASE = """\
@@ -99,6 +99,19 @@ def _placements(home: Path, run_id: str, trainers: int) -> tuple[list[dict], lis
     return records, trainer_procs, remote
 
 
+def _one_hybrid_trainer_read_both(home: Path, spec: Path, steps: int, remote_workers: int, local_workers: int) -> dict:
+    """Run a one-trainer hybrid job: it trains its steps, and its placement record counts batches from its own
+    process and from the remote workers, from no other process, and at least every batch trained. Its run record."""
+    record = json.loads(dsctl("up", spec, "--json", check=True).stdout)
+    assert record["status"] == "succeeded" and record["summary"]["batches"] == steps
+    [rec], [own], remote = _placements(home, record["id"], 1)
+    assert len(remote) == remote_workers and rec["local_workers"] == local_workers and rec["process"] == own
+    assert set(rec["by_producer"]) <= {own, *remote}, rec
+    assert rec["local_batches"] > 0 and rec["remote_batches"] > 0, rec
+    assert rec["local_batches"] + rec["remote_batches"] >= steps, rec
+    return record
+
+
 @pytest.mark.slow
 def test_two_hybrid_trainers_each_read_their_own_and_the_remote_workers_never_each_others(home, tmp_path):
     """Two trainers of dsctl's harness, one in-process worker each, one remote worker, parallel_epochs (every worker
@@ -161,9 +174,25 @@ def test_a_hybrid_program_trains_its_steps_from_its_in_process_and_remote_worker
         pipeline: {builtin: synthetic, params: {elements: 100000, shards: 64, batch_size: 8, latency_ms: 1,
                                                 epochs: null}}
     """)
-    record = json.loads(dsctl("up", spec, "--json", check=True).stdout)
-    assert record["status"] == "succeeded" and record["summary"]["batches"] == 60
-    [rec], [own], remote = _placements(home, record["id"], 1)
-    assert len(remote) == 2 and rec["local_workers"] == 2 and rec["process"] == own
-    assert set(rec["by_producer"]) <= {own, *remote}
-    assert rec["local_batches"] > 0 and rec["remote_batches"] > 0, rec
+    _one_hybrid_trainer_read_both(home, spec, steps=60, remote_workers=2, local_workers=2)
+
+
+@pytest.mark.slow
+def test_a_hybrid_keras_trainer_fits_from_its_in_process_and_remote_workers(home, tmp_path):
+    """dsctl's Keras runner (model.fit) with one in-process and one remote worker: it trains its steps, its placement
+    record (written when fit ends, before the process exits) counts batches from its own process and from the remote
+    worker and from no other, and the run's summary carries the model's own step time per batch."""
+    (tmp_path / "tiny.py").write_text(TINY_KERAS_MODEL)
+    spec = write_spec(tmp_path, """
+        name: hybrid-keras
+        service: {workers: 1, placement: hybrid, local_workers: 1}
+        trainer: {steps: 60, warmup_batches: 2, model: {kind: keras, entrypoint: "tiny:build_model"}}
+        pipeline: {builtin: synthetic, params: {feature_size: 8, label_classes: 4, batch_size: 16, latency_ms: 1,
+                                                epochs: null}}
+    """)
+    record = _one_hybrid_trainer_read_both(home, spec, steps=60, remote_workers=1, local_workers=1)
+    assert next(e for e in _events(home / "runs" / record["id"], 0) if e["event"] == "start")["strategy"]
+    step_ms = record["summary"]["model_step_s"] * 1e3
+    assert step_ms > 0
+    shown = dsctl("runs", "show", record["id"], check=True).stdout
+    assert any("model step" in line and f"{step_ms:,.2f} ms" in line for line in shown.splitlines()), shown

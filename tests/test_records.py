@@ -9,7 +9,7 @@ import pytest
 
 from dsctl.orchestrator.pricing import price_record, usage_from_record
 from dsctl.orchestrator.store import RunStore
-from dsctl.orchestrator.summary import summarize
+from dsctl.orchestrator.summary import results_from_windows, summarize
 from dsctl.orchestrator.tail import JsonlTail
 from dsctl.specs import load_spec_text, spec_hash
 from helpers import dsctl
@@ -104,6 +104,24 @@ def test_summary_combines_trainers_and_processes():
     assert s["worker_mem_gb"] == pytest.approx(2.0)
     assert s["worker_cpu_seconds"] == pytest.approx(6 + 3)
     assert s["worker_cpu_seconds_per_batch"] == pytest.approx(9 / 150)
+
+
+def test_the_models_step_per_batch_is_the_batch_time_less_the_input_wait_over_measured_batches():
+    """A local worker that takes the model's CPU lengthens this, where the batch time alone could be the input's.
+    Trainer 0: 100 measured batches (of 120) in 1 s waiting and 2 s stepping; trainer 1: 50 in 0.5 s and 1.5 s."""
+    results = {
+        0: {"batches": 120, "measured_batches": 100, "batches_per_s": 30.0, "input_wait_s": 1.0, "step_s": 2.0},
+        1: {"batches": 60, "measured_batches": 50, "batches_per_s": 20.0, "input_wait_s": 0.5, "step_s": 1.5},
+    }
+    s = summarize(results, [], started_at=0.0, ended_at=10.0, first_batch_wall=None)
+    assert s.model_step_s == pytest.approx(3.5 / 150)  # not per batch read (180), not with the wait (5.0 / 150)
+    rebuilt = results_from_windows([
+        {"trainer": 0, "t_start": 0.0, "t_end": 1.0, "batches": 5, "warmup": True, "input_wait_s": 0.9, "step_s": 0.1},
+        {"trainer": 0, "t_start": 1.0, "t_end": 3.0, "batches": 40, "input_wait_s": 0.4, "step_s": 1.6},
+    ])
+    s = summarize(rebuilt, [], started_at=0.0, ended_at=3.0, first_batch_wall=None)
+    assert s.model_step_s == pytest.approx(1.6 / 40)  # the warm-up window left out, as from an end record
+    assert summarize({0: {"batches": 0}}, [], 0.0, 1.0, None).model_step_s is None
 
 
 def test_a_recorded_run_is_priced_as_its_spec_machines_on_measured_use(tmp_path):
