@@ -38,7 +38,7 @@ def usage_from_spec(spec: JobSpec, *, job_time_s: float, batches: float | None =
         raise SpecError(f"the number of workers must be 0 (colocated, no tf.data service) or more, got {n_workers}.")
     m = measured or {}
     service = n_workers > 0
-    local = spec.service.local_workers if service and spec.service.placement == "hybrid" else 0
+    local = _local_workers(spec, m) if service else 0
     return RunUsage(
         job_time_s=job_time_s,
         batches=batches,
@@ -63,6 +63,18 @@ def usage_from_spec(spec: JobSpec, *, job_time_s: float, batches: float | None =
         local_cpu_source=(m.get("local_cpu_source") or ("not measured" if measured is not None else
                                                          "not known before a run")) if local else None,
     )
+
+
+def _local_workers(spec: JobSpec, measured: Mapping[str, Any]) -> int:
+    """Workers inside each trainer process: the spec's under hybrid placement; under auto, the most the run's policy
+    started (its placement record), none before a run."""
+    if spec.service.placement == "hybrid":
+        return spec.service.local_workers
+    if spec.service.placement == "auto":
+        said = measured.get("placement")
+        most = said.get("local_workers") if isinstance(said, Mapping) else getattr(said, "local_workers", None)
+        return int(most or 0)
+    return 0
 
 
 def estimate(spec: JobSpec, catalog: Catalog, *, batches_per_sec: float, steps: float | None = None,

@@ -156,3 +156,16 @@ def test_a_run_closed_from_its_trainers_files_keeps_their_placement_records(tmp_
     assert sorted(files.placements) == [0, 1] and files.placements[1]["by_producer"] == {"h:11": 7, "h:20": 3}
     out = placement_fields(files.placements, RunSummary(), workers=1, trainers=2)
     assert (out["placement"].local_batches, out["placement"].remote_batches) == (14, 6)
+
+
+def test_an_auto_run_counts_the_local_workers_its_policy_started(tmp_path):
+    """placement: auto: service.local_workers is only the policy's cap, so a run is priced with the most in-process
+    workers its trainers reported (their placement record), and a plan before any run with none."""
+    path = tmp_path / "auto.yaml"
+    path.write_text("name: a\nservice: {placement: auto, local_workers: 4}\ntrainer: {steps: 10}\n"
+                    "pipeline: {builtin: synthetic, params: {epochs: null}}\n")
+    spec = load_spec(path).spec
+    assert usage_from_spec(spec, job_time_s=HOUR, workers=2).local_workers == 0
+    ran = RunSummary.model_validate({"placement": {"placement": "auto", "local_workers": 2}})
+    assert usage_from_spec(spec, job_time_s=HOUR, workers=2, measured=ran).local_workers == 2
+    assert usage_from_spec(spec, job_time_s=HOUR, workers=2, measured=ran.model_dump()).local_workers == 2
