@@ -215,3 +215,26 @@ def test_the_local_check_counts_every_trainer_on_the_cores_they_share(tmp_path):
     [warning] = [w for w in load().warnings if "local_workers" in str(w)]
     assert "2 in-process worker(s) (1 in each of 2 trainer process(es))" in str(warning), str(warning)
 
+
+def test_the_local_memory_check_counts_the_in_process_workers_and_names_local_workers(tmp_path):
+    """A worker count that fits this machine's memory without in-process workers, and not with 64 in the trainer
+    (64 x 64 MB: about 8 workers' worth): refused naming service.local_workers, with what fits. The margin (3 workers,
+    1.5 GB) keeps the test steady while other work on the machine moves its free memory."""
+    from dsctl.provisioners.local import LocalProvider, local_capacity
+
+    fits = local_capacity(1)
+    if fits < 12:
+        pytest.skip(f"this machine has memory for {fits} local workers; the check needs room for 12")
+    path = tmp_path / "job.yaml"
+    path.write_text(BASE.format(service=f"service: {{workers: {fits - 3}, placement: hybrid, local_workers: 64}}\n",
+                                extra=""))
+    spec = load_spec(path).spec
+    with pytest.raises(SpecError) as info:
+        LocalProvider().check(spec, fits - 3, tmp_path)
+    assert info.value.field == "service.local_workers", str(info.value)
+    message = str(info.value)
+    assert f"{fits - 3} workers and 64 in-process worker(s) in each of 1 trainer(s) do not fit" in message, message
+    local_fit = int(message.split("Use service.local_workers: ")[1].split()[0])
+    assert 0 <= local_fit < 64 and f"or fewer beside {fits - 3} workers, or at most" in message, message
+    LocalProvider().check(spec.model_copy(update={"service": spec.service.model_copy(
+        update={"placement": "remote", "local_workers": 0})}), fits - 3, tmp_path)  # without them, they fit
