@@ -238,3 +238,19 @@ def test_the_local_memory_check_counts_the_in_process_workers_and_names_local_wo
     assert 0 <= local_fit < 64 and f"or fewer beside {fits - 3} workers, or at most" in message, message
     LocalProvider().check(spec.model_copy(update={"service": spec.service.model_copy(
         update={"placement": "remote", "local_workers": 0})}), fits - 3, tmp_path)  # without them, they fit
+
+
+def test_a_local_dry_run_says_the_in_process_workers_each_trainer_starts(tmp_path):
+    from dsctl.orchestrator.up import UpOptions, approved
+
+    said: list[str] = []
+
+    class Talk:
+        def say(self, text: str) -> None:
+            said.append(text)
+
+    path = tmp_path / "job.yaml"
+    path.write_text(BASE.format(service="service: {workers: 2, placement: hybrid, local_workers: 3}\n", extra=""))
+    assert approved(load_spec(path), UpOptions(path=path, dry_run=True), Talk()) is False  # type: ignore[arg-type]
+    assert said == ["provider local: 2 worker process(es), 1 trainer(s), each with 3 in-process worker(s) "
+                    "(service.local_workers) on this machine; nothing bills. Nothing was started."], said
