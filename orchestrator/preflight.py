@@ -23,6 +23,7 @@ from dsctl.specs.epochs import epoch_findings
 from dsctl.specs.errors import Problems, UsageError
 
 from .home import notices
+from .localworkers import check_local_workers
 
 
 def load_job(path: str | Path, *, autoscale: str | None = None, check_entrypoints: bool = True,
@@ -47,6 +48,9 @@ def load_job(path: str | Path, *, autoscale: str | None = None, check_entrypoint
     if mode is not None:
         refused, loaded.warnings = epoch_findings(loaded, workers or loaded.spec.service.workers, mode)
         problems.found += refused
+    if mode in ("service", None):
+        with problems.check():
+            loaded.warnings += check_local_workers(loaded)
     problems.raise_any()
     return loaded
 

@@ -29,6 +29,7 @@ from dsctl.specs.schema import Mode
 from .handoff import HandOff, hands_off
 from .home import dsctl_home
 from .outcome import Interrupted
+from .profiling.uses import pipeline_rate as profiled_rate
 from .records import CloudLatest, RunRecord
 from .resume import Resume, plan_resume
 from .run import JobRunner, Progress, new_run_id
@@ -121,17 +122,22 @@ def approved(loaded: LoadedSpec, opt: UpOptions, talk: Conversation) -> bool:
     """Show what a run would create and cost; where machines bill, ask before anything is created."""
     spec = loaded.spec
     provider = get_provider(spec.provider)
+    hybrid = spec.service.placement == "hybrid" and opt.mode == "service"
     if not isinstance(provider, Plans):
         if opt.dry_run:
+            local = (f", each with {spec.service.local_workers} in-process worker(s) (service.local_workers)"
+                     if hybrid else "")
             talk.say(f"provider {spec.provider}: {opt.workers or spec.service.workers} worker process(es), "
-                     f"{spec.trainer.count} trainer(s) on this machine; nothing bills. Nothing was started.")
+                     f"{spec.trainer.count} trainer(s){local} on this machine; nothing bills. Nothing was started.")
         return not opt.dry_run
+    rate = profiled_rate(loaded) if hybrid else None  # the remote workers hybrid placement saves, predicted
     try:
         if opt.dry_run:
-            talk.say(provider.plan_text(spec, opt.workers))
+            talk.say(provider.plan_text(spec, opt.workers, pipeline_rate=rate))
             talk.say("dry run: nothing was created.")
             return False
-        if not provider.confirm(spec, opt.workers, yes=opt.yes or opt.detached_child, ask=talk.ask, echo=talk.say):
+        if not provider.confirm(spec, opt.workers, yes=opt.yes or opt.detached_child, ask=talk.ask, echo=talk.say,
+                                pipeline_rate=rate):
             talk.say("nothing was created.")
             return False
     except SpecError as exc:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from dsctl.costmodel.extras import Extra
+from dsctl.costmodel.hybrid import PipelineRate
 from dsctl.runtime.sampler import Sample
 from dsctl.specs import SpecError
 from dsctl.specs.schema import Accelerator, JobSpec, Mode
@@ -347,11 +348,12 @@ class HandsOff(Protocol):
 class Plans(Protocol):
     """Creating this provider's machines costs money: `dsctl up --dry-run` shows the plan, `up` asks first."""
 
-    def plan_text(self, spec: JobSpec, workers: int | None) -> str:
-        """The plan (machines, zone, prices, estimated cost), created nothing; needs no credentials."""
+    def plan_text(self, spec: JobSpec, workers: int | None, *, pipeline_rate: PipelineRate | None = None) -> str:
+        """The plan (machines, zone, prices, estimated cost), created nothing; needs no credentials. `rate`: a profile
+        of the pipeline, from which a hybrid placement's plan predicts the remote workers it saves."""
 
     def confirm(self, spec: JobSpec, workers: int | None, *, yes: bool, ask: Callable[[str], bool],
-                echo: Callable[[str], None]) -> bool:
+                echo: Callable[[str], None], pipeline_rate: PipelineRate | None = None) -> bool:
         """Check what can be checked, show the plan and ask; True to go ahead. SpecError where nobody can answer."""
 
 

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from dsctl.costmodel import Catalog, estimate
 from dsctl.costmodel.extras import LABEL, price_extras, priced_sum
+from dsctl.costmodel.hybrid import STEP_CORES, HybridSaving, PipelineRate, predict_hybrid
 from dsctl.costmodel.provisioning import PROVISIONING_LABEL
 from dsctl.specs import SpecError
 from dsctl.specs.schema import JobSpec
@@ -57,6 +58,54 @@ class AdditionLine:
 
 
 @dataclass
+class HybridLine:
+    """Hybrid placement in the plan: the in-process workers on each trainer host, what they cost (nothing more on the
+    vm-hours basis: the host bills whole on the trainers' line), and the remote workers they save, predicted from a
+    profile of the pipeline, or why that cannot be predicted."""
+
+    local_per_trainer: int
+    trainers: int
+    trainer_machine: str
+    trainer_vcpus: int | None
+    worker_machine: str
+    worker_vcpus: int | None
+    per_hour: float = 0.0  # vm-hours basis: the trainer host is already billed whole
+    saving: HybridSaving | None = None  # predicted
+    saving_source: str = ""  # the profile it is predicted from
+    saving_per_hour: float | None = None  # the remote workers saved, at the worker's $/h
+    not_predicted: str = ""  # why no saving is predicted
+
+    def render(self) -> list[str]:
+        host = f"{self.trainer_machine}, {self.trainer_vcpus} vCPUs" if self.trainer_vcpus else self.trainer_machine
+        out = [f"Hybrid placement: {self.local_per_trainer} in-process worker(s) in each of {self.trainers} trainer(s) "
+               f"({host}): $0.0000/h more on the vm-hours basis, as they run on the trainer hosts, already billed whole "
+               "on the trainers' line (on the utilization basis `dsctl cost report` charges the trainer CPU they use, "
+               "as measured in the run)."]
+        s = self.saving
+        if s is None:
+            out.append(f"Remote workers saved: not predicted: {self.not_predicted}")
+            return out
+        reach = "the trainers' consumption, " if s.capped else ""
+        money = "" if self.saving_per_hour is None or s.saved <= 0 else f", ${self.saving_per_hour:.4f}/h"
+        local_cores = max((self.trainer_vcpus or 0) - STEP_CORES, 0) / self.local_per_trainer
+        head = (f"Remote workers saved (predicted from {self.saving_source}): a remote-only placement needs "
+                f"{s.remote_only} {self.worker_machine} worker(s) for {reach}{s.throughput_bps:.3g} batches/s; this "
+                f"one has {s.remote} remote and {s.trainers * s.local_per_trainer} in-process (one in-process worker "
+                f"{s.local_bps:.3g} batches/s on {local_cores:.3g} vCPUs, one remote {s.remote_bps:.3g} on "
+                f"{self.worker_vcpus})")
+        if s.saved > 0:
+            out.append(f"{head}: {s.saved} fewer remote worker(s){money}.")
+        else:
+            out.append(f"{head}: the remote workers alone reach it, so the in-process ones save none.")
+        if s.capped and s.remote_needed < s.remote:
+            fewer = (f"{s.remote_needed} remote worker(s) would reach" if s.remote_needed else
+                     "no remote worker would be needed to reach (service.workers: 1 is the least a spec asks for)")
+            out.append(f"  With the in-process workers, {fewer} the trainers' consumption (predicted): service.workers: "
+                       f"{max(s.remote_needed, 1)}.")
+        return out
+
+
+@dataclass
 class Plan:
     job: str
     where: str  # where the machines go, as the place says it: "on Google Cloud (project p, zone z)"
@@ -71,6 +120,7 @@ class Plan:
     creates: list[str] = field(default_factory=list)  # other resources (firewall rules, staging, caches)
     notes: list[str] = field(default_factory=list)
     additions: list[AdditionLine] = field(default_factory=list)  # extras: not in Equation 1
+    hybrid: HybridLine | None = None  # service.placement: hybrid
 
     @property
     def additions_per_hour(self) -> float | None:
@@ -125,6 +175,8 @@ class Plan:
             out.append(f"Estimated job: {self.estimate_basis}; it costs ${self.per_hour:.2f} per hour it runs"
                        + (f", ${self.per_hour + self.additions_per_hour:.2f} with the additions ({ADDITION_LABEL})."
                           if self.additions and self.additions_per_hour is not None else "."))
+        if self.hybrid is not None:
+            out += self.hybrid.render()
         out += [f"Software: {line}" for line in self.software]
         if self.creates:
             out.append("Also creates: " + "; ".join(self.creates) + ".")
@@ -146,9 +198,11 @@ def priced(catalog: Catalog, machine: str, provisioning: str) -> bool:
 
 
 def price_plan(bill: Bill, spec: JobSpec, catalog: Catalog, *, where: str, workers: int,
-               batches_per_s: float | None = None) -> Plan:
-    """The plan of what `bill` creates, priced from `catalog`: its machines, its extras, and the job's cost when its
-    length can be told (see the module docstring). `workers` as the bill counts them (0: colocated)."""
+               batches_per_s: float | None = None, pipeline_rate: PipelineRate | None = None) -> Plan:
+    """The plan of what `bill` creates, priced from `catalog`: its machines, its extras, the job's cost when its
+    length can be told (see the module docstring), and with hybrid placement its in-process workers and the remote
+    workers they save, predicted from `pipeline_rate` (a profile of the pipeline). `workers` as the bill counts them (0:
+    colocated)."""
     notes: list[str] = []
 
     def price(machine: str, provisioning: str) -> float | None:
@@ -168,6 +222,8 @@ def price_plan(bill: Bill, spec: JobSpec, catalog: Catalog, *, where: str, worke
     result = Plan(job=spec.name, where=where, catalog=f"{catalog.name} ({catalog.date})", lines=lines,
                   per_hour=sum(hourly) if len(hourly) == len(lines) else None, notes=notes)
     _add_additions(result, bill, catalog, None)
+    if workers and spec.service.placement == "hybrid":
+        result.hybrid = hybrid_line(spec, catalog, workers, pipeline_rate)
 
     # The job's length, if it can be told.
     tr = spec.trainer
@@ -196,6 +252,39 @@ def price_plan(bill: Bill, spec: JobSpec, catalog: Catalog, *, where: str, worke
     result.lower_bound = lower
     _add_additions(result, bill, catalog, b.job_time_s)
     return result
+
+
+def hybrid_line(spec: JobSpec, catalog: Catalog, workers: int, rate: PipelineRate | None) -> HybridLine:
+    """The plan's hybrid placement: the in-process workers, their cost, and the remote workers they save (predicted
+    from `rate`, else why not)."""
+    svc, tr = spec.service, spec.trainer
+
+    def vcpus(machine: str) -> int | None:
+        try:
+            return catalog.machine(machine).vcpus
+        except SpecError:
+            return None
+
+    line = HybridLine(local_per_trainer=svc.local_workers, trainers=tr.count, trainer_machine=tr.machine,
+                      trainer_vcpus=vcpus(tr.machine), worker_machine=svc.worker_machine,
+                      worker_vcpus=vcpus(svc.worker_machine))
+    if rate is None:
+        line.not_predicted = ("no profile of this job's pipeline is recorded here (`dsctl profile JOB.yaml` makes one; "
+                              "the plan then predicts how many remote workers the in-process ones replace).")
+        return line
+    if line.trainer_vcpus is None or line.worker_vcpus is None:
+        line.not_predicted = "the trainer's or the worker's machine type has no known vCPU count."
+        return line
+    line.saving = predict_hybrid(rate, remote=workers, worker_vcpus=line.worker_vcpus,
+                                 trainer_vcpus=line.trainer_vcpus, trainers=tr.count,
+                                 local_per_trainer=svc.local_workers)
+    line.saving_source = rate.source
+    try:
+        each = catalog.split(svc.worker_machine, provisioning=svc.provisioning, needed_by="for the plan").total
+        line.saving_per_hour = max(line.saving.saved, 0) * each
+    except SpecError:
+        line.saving_per_hour = None
+    return line
 
 
 def _add_additions(result: Plan, bill: Bill, catalog: Catalog, job_time_s: float | None) -> None:

@@ -44,7 +44,7 @@ SHIPPED: dict[str, Place] = {
     "local": Place("dsctl.provisioners.local", pricing="gcp-us-central1-2025", in_process_workers=True,
                    adjusts_local_workers=True),
     "gcp": Place("dsctl.provisioners.gcp.provider", pricing="gcp-us-central1-2025",
-                 locate="dsctl.provisioners.gcp.locating:OPTIONS"),
+                 locate="dsctl.provisioners.gcp.locating:OPTIONS", in_process_workers=True),
 }
 
 

@@ -40,8 +40,6 @@ REFUSED = [
      "", 5, "service.processing_mode", ["static sharding", "parallel_epochs or distributed_epoch"]),
     ("hybrid-with-autoscale", HYBRID, "autoscale: {max_workers: 4}\n", 5, "autoscale",
      ["autoscaling cannot be combined with service.placement: hybrid"]),
-    ("hybrid-on-gcp", "provider: gcp\nservice:\n  placement: hybrid\n  local_workers: 1\n", "", 4,
-     "service.placement", ["not yet available with provider: gcp", "provider: 'local'"]),
     ("placement-typo", "service: {placement: hybird, local_workers: 1}\n", "", 2, "service.placement",
      ["'remote', 'hybrid' or 'auto'"]),
     ("auto-with-another-policy", "service: {placement: auto, local_workers: 2}\n", "autoscale: {policy: cachew}\n",
@@ -196,3 +194,114 @@ def test_a_hybrid_keras_trainer_fits_from_its_in_process_and_remote_workers(home
     assert step_ms > 0
     shown = dsctl("runs", "show", record["id"], check=True).stdout
     assert any("model step" in line and f"{step_ms:,.2f} ms" in line for line in shown.splitlines()), shown
+
+
+# -- the trainer host's cores (orchestrator/localworkers.py) -----------------------------------------------------------
+
+GCP_HYBRID = """\
+name: hybrid-vm
+provider: gcp
+service:
+  workers: 2
+  placement: hybrid
+  local_workers: {local}
+trainer: {{machine: {machine}, steps: 20}}
+pipeline: {{builtin: synthetic, params: {{epochs: null}}}}
+gcp: {{project: my-project-123, zone: us-central1-b}}
+"""
+
+
+def _loaded(tmp_path, text):
+    from dsctl.orchestrator.preflight import load_job
+
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return path, (lambda: load_job(path, check_entrypoints=False))
+
+
+def test_in_process_workers_a_trainer_vm_has_no_vcpus_for_are_refused_at_their_line(tmp_path):
+    """e2-standard-2: 2 vCPUs, one left to the training step, so one in-process worker fits and two do not."""
+    path, load = _loaded(tmp_path, GCP_HYBRID.format(local=2, machine="e2-standard-2"))
+    with pytest.raises(SpecError) as info:
+        load()
+    message = str(info.value)
+    assert message.startswith(f"{path}:6: service.local_workers: "), message
+    assert "e2-standard-2 (2 vCPUs)" in message and "at most 1 fit" in message
+    assert "Use service.local_workers: 1 or fewer" in message, message
+    _, load = _loaded(tmp_path, GCP_HYBRID.format(local=1, machine="e2-standard-2"))
+    assert not [w for w in load().warnings if "local_workers" in str(w)]
+
+
+def test_a_tpu_vm_takes_as_many_in_process_workers_as_its_vcpus_leave_the_step(tmp_path):
+    """tpu-v2-8: 96 vCPUs; the schema's cap (64) fits, and nothing is said."""
+    _, load = _loaded(tmp_path, GCP_HYBRID.format(local=64, machine="tpu-v2-8"))
+    assert not [w for w in load().warnings if "local_workers" in str(w)]
+
+
+LOCAL_PINNED = """\
+name: hybrid-here
+service: {{workers: 1, placement: hybrid, local_workers: {local}}}
+trainer: {{count: {count}, cpus: {cpus}, steps: 20}}
+pipeline: {{builtin: synthetic, params: {{epochs: null}}}}
+"""
+
+
+def test_local_trainers_sharing_too_few_cores_are_warned_with_what_fits(tmp_path):
+    """Local trainers share this machine's cores (here trainer.cpus: [0]): in-process workers beyond them are a
+    warning at service.local_workers saying how many fit, and the spec still loads (a slow run, not a broken one)."""
+    path, load = _loaded(tmp_path, LOCAL_PINNED.format(local=2, count=1, cpus="[0]"))
+    [warning] = [w for w in load().warnings if "local_workers" in str(w)]
+    text = str(warning)
+    assert text.startswith(f"{path}:2: service.local_workers: "), text
+    assert "2 in-process worker(s) (2 in each of 1 trainer process(es))" in text and "the 1 core(s) of trainer.cpus" in text
+    assert "at most 0 per trainer" in text and "Use placement: remote" in text, text
+
+
+def test_the_local_check_counts_every_trainer_on_the_cores_they_share(tmp_path):
+    """Pinned to cores 0 and 1 (every machine running these tests has them): one trainer with one in-process worker
+    fits (one core for its step, one for the worker); two trainers with one each do not (1 core each, for the step)."""
+    _, load = _loaded(tmp_path, LOCAL_PINNED.format(local=1, count=1, cpus="[0, 1]"))
+    assert not [w for w in load().warnings if "local_workers" in str(w)]
+    _, load = _loaded(tmp_path, LOCAL_PINNED.format(local=1, count=2, cpus="[0, 1]"))
+    [warning] = [w for w in load().warnings if "local_workers" in str(w)]
+    assert "2 in-process worker(s) (1 in each of 2 trainer process(es))" in str(warning), str(warning)
+
+
+def test_the_local_memory_check_counts_the_in_process_workers_and_names_local_workers(tmp_path):
+    """A worker count that fits this machine's memory without in-process workers, and not with 64 in the trainer
+    (64 x 64 MB: about 8 workers' worth): refused naming service.local_workers, with what fits. The margin (3 workers,
+    1.5 GB) keeps the test steady while other work on the machine moves its free memory."""
+    from dsctl.provisioners.local import LocalProvider, local_capacity
+
+    fits = local_capacity(1)
+    if fits < 12:
+        pytest.skip(f"this machine has memory for {fits} local workers; the check needs room for 12")
+    path = tmp_path / "job.yaml"
+    path.write_text(BASE.format(service=f"service: {{workers: {fits - 3}, placement: hybrid, local_workers: 64}}\n",
+                                extra=""))
+    spec = load_spec(path).spec
+    with pytest.raises(SpecError) as info:
+        LocalProvider().check(spec, fits - 3, tmp_path)
+    assert info.value.field == "service.local_workers", str(info.value)
+    message = str(info.value)
+    assert f"{fits - 3} workers and 64 in-process worker(s) in each of 1 trainer(s) do not fit" in message, message
+    local_fit = int(message.split("Use service.local_workers: ")[1].split()[0])
+    assert 0 <= local_fit < 64 and f"or fewer beside {fits - 3} workers, or at most" in message, message
+    LocalProvider().check(spec.model_copy(update={"service": spec.service.model_copy(
+        update={"placement": "remote", "local_workers": 0})}), fits - 3, tmp_path)  # without them, they fit
+
+
+def test_a_local_dry_run_says_the_in_process_workers_each_trainer_starts(tmp_path):
+    from dsctl.orchestrator.up import UpOptions, approved
+
+    said: list[str] = []
+
+    class Talk:
+        def say(self, text: str) -> None:
+            said.append(text)
+
+    path = tmp_path / "job.yaml"
+    path.write_text(BASE.format(service="service: {workers: 2, placement: hybrid, local_workers: 3}\n", extra=""))
+    assert approved(load_spec(path), UpOptions(path=path, dry_run=True), Talk()) is False  # type: ignore[arg-type]
+    assert said == ["provider local: 2 worker process(es), 1 trainer(s), each with 3 in-process worker(s) "
+                    "(service.local_workers) on this machine; nothing bills. Nothing was started."], said

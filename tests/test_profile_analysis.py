@@ -351,3 +351,37 @@ def test_pipeline_options_and_order_are_checked_in_the_spec():
         with pytest.raises(SpecError, match=says) as err:
             load_spec_text(base % bad, source="j.yaml")
         assert "j.yaml:3" in str(err.value)
+
+
+def test_a_hybrid_plan_predicts_the_remote_workers_saved_from_the_newest_profile_of_its_pipeline(home):
+    """`dsctl up --dry-run` of a hybrid spec on Google Cloud: without a profile the plan says it cannot predict the
+    remote workers saved; once this job's pipeline is profiled, it predicts them from that profile, named."""
+    from pathlib import Path
+
+    from dsctl.orchestrator.up import UpOptions, approved
+    from dsctl.specs import load_spec_text
+
+    text = ("name: j\nprovider: gcp\nservice: {workers: 4, placement: hybrid, local_workers: 2}\n"
+            "trainer: {machine: tpu-v2-8, steps: 10}\npipeline: {builtin: synthetic, params: {epochs: null}}\n"
+            "gcp: {project: my-project-123, zone: us-central1-b}\n")
+    loaded = load_spec_text(text, source="j.yaml")
+
+    class Talk:
+        said: list[str] = []
+
+        def say(self, text: str) -> None:
+            self.said.append(text)
+
+    def plan() -> str:
+        talk = Talk()
+        talk.said = []
+        assert approved(loaded, UpOptions(path=Path("j.yaml"), dry_run=True), talk) is False  # type: ignore[arg-type]
+        return "\n".join(talk.said)
+
+    assert "Remote workers saved: not predicted: no profile of this job's pipeline" in plan()
+    from dsctl.orchestrator.store import RunStore
+
+    _record(RunStore(), _profile("j-profile-h", 2), loaded.spec)
+    shown = plan()
+    assert "Remote workers saved (predicted from profile j-profile-h:" in shown, shown
+    assert "this one has 4 remote and 2 in-process" in shown, shown

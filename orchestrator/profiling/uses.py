@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dsctl.costmodel.hybrid import PipelineRate
 from dsctl.specs import LoadedSpec, SpecError, UsageError
 from dsctl.specs.calibration import Calibration
 
@@ -71,6 +72,20 @@ def latest_for(loaded: LoadedSpec, store: RunStore | None = None) -> Profile | N
             continue
         return profile
     return None
+
+
+def pipeline_rate(loaded: LoadedSpec, store: RunStore | None = None) -> PipelineRate | None:
+    """What the newest profile of this job's pipeline says for predicting worker counts (a hybrid placement's plan:
+    the remote workers its in-process ones save), or None without one."""
+    profile = latest_for(loaded, store)
+    if profile is None or profile.rate.cpu_s_per_batch <= 0:
+        return None
+    pred = profile.prediction
+    sequential = [b.bps for b in pred.bounds if b.what != "CPU"]
+    return PipelineRate(cpu_s_per_batch=profile.rate.cpu_s_per_batch, sequential_bps=min(sequential, default=None),
+                        target_bps=pred.target_bps,
+                        source=f"profile {profile.run_id}: {profile.rate.cpu_s_per_batch * 1e3:.3g} ms CPU per batch "
+                               f"measured here, target {pred.target_source}")
 
 
 def start_workers(loaded: LoadedSpec, min_workers: int, max_workers: int,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from dsctl.costmodel import load_catalog
+from dsctl.costmodel.hybrid import PipelineRate
 from dsctl.costmodel.provisioning import PROVISIONING_LABEL
 from dsctl.specs.schema import GcpSpec, JobSpec
 
@@ -48,7 +49,8 @@ def software_lines(software: Software, trainer_kind: str) -> list[str]:
 
 
 def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | None = None,
-         run_id: str = "<run>", project: str | None = None, zone: str | None = None) -> Plan:
+         run_id: str = "<run>", project: str | None = None, zone: str | None = None,
+         pipeline_rate: PipelineRate | None = None) -> Plan:
     """The machines `dsctl up` would create for `spec` (with `workers` workers), priced (provisioners/plan.py), with what
     a gcp run also gets: the TensorFlow every VM runs, what else is created, how the VMs are reached; creates nothing.
 
@@ -74,7 +76,8 @@ def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | No
     project = project or g.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("CLOUDSDK_CORE_PROJECT")
     zone = zone or g.zone or os.environ.get("CLOUDSDK_COMPUTE_ZONE")
     where = f"on Google Cloud (project {project or '(not set)'}, zone {zone or '(not set)'})"
-    result = price_plan(bill_of(created), spec, catalog, where=where, workers=n_workers, batches_per_s=batches_per_s)
+    result = price_plan(bill_of(created), spec, catalog, where=where, workers=n_workers, batches_per_s=batches_per_s,
+                        pipeline_rate=pipeline_rate)
     result.notes[:0] = notes
     result.software = software_lines(software, machine_kind(tr.machine).kind)
     if not project:
@@ -121,7 +124,7 @@ def plan(spec: JobSpec, workers: int | None = None, *, batches_per_s: float | No
 
 
 def confirm(spec: JobSpec, workers: int | None, *, yes: bool, ask: Callable[[str], bool],
-            echo: Callable[[str], None], interactive: bool | None = None) -> bool:
+            echo: Callable[[str], None], interactive: bool | None = None, pipeline_rate: PipelineRate | None = None) -> bool:
     """Show the plan and ask before creating anything that bills; True to go ahead (at once with `yes`).
 
     Project, zone, credentials, permissions and the network are checked first (SpecError, preflight.py), so nobody
@@ -141,7 +144,7 @@ def confirm(spec: JobSpec, workers: int | None, *, yes: bool, ask: Callable[[str
     handed_off = (spec.gcp.supervisor if spec.gcp else "vm") == "vm"
     findings = preflight.run(Clients(settings), spec, settings.run_software, reaches_vms=not handed_off,
                              workers=workers)
-    shown = plan(spec, workers, project=settings.project, zone=settings.zone)
+    shown = plan(spec, workers, project=settings.project, zone=settings.zone, pipeline_rate=pipeline_rate)
     shown.notes += findings.notes
     return ask_first(shown, ask=ask, echo=echo, question="Create these machines on Google Cloud?",
                      refusal="provider: gcp creates machines that bill by the hour; pass --yes to create them without "

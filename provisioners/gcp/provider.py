@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
+from dsctl.costmodel.hybrid import PipelineRate
 from dsctl.runtime.sampler import Sample
 from dsctl.specs import SpecError
 from dsctl.specs.schema import JobSpec
@@ -384,12 +385,12 @@ class GcpProvider:
                                 reaches_vms=(spec.gcp.supervisor if spec.gcp else "vm") == "here")
 
     # -- Plans: the machines priced, and a question, before anything bills (plan.py) ------------------------------
-    def plan_text(self, spec: JobSpec, workers: int | None) -> str:
-        return priced_plan(spec, workers).render()
+    def plan_text(self, spec: JobSpec, workers: int | None, *, pipeline_rate: PipelineRate | None = None) -> str:
+        return priced_plan(spec, workers, pipeline_rate=pipeline_rate).render()
 
     def confirm(self, spec: JobSpec, workers: int | None, *, yes: bool, ask: Callable[[str], bool],
-                echo: Callable[[str], None]) -> bool:
-        return ask_first(spec, workers, yes=yes, ask=ask, echo=echo)
+                echo: Callable[[str], None], pipeline_rate: PipelineRate | None = None) -> bool:
+        return ask_first(spec, workers, yes=yes, ask=ask, echo=echo, pipeline_rate=pipeline_rate)
 
     # -- FindsByLabel: a run's resources with no local state (bylabel.py; where to look: locating.py) ---------------
     def looks_there(self, where: Where) -> bool:

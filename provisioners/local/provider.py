@@ -53,6 +53,10 @@ from .state import Isolation, LocalCodec, LocalDeployment, LocalNode
 # more. The budget keeps a fifth of available memory free for the OS and data.
 WORKER_MEMORY_BYTES = 500 * 2**20
 OTHER_PROCESS_MEMORY_BYTES = 900 * 2**20
+# A worker inside a trainer process (service.placement: hybrid) shares that process's TensorFlow: what it adds is its
+# threads and buffers. Measured here with TensorFlow 2.21: 5 MB resident per extra in-process worker reading 64 x 12 KB
+# batches; counted at 64 MB, for pipelines with larger elements.
+IN_PROCESS_WORKER_MEMORY_BYTES = 64 * 2**20
 READY_TIMEOUT_S = 120.0
 # A forked process's exit status comes from the launcher that reaps it. While the launcher lives its answer is on
 # its way, however loaded the machine (a trainer's memory cgroup thrashing before the kernel kills it slows every
@@ -101,10 +105,17 @@ def _holder(node: Node) -> str:
     return "another process"
 
 
-def local_capacity(trainers: int) -> int:
-    """How many workers fit in this machine's available memory beside the dispatcher and trainers."""
-    budget = psutil.virtual_memory().available * 0.8 - (trainers + 1) * OTHER_PROCESS_MEMORY_BYTES
+def local_capacity(trainers: int, in_process_workers: int = 0) -> int:
+    """How many workers fit in this machine's available memory beside the dispatcher and trainers (and the workers
+    inside each trainer process, `in_process_workers` per trainer)."""
+    budget = (psutil.virtual_memory().available * 0.8 - (trainers + 1) * OTHER_PROCESS_MEMORY_BYTES
+              - trainers * in_process_workers * IN_PROCESS_WORKER_MEMORY_BYTES)
     return max(int(budget // WORKER_MEMORY_BYTES), 0)
+
+
+def in_process_workers(spec: JobSpec) -> int:
+    """Workers each trainer process starts in itself (hybrid placement), 0 otherwise."""
+    return spec.service.local_workers if spec.service.placement == "hybrid" else 0
 
 
 @register
@@ -152,14 +163,31 @@ class LocalProvider:
             raise SpecError(f"the environment variable {ISOLATION_ENV} is {os.environ.get(ISOLATION_ENV)!r}; use auto "
                             "(the default: the deployment in a network of its own where this machine allows it), none "
                             "(in this machine's network, reachable from it) or require (refuse to run without one).")
-        capacity = local_capacity(spec.trainer.count)
+        local = in_process_workers(spec)
+        capacity = local_capacity(spec.trainer.count, local)
         if workers > capacity:
             free_gb = psutil.virtual_memory().available / 2**30
+            if local and workers <= local_capacity(spec.trainer.count):
+                room = (psutil.virtual_memory().available * 0.8 - (spec.trainer.count + 1) * OTHER_PROCESS_MEMORY_BYTES
+                        - workers * WORKER_MEMORY_BYTES)
+                local_fit = max(int(room // (spec.trainer.count * IN_PROCESS_WORKER_MEMORY_BYTES)), 0)
+                raise SpecError(
+                    f"{workers} workers and {local} in-process worker(s) in each of {spec.trainer.count} trainer(s) do "
+                    f"not fit on this machine: each worker process needs about {WORKER_MEMORY_BYTES // 2**20} MB, "
+                    f"each in-process worker about {IN_PROCESS_WORKER_MEMORY_BYTES // 2**20} MB more in its "
+                    f"trainer, and {free_gb:.1f} GB is available, enough for {capacity} worker(s) beside the "
+                    f"dispatcher and the trainers with their in-process workers. Use service.local_workers: "
+                    f"{local_fit} or fewer beside {workers} workers, or at most {capacity} workers here, or run on "
+                    "Google Cloud with provider: gcp.",
+                    field="service.local_workers",
+                )
+            with_local = f" with {local} in-process worker(s) each (service.local_workers)" if local else ""
             raise SpecError(
                 f"{workers} workers do not fit on this machine: each local worker needs about "
                 f"{WORKER_MEMORY_BYTES // 2**20} MB and {free_gb:.1f} GB is available, enough for {capacity} "
-                f"beside the dispatcher and {spec.trainer.count} trainer(s). Use at most {capacity} workers here, "
-                "predict larger counts with `dsctl sweep --simulate`, or run on Google Cloud with provider: gcp.",
+                f"beside the dispatcher and {spec.trainer.count} trainer(s){with_local}. Use at most {capacity} "
+                "workers here, predict larger counts with `dsctl sweep --simulate`, or run on Google Cloud with "
+                "provider: gcp.",
                 field="service.workers",
             )
 

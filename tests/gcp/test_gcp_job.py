@@ -26,9 +26,10 @@ pytestmark = pytest.mark.slow
 
 
 def test_job_runs_on_the_stand_in_cloud_and_leaves_nothing(cloud, sshd, home, tmp_path):
-    """The defaults a new user gets: a TPU trainer, ephemeral external addresses, SSH to them only."""
+    """The defaults a new user gets: a TPU trainer, ephemeral external addresses, SSH to them only; with hybrid
+    placement, so the TPU VM's trainer also runs an in-process worker through the same code path as a local run."""
     spec = gcp_spec(tmp_path / "job", sshd=sshd, home=home, workers=2, trainer_machine="tpu-v2-8", epochs=1,
-                    elements=256)
+                    elements=256, latency_ms=10, service=", placement: hybrid, local_workers: 1")
     runner = JobRunner(load_spec(spec))
     # The internal addresses answer no SSH for this run: dsctl must reach every VM, the TPU VM too, externally.
     internal = sshd.procs["internal"]
@@ -43,6 +44,16 @@ def test_job_runs_on_the_stand_in_cloud_and_leaves_nothing(cloud, sshd, home, tm
     # distributed_epoch: each element exactly once, whichever worker made it (the ids came home from the VM).
     assert (summary["elements_expected"], summary["elements_lost"], summary["elements_duplicated"]) == (256, 0, 0)
     assert summary.get("worker_cpu_cores") is not None, "utilization of the remote workers was sampled"
+    # Hybrid placement on the trainer VM: its in-process worker registered with the dispatcher VM (the run's own
+    # firewall rule admits trainer -> dispatcher) and produced batches the trainer read in process, beside the remote
+    # workers' (the elements above: each exactly once across all three). 10 ms an element: the in-process worker, which
+    # reads no network, would otherwise take all 16 shards before a remote worker asked for its first (seen at 1 ms).
+    events = [json.loads(line) for line in (runner.run_dir / "metrics" / "trainer-0.jsonl").read_text().splitlines()]
+    placement = next(e for e in events if e["event"] == "placement")
+    start = next(e for e in events if e["event"] == "start")
+    assert placement["local_workers"] == 1 and placement["process"].endswith(f":{start['pid']}"), placement
+    assert placement["local_batches"] == placement["by_producer"].get(placement["process"], 0) > 0, placement
+    assert placement["remote_batches"] > 0 and len(placement["by_producer"]) <= 3, placement  # own + 2 remote
 
     # Nothing is left on the cloud, and the state has forgotten everything it deleted.
     assert cloud.counts() == {"instances": 0, "firewalls": 0, "tpus": 0}

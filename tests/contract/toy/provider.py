@@ -105,18 +105,19 @@ class ToyProvider:
             return Billed(None, "not recorded: the toy keeps what every run created")
         return Billed(_bill(tuple(MachineGroup(**g) for g in kept["machines"]), kept["volume_gb"]), "recorded")
 
-    def plan_text(self, spec, workers: int | None) -> str:
+    def plan_text(self, spec, workers: int | None, *, pipeline_rate=None) -> str:
         n = spec.service.workers if workers is None else workers
         return price_plan(self.bill(spec, n, spec.trainer.count), spec, load_catalog(spec.pricing),
-                          where="on the toy provider (processes on this machine)", workers=n).render()
+                          where="on the toy provider (processes on this machine)", workers=n,
+                          pipeline_rate=pipeline_rate).render()
 
     def confirm(self, spec, workers: int | None, *, yes: bool, ask: Callable[[str], bool],
-                echo: Callable[[str], None]) -> bool:
+                echo: Callable[[str], None], pipeline_rate=None) -> bool:
         if yes:
             return True
         n = spec.service.workers if workers is None else workers
         shown = price_plan(self.bill(spec, n, spec.trainer.count), spec, load_catalog(spec.pricing),
-                           where="on the toy provider (processes on this machine)", workers=n)
+                           where="on the toy provider (processes on this machine)", workers=n, pipeline_rate=pipeline_rate)
         return ask_first(shown, ask=ask, echo=echo, question="Start these toy machines?",
                          refusal="provider: toy bills (in toy dollars); pass --yes to start it without asking.")
 

@@ -11,7 +11,7 @@ import pytest
 from dsctl.costmodel import load_catalog
 from dsctl.orchestrator.costs import estimate_costs
 from dsctl.provisioners.registry import provider_class
-from dsctl.specs import SpecError, load_spec_text
+from dsctl.specs import SpecError, load_spec, load_spec_text
 from dsctl.specs.places import places
 from helpers import REPO, write_spec
 
@@ -78,3 +78,15 @@ def test_nothing_outside_its_folder_names_the_toy():
              for p in (REPO / folder).rglob("*") if p.is_file() and p.suffix in (".py", ".yaml", ".toml")
              and "contract.toy" in p.read_text(errors="replace")]
     assert named == [] and "contract.toy" not in (REPO / "pyproject.toml").read_text()
+
+
+def test_hybrid_placement_is_refused_on_a_place_whose_trainers_start_no_in_process_workers(installed, tmp_path):
+    """The toy's Place does not say in_process_workers: validate refuses hybrid placement there, at the line, naming
+    the places that have it (asked of the Place, never by provider name)."""
+    path = tmp_path / "job.yaml"
+    path.write_text(SPEC.replace("service: {workers: 2,", "service: {placement: hybrid, local_workers: 1, workers: 2,"))
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:4: service.placement: "), message
+    assert "not yet available with provider: toy" in message and "provider: 'local' or 'gcp'" in message, message
