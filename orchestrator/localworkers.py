@@ -57,9 +57,10 @@ def trainer_host(loaded: LoadedSpec) -> HostCores | None:
 
 def check_local_workers(loaded: LoadedSpec) -> list[SpecError]:
     """Refuse (SpecError at service.local_workers) in-process workers a trainer VM has no vCPUs for; return the
-    warning for those this machine's cores cannot give a core each. Nothing without hybrid placement."""
+    warning for those this machine's cores cannot give a core each (under placement: auto, the most the policy may
+    start). Nothing with placement: remote."""
     svc = loaded.spec.service
-    if svc.placement != "hybrid":
+    if svc.placement == "remote":
         return []
     host = trainer_host(loaded)
     if host is None:

@@ -68,13 +68,10 @@ HYBRID_OK = "name: s\nservice: {workers: 1}\ntrainer: {steps: 10}\npipeline: {bu
 
 
 @pytest.mark.parametrize("spec_text, options, needles", [
-    ("name: s\nprovider: gcp\nservice: {workers: 1}\ntrainer: {steps: 10}\n"
-     "pipeline: {builtin: synthetic, params: {epochs: null}}\n", {},
-     ["runs the job with service.placement: hybrid, which this job cannot",
-      "not yet available with provider: gcp", "Sweep --workers alone"]),
     ("name: s\nservice:\n  workers: 1\n  job_name: j\n  coordinated_reads: {num_consumers: 1, bucket_boundaries: [8]}\n"
      "trainer: {steps: 10}\npipeline: {builtin: text, params: {epochs: null}}\n", {},
-     ["coordinated reads cannot be combined", ":5: service.coordinated_reads"]),
+     ["runs the job with service.placement: hybrid, which this job cannot", "coordinated reads cannot be combined",
+      ":5: service.coordinated_reads", "Sweep --workers alone"]),
     (HYBRID_OK, {"simulate": True}, ["cannot be predicted", "--simulate"]),
     (HYBRID_OK, {"strategy": "restart"}, ["--strategy restart is not supported"]),
 ])
@@ -129,8 +126,8 @@ pricing: gcp-us-central1-2025
 
 
 def test_cost_report_json_prices_a_recorded_hybrid_run_with_remote_and_local_preprocessing_apart(home):
-    """A recorded hybrid run (its spec as a run records it; hybrid is refused on gcp at validate, so the spec is
-    made valid first and then given its placement, as the record of a run on a place that has it would hold)."""
+    """A recorded hybrid run (its spec as a run records it: made without its placement, then given it, as a sweep's
+    hybrid point is)."""
     spec = load_spec_text(HYBRID_GCP.replace("placement: hybrid,\n          local_workers: 3", "")).spec
     spec = placed(spec, 3)
     store = RunStore()

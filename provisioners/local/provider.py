@@ -114,8 +114,9 @@ def local_capacity(trainers: int, in_process_workers: int = 0) -> int:
 
 
 def in_process_workers(spec: JobSpec) -> int:
-    """Workers each trainer process starts in itself (hybrid placement), 0 otherwise."""
-    return spec.service.local_workers if spec.service.placement == "hybrid" else 0
+    """Workers each trainer process starts in itself (hybrid placement; under auto, the most its policy may start),
+    0 otherwise."""
+    return spec.service.local_workers if spec.service.placement != "remote" else 0
 
 
 @register
