@@ -16,6 +16,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from dsctl.specs.schema import Mode
 
 from .handoff import HandOff, hands_off
 from .home import dsctl_home
-from .outcome import Interrupted
+from .outcome import Interrupted, RunFailed
 from .profiling.uses import pipeline_rate as profiled_rate
 from .records import CloudLatest, RunRecord
 from .resume import Resume, plan_resume
@@ -164,6 +165,9 @@ def _hand_off(loaded: LoadedSpec, runner: JobRunner, opt: UpOptions, on_sigterm:
     return UpResult("handed-off", runner.run_id, latest=latest, limits=handoff.cloud.limits(runner.spec))
 
 
+RECORDED_WITHIN_S = 60.0  # a detached `dsctl up` records its run within about a second; past this, the log says why
+
+
 def _detach(loaded: LoadedSpec, opt: UpOptions) -> UpResult:
     """Run `dsctl up` again in its own session; it keeps supervising the service until `dsctl down`."""
     run_id = new_run_id(loaded.spec.name)
@@ -178,5 +182,14 @@ def _detach(loaded: LoadedSpec, opt: UpOptions) -> UpResult:
     if opt.resume:
         args += ["--resume", opt.resume]
     with open(log, "ab") as out:
-        subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        child = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
+    # Back to the user only once the run is recorded, so the id said is one every command knows at once.
+    store, deadline = RunStore(), time.monotonic() + RECORDED_WITHIN_S
+    while store.get(run_id) is None and time.monotonic() < deadline:
+        if child.poll() is not None and store.get(run_id) is None:
+            said = log.read_text(errors="replace").strip().splitlines()[-5:] if log.exists() else []
+            raise RunFailed(f"the background `dsctl up` exited (code {child.returncode}) before it recorded run "
+                            f"{run_id}; nothing of it runs. Its log, {log}, ends:\n" + "\n".join(said))
+        time.sleep(0.1)
     return UpResult("detached", run_id, log=log)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dsctl.orchestrator.store import RunStore
 from helpers import dsctl, wait_for, write_spec
 
 pytestmark = pytest.mark.slow
@@ -40,6 +41,8 @@ def test_a_toy_run_goes_up_shows_goes_down_and_is_priced_as_a_toy(home, tmp_path
     def show() -> dict:
         return json.loads(dsctl("runs", "show", run_id, "--json", env=env, check=True).stdout)
 
+    # Recorded before `up --detach` returned: every command knows the id it said at once.
+    assert RunStore().get(run_id) is not None
     # The job runs to its end; the service stays up, supervised, until `dsctl down`.
     record = wait_for(lambda: (r := show())["status"] != "running" and r, timeout=240, interval=2,
                       what="the toy job to end")
