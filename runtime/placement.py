@@ -99,7 +99,7 @@ def _wanted(control: Path) -> int | None:
         wanted = json.loads(control.read_text())["local_workers"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return wanted if isinstance(wanted, int) and wanted >= 0 else None
+    return wanted if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted >= 0 else None
 
 
 def ask(metrics_dir: Path, count: int) -> None:

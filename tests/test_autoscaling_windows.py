@@ -29,6 +29,14 @@ def test_an_observation_waits_for_every_running_trainer():
     assert joined.add(0, window(2, 3, 10, 0.0), workers=2, worker_cpu_util=None) is None
 
 
+def test_the_in_process_workers_observed_are_the_fewest_any_trainer_had():
+    """placement: auto: a count one trainer has not reached yet is not in place (the policy waits for it)."""
+    ahead, behind = window(0, 1, 10, 0.1), window(0, 1, 10, 0.1)
+    ahead["local_workers"], behind["local_workers"] = 2, 1
+    assert observe([ahead, behind], 2, workers=1, worker_cpu_util=None).local_workers == 1
+    assert observe([window(0, 1, 10, 0.1)], 1, workers=1, worker_cpu_util=None).local_workers == 0  # remote only
+
+
 def test_a_trainer_that_ended_is_no_longer_waited_for():
     joined = TrainerWindows([0, 1])
     joined.trainer_ended(1)

@@ -159,3 +159,37 @@ def test_the_policy_gets_the_runs_prices_and_autoscale_flag_and_placement_agree(
         check_autoscale(load_spec(remote), "pecan")
     with pytest.raises(UsageError, match="placed by the pecan policy"):
         check_autoscale(load_spec(auto), "cachew")
+
+
+def test_a_removal_within_the_noise_threshold_counts_as_costing_no_time():
+    """Beside trainers at $100/h a remote worker at $0.1/h is 0.1% of the hourly cost: by money alone, a removal that
+    reads 2% slower (one window's noise here) would be undone. dsctl's rule takes a rise within `threshold` (3%) as
+    none, so the trim goes on; a rise past it (6%) is judged on money and undone."""
+    def trimmed(rise: float) -> str:
+        policy = pecan(trainers_per_hour=100.0, worker_cpu_per_hour=0.1, worker_memory_per_hour=0.0, local_cap=0,
+                       min_workers=1, max_workers=3, start_workers=3)
+        policy._phase, policy._remote = "trim", 3  # phase 3 from 3 remote workers, measured at 10 ms
+        from dsctl.orchestrator.policies.base import summarize
+        from dsctl.orchestrator.policies.pecan import Point
+
+        base = Observation(t=0.0, workers=3, batch_time_s=0.010, input_stall_frac=0.0, batches=100)
+        policy._before = Point(3, 0, summarize([base]), 100.3)
+        policy._remote, policy._since_change = 2, 10**6  # the removal happened and its pause is over
+        d = policy.observe(Observation(t=1.0, workers=2, batch_time_s=0.010 * (1 + rise), input_stall_frac=0.0,
+                                       batches=100))
+        return f"{d.action} {d.target}: {d.reason}"
+
+    assert trimmed(0.02).startswith("remove 1") and "within the 3% noise threshold" in trimmed(0.02)
+    assert trimmed(0.06).startswith("add 3") and "dearer" in trimmed(0.06)
+
+
+def test_the_trainers_read_only_a_count_from_the_policys_file(tmp_path):
+    """What the policy asks (placement.ask) is what a trainer reads; anything else in the file is no request."""
+    from dsctl.runtime.placement import CONTROL, _wanted, ask
+
+    ask(tmp_path, 3)
+    assert _wanted(tmp_path / CONTROL) == 3
+    for text in ('{"local_workers": -1}', '{"local_workers": true}', '{"local_workers": "2"}', "{", "[]", ""):
+        (tmp_path / CONTROL).write_text(text)
+        assert _wanted(tmp_path / CONTROL) is None, text
+    assert _wanted(tmp_path / "missing.json") is None

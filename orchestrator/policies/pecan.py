@@ -80,7 +80,8 @@ class Point:
 
     def said(self) -> str:
         return (f"{self.remote} remote + {self.local} local: batch {ms(self.batch_time_s)}, step "
-                f"{ms(self.step_time_s)}, ${self.cost_per_batch * 1000:.4g} per 1,000 batches")
+                f"{ms(self.step_time_s)} (measured), ${self.cost_per_batch * 1000:.4g} per 1,000 batches (at the "
+                "catalog's prices)")
 
 
 def remote_worker_pays(improvement: float, trainers_per_hour: float, remote: int, worker_per_hour: float) -> bool:
